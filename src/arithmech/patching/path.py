@@ -1,0 +1,174 @@
+"""Path patching of every attention head and MLP into the logits at END (Zhang et al. 2024, section 4.1).
+
+Background
+    For a sender s (head (l, h) or MLP l) and receiver = the answer logit at END, run the reference prompt
+    with s's END output taken from the counterfactual prompt, every other head's output frozen to its
+    reference value (all positions) and the MLPs recomputed (Wang et al. 2023 semantics; METHODS.md sec. 2).
+
+Formula, per sender s and prompt i (C = first answer token):
+    effect(s) = mean_i (logit_patched[i, C] - logit_ref[i, C]) / |logit_ref[i, C]|
+
+Why it is fast
+    With every other head frozen and MLPs acting per position, only the END residual changes. So from one
+    reference and one counterfactual forward pass (`states.collect_end_states`) the exact patched logit is
+    the END residual pushed through the later MLPs (attention adds its frozen reference output), the final
+    norm and the answer's unembedding row. All senders of all layers travel together in one sweep over the
+    layers: at layer l the new head senders join the batch of perturbed END residuals. Cost: about
+    L^2 / 2 x (H + 1) MLP applications to single vectors per prompt, instead of L x (H + 1) full forward passes.
+
+Variants
+    path    MLPs recomputed, attention frozen (default; the paper's method).
+    direct  MLPs frozen too: the sender's change reaches the logits only through the final norm.
+    total   nothing frozen (activation patching at END): one decoding step per sender on the reference
+            prompt's cached keys/values, all senders batched (`total.py`).
+
+Usage
+    >>> result = path_patch(view, batch, variant="path")
+    >>> result.effects  # [component] mean relative change of the answer logit
+
+References: Zhang et al., ICML 2024, Algorithm 1; Wang et al., ICLR 2023 (path patching); METHODS.md sec. 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from arithmech.models.sites import Component, all_components
+from arithmech.models.view import ModelView
+from arithmech.patching.metrics import relative_change
+from arithmech.patching.states import EndStates, collect_end_states
+
+Variant = Literal["path", "direct", "total"]
+VARIANTS: tuple[str, ...] = ("path", "direct", "total")
+
+
+@dataclass(frozen=True)
+class PatchingBatch:
+    """Reference and counterfactual prompts, right-padded, with END and answer token per prompt."""
+
+    ref_ids: torch.Tensor  # [batch, pos]
+    ref_mask: torch.Tensor  # [batch, pos]
+    cf_ids: torch.Tensor  # [batch, pos]
+    cf_mask: torch.Tensor  # [batch, pos]
+    end: torch.Tensor  # [batch] index of each prompt's last token
+    answer_ids: torch.Tensor  # [batch]
+
+    def __len__(self) -> int:
+        return int(self.ref_ids.shape[0])
+
+    def select(self, idx: slice) -> PatchingBatch:
+        """A sub-batch of prompts, trimmed to its own longest prompt."""
+        end = self.end[idx]
+        width = int(end.max()) + 1
+        return PatchingBatch(
+            self.ref_ids[idx, :width], self.ref_mask[idx, :width], self.cf_ids[idx, :width],
+            self.cf_mask[idx, :width], end, self.answer_ids[idx],
+        )
+
+
+@dataclass
+class PatchResult:
+    """Per-component effects, in `all_components` order, with the numbers behind them."""
+
+    components: list[Component]
+    per_prompt: torch.Tensor  # [component, batch] relative change of the answer logit
+    ref_logit: torch.Tensor  # [batch] answer logit on the reference prompt
+    cf_logit: torch.Tensor  # [batch] answer logit on the counterfactual prompt
+    variant: str
+
+    @property
+    def effects(self) -> torch.Tensor:
+        """[component] mean over prompts."""
+        return self.per_prompt.mean(dim=1)
+
+    @property
+    def total_effect(self) -> float:
+        """Relative change of the answer logit when the whole prompt is the counterfactual."""
+        return float(relative_change(self.cf_logit, self.ref_logit).mean())
+
+
+def end_logits(view: ModelView, states: EndStates, answer_ids: torch.Tensor) -> torch.Tensor:
+    """[batch] answer logits read from the final residual of a forward pass."""
+    return view.answer_logits(states.resid_final, answer_ids)
+
+
+@torch.no_grad()
+def sweep_senders(
+    view: ModelView, ref: EndStates, cf: EndStates, answer_ids: torch.Tensor, recompute_mlps: bool
+) -> torch.Tensor:
+    """Patched answer logits [component, batch] of every sender, in one pass over the layers.
+
+    `state` holds one perturbed END residual per (sender so far, prompt): [sender, batch, d_model].
+    """
+    dims = view.dims
+    batch = ref.resid_pre.shape[1]
+    state = ref.resid_pre.new_zeros(0, batch, dims.d_model)  # [sender, batch, d_model]
+    for layer in range(dims.n_layers):
+        w_o = view.W_O(layer).to(ref.z.dtype)  # [head, d_head, d_model]
+        dz = view.split_heads(cf.z[layer] - ref.z[layer])  # [batch, head, d_head]
+        delta = torch.einsum("bhd,hdm->hbm", dz, w_o)  # [head, batch, d_model]
+        attn_ref = view.attn_resid(layer, ref.attn_out[layer])  # [batch, d_model]
+        attn_new = view.attn_resid(layer, ref.attn_out[layer] + delta)  # [head, batch, d_model]
+        n_old = state.shape[0]
+        x = torch.cat([state, ref.resid_pre[layer].expand(dims.n_heads, -1, -1)])  # [sender, batch, d]
+        attn = torch.cat([attn_ref.expand(n_old, -1, -1), attn_new])  # [sender, batch, d_model]
+        mlp_ref = _mlp_resid_from_out(view, layer, ref.mlp_out[layer])  # [batch, d_model]
+        if not recompute_mlps:
+            x = x + attn + mlp_ref
+        elif view.parallel_residual:
+            x = x + attn + view.mlp_resid(layer, x)
+        else:
+            mid = x + attn
+            x = mid + view.mlp_resid(layer, mid)
+        mlp_cf = _mlp_resid_from_out(view, layer, cf.mlp_out[layer])
+        mlp_sender = ref.resid_pre[layer + 1] + (mlp_cf - mlp_ref)  # [batch, d_model]
+        state = torch.cat([x, mlp_sender[None]])
+    return view.answer_logits(state, answer_ids)  # [sender, batch]
+
+
+def _mlp_resid_from_out(view: ModelView, layer: int, mlp_out: torch.Tensor) -> torch.Tensor:
+    norm = view.mlp_out_norm(layer)
+    return norm(mlp_out) if norm is not None else mlp_out
+
+
+@torch.no_grad()
+def path_patch(
+    view: ModelView,
+    batch: PatchingBatch,
+    variant: Variant = "path",
+    batch_size: int = 32,
+    progress: Callable[[int], None] | None = None,
+) -> PatchResult:
+    """Effect of every head and MLP (METHODS.md sec. 2), prompts processed `batch_size` at a time.
+
+    `progress(n)` is called with the number of prompts finished after each chunk.
+    """
+    if variant == "total":
+        from arithmech.patching.total import total_patched_logits
+    per_prompt, ref_logits, cf_logits = [], [], []
+    for start in range(0, len(batch), batch_size):
+        chunk = batch.select(slice(start, start + batch_size))
+        ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end)
+        cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end)
+        answers = chunk.answer_ids.to(ref.resid_pre.device)
+        ref_logit = end_logits(view, ref, answers)
+        if variant == "total":
+            patched = total_patched_logits(view, chunk, ref, cf)
+        else:
+            patched = sweep_senders(view, ref, cf, answers, recompute_mlps=(variant == "path"))
+        per_prompt.append(relative_change(patched, ref_logit).cpu())
+        ref_logits.append(ref_logit.cpu())
+        cf_logits.append(end_logits(view, cf, answers).cpu())
+        if progress is not None:
+            progress(len(chunk))
+    return PatchResult(
+        components=all_components(view.dims),
+        per_prompt=torch.cat(per_prompt, dim=1),
+        ref_logit=torch.cat(ref_logits),
+        cf_logit=torch.cat(cf_logits),
+        variant=variant,
+    )

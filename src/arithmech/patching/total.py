@@ -1,0 +1,103 @@
+"""The `total` variant of path patching: activation patching of each sender at END, nothing frozen.
+
+Only END's own computation changes when a sender's END output is replaced, so the patched logits equal one
+decoding step of the END token on the reference prompt's cached keys/values (positions before END), with the
+sender's END output replaced during that step. All (sender, prompt) rows run as one batch of single-token
+decoding steps, `max_rows` at a time; prompts are grouped by length so their caches need no padding.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.view import ModelView
+from arithmech.patching.states import EndStates
+
+if TYPE_CHECKING:
+    from arithmech.patching.path import PatchingBatch
+
+
+@torch.no_grad()
+def total_patched_logits(
+    view: ModelView, batch: PatchingBatch, ref: EndStates, cf: EndStates, max_rows: int = 512
+) -> torch.Tensor:
+    """Answer logits [component, batch] with one sender's END output from the counterfactual at a time."""
+    dims = view.dims
+    n_senders = dims.n_layers * (dims.n_heads + 1)
+    out = torch.empty(n_senders, len(batch), device=ref.resid_pre.device)
+    device = view.o_proj(0).weight.device
+    for end in batch.end.unique().tolist():
+        prompts = (batch.end == end).nonzero().flatten()  # prompts of this length
+        cache = None
+        if end > 0:
+            prefix = view.model(
+                input_ids=batch.ref_ids[prompts, :end].to(device),
+                attention_mask=batch.ref_mask[prompts, :end].to(device),
+                use_cache=True,
+            )
+            cache = getattr(prefix, "cache", None) or prefix.past_key_values
+        last = batch.ref_ids[prompts, end].to(device)  # [group]
+        rows = torch.cartesian_prod(torch.arange(n_senders), torch.arange(len(prompts)))  # [(s, p)]
+        for start in range(0, len(rows), max_rows):
+            block = rows[start : start + max_rows]
+            senders, local = block[:, 0], block[:, 1]
+            step_cache = None
+            if cache is not None:
+                step_cache = copy.deepcopy(cache)
+                step_cache.batch_select_indices(local.to(device))
+            with hooks(**_replace_hooks(view, senders, prompts[local], cf)):
+                kwargs = {_cache_kwarg(view.model): step_cache} if step_cache is not None else {}
+                logits = view.model(input_ids=last[local][:, None], use_cache=cache is not None, **kwargs)
+                logits = logits.logits[:, -1]  # [row, d_vocab]
+            answers = batch.answer_ids[prompts[local]].to(logits.device)
+            out[senders, prompts[local]] = logits.gather(1, answers[:, None])[:, 0].float().to(out.device)
+    return out
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers >= 5.2x calls the key/value cache argument `cache`; earlier, `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _replace_hooks(
+    view: ModelView, senders: torch.Tensor, prompts: torch.Tensor, cf: EndStates
+) -> dict[str, list[tuple[Any, Any]]]:
+    """Hooks that put the counterfactual END value of each row's sender in place during a decoding step."""
+    per_layer = view.dims.n_heads + 1
+    layer_of, slot = senders // per_layer, senders % per_layer  # slot == n_heads means the MLP
+    pre, post = [], []
+    for layer in layer_of.unique().tolist():
+        in_layer = layer_of == layer
+        head_rows = (in_layer & (slot < view.dims.n_heads)).nonzero().flatten()
+        mlp_rows = (in_layer & (slot == view.dims.n_heads)).nonzero().flatten()
+        if len(head_rows):
+            pre.append((view.o_proj(layer), _set_heads(view, head_rows, slot[head_rows], prompts[head_rows], cf.z[layer])))
+        if len(mlp_rows):
+            post.append((view.mlp(layer), _set_mlp(mlp_rows, cf.mlp_out[layer][prompts[mlp_rows]])))
+    return {"pre": pre, "post": post}
+
+
+def _set_heads(view: ModelView, rows: torch.Tensor, heads: torch.Tensor, prompts: torch.Tensor, cf_z: torch.Tensor) -> Any:
+    def fn(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        z = args[0].clone()  # [row, 1, head * d_head]
+        z_heads = view.split_heads(z)  # [row, 1, head, d_head]
+        source = view.split_heads(cf_z.to(z.device))  # [batch, head, d_head]
+        r, h, p = rows.to(z.device), heads.to(z.device), prompts.to(z.device)
+        z_heads[r, 0, h] = source[p, h].to(z.dtype)
+        return (z_heads.reshape(z.shape), *args[1:])
+
+    return fn
+
+
+def _set_mlp(rows: torch.Tensor, values: torch.Tensor) -> Any:
+    def fn(_module: Any, _args: Any, output: Any) -> Any:
+        out = first_tensor(output).clone()  # [row, 1, d_model]
+        out[rows.to(out.device), 0] = values.to(out.device, out.dtype)
+        return (out, *output[1:]) if isinstance(output, tuple) else out
+
+    return fn

@@ -1,0 +1,1 @@
+"""Figures and reports, built from a run folder's artefacts."""

@@ -1,0 +1,71 @@
+"""Run folders: where a stage writes its results, atomically, with provenance beside them.
+
+Every file is written to a temporary name in the same folder and renamed into place, so an interrupted run
+never leaves a half-written file: a reader sees the old file, the new file, or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file beside `path`; on success rename it to `path`, on any error delete it."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    binary = "b" in mode
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` atomically."""
+    with atomic_open(path) as handle:
+        handle.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as indented JSON to `path` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of Python and the packages whose behaviour a result depends on."""
+    import importlib.metadata
+    import platform
+
+    versions = {"python": platform.python_version()}
+    for name in ("arithmech", "torch", "transformers", "accelerate", "numpy", "gguf"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_sha() -> str | None:
+    """The commit of the arithmech source tree, when it is a git checkout (None for an installed wheel)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -1,0 +1,225 @@
+"""The identify stage: prompts -> reference set the model answers -> path patching -> key components.
+
+Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
+template_accuracy.csv and metadata.json, each atomically; metadata.json is written last.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.analysis.accuracy import predict_at_end
+from arithmech.analysis.ranking import KeyComponents, rank_components
+from arithmech.data import (
+    FORMATIONS,
+    GenerationConfig,
+    PromptPair,
+    TokenizedPairs,
+    generate_pairs,
+    read_prompt_file,
+    tokenize_pairs,
+    write_prompt_file,
+)
+from arithmech.errors import ConfigError, DataError
+from arithmech.models.load import ModelHandle
+from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch
+from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IdentifyConfig:
+    """Settings of the identify stage; every field is also a CLI option."""
+
+    operations: tuple[str, ...] = field(default=("addition",), metadata={"help": "operations to generate"})
+    formations: tuple[str, ...] = field(default=FORMATIONS, metadata={"help": "formations to generate"})
+    n_per_template: int = field(default=16, metadata={"help": "prompt pairs generated per template"})
+    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
+    operand_min: int = field(default=0, metadata={"help": "smallest operand"})
+    operand_max: int = field(default=9, metadata={"help": "largest operand"})
+    prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
+    max_prompts: int = field(default=64, metadata={"help": "reference prompts used for patching (sampled)"})
+    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
+    variant: str = field(default="path", metadata={"help": "path, direct or total"})
+    threshold: float = field(default=-0.05, metadata={"help": "key if effect < threshold"})
+    fraction_threshold: float | None = field(
+        default=None, metadata={"help": "key if effect >= this fraction of the whole-prompt effect"}
+    )
+    top_k: int = field(default=10, metadata={"help": "components listed as top-k"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed for generation and sampling"})
+
+    def __post_init__(self) -> None:
+        for name in ("operations", "formations"):
+            value = getattr(self, name)
+            if isinstance(value, list | str):
+                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
+        for name in ("max_prompts", "batch_size", "top_k", "n_per_template"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(
+            operations=self.operations,
+            formations=self.formations,
+            n_per_template=self.n_per_template,
+            operand_min=self.operand_min,
+            operand_max=self.operand_max,
+            few_shot=self.few_shot,
+            seed=self.seed,
+        )
+
+
+@dataclass
+class IdentifyResult:
+    """What identify found, and where it wrote it."""
+
+    patch: PatchResult
+    key: KeyComponents
+    pairs: list[PromptPair]
+    template_accuracy: dict[str, dict[str, float]]
+    out_dir: Path
+    metadata: dict[str, Any]
+
+
+def build_reference_set(
+    handle: ModelHandle, cfg: IdentifyConfig
+) -> tuple[TokenizedPairs, dict[str, dict[str, float]], dict[str, int]]:
+    """Generate or read prompt pairs, tokenize, keep those the model answers, and sample `max_prompts`."""
+    pairs = read_prompt_file(cfg.prompts_file) if cfg.prompts_file else generate_pairs(cfg.generation())
+    tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
+    predictions = predict_at_end(
+        handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
+    )
+    accuracy = _template_accuracy(tokenized.pairs, predictions.correct)
+    keep = predictions.correct if cfg.filter_correct else torch.ones_like(predictions.correct)
+    n_correct = int(predictions.correct.sum())
+    if not bool(keep.any()):
+        raise DataError(
+            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, so there is no reference "
+            "set; add solved examples before each query (--few-shot 3) or use easier operands"
+        )
+    indices = keep.nonzero().flatten().tolist()
+    random.Random(cfg.seed).shuffle(indices)
+    indices = sorted(indices[: cfg.max_prompts])
+    counts = {
+        "pairs": len(pairs),
+        "rejected_length_mismatch": report.rejected_length_mismatch,
+        "answered_correctly": n_correct,
+        "used": len(indices),
+    }
+    return _subset(tokenized, indices), accuracy, counts
+
+
+def _subset(t: TokenizedPairs, indices: list[int]) -> TokenizedPairs:
+    idx = torch.tensor(indices, dtype=torch.long)
+    width = int(t.end[idx].max()) + 1
+    return TokenizedPairs(
+        ref_ids=t.ref_ids[idx, :width], cf_ids=t.cf_ids[idx, :width], ref_mask=t.ref_mask[idx, :width],
+        cf_mask=t.cf_mask[idx, :width], end=t.end[idx], answer_ids=t.answer_ids[idx],
+        roles=t.roles[idx, :width], pairs=[t.pairs[i] for i in indices], pad_id=t.pad_id,
+        roles_available=t.roles_available,
+    )
+
+
+def _template_accuracy(pairs: list[PromptPair], correct: torch.Tensor) -> dict[str, dict[str, float]]:
+    table: dict[str, list[bool]] = {}
+    for pair, ok in zip(pairs, correct.tolist(), strict=True):
+        table.setdefault(pair.template_id or "custom", []).append(bool(ok))
+    return {k: {"n": len(v), "correct": sum(v), "accuracy": sum(v) / len(v)} for k, v in sorted(table.items())}
+
+
+def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
+    """Run the identify stage and write its run folder."""
+    out = Path(out_dir)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    tokenized, accuracy, counts = build_reference_set(handle, cfg)
+    timings["reference_set_s"] = time.perf_counter() - start
+    logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
+
+    start = time.perf_counter()
+    patch = _patch_with_progress(handle, tokenized, cfg, quiet)
+    timings["path_patching_s"] = time.perf_counter() - start
+    key = rank_components(
+        patch.components, patch.effects.tolist(), patch.total_effect, cfg.threshold, cfg.top_k,
+        cfg.fraction_threshold,
+    )
+    metadata = {
+        "stage": "identify",
+        "model": handle.source,
+        "dims": asdict(handle.dims),
+        "config": asdict(cfg),
+        "seed": cfg.seed,
+        "counts": counts,
+        "total_effect": patch.total_effect,
+        "timings": timings,
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_identify_outputs(out, handle, patch, key, tokenized.pairs, accuracy, metadata)
+    return IdentifyResult(patch, key, tokenized.pairs, accuracy, out, metadata)
+
+
+def _patch_with_progress(handle: ModelHandle, t: TokenizedPairs, cfg: IdentifyConfig, quiet: bool) -> PatchResult:
+    from tqdm.auto import tqdm
+
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    with tqdm(total=len(batch), desc=f"{cfg.variant} patching", unit="prompt", disable=quiet) as bar:
+        return path_patch(handle.view, batch, cfg.variant, cfg.batch_size, progress=bar.update)  # type: ignore[arg-type]
+
+
+def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
+    """One row per component: component, layer, head, kind, effect, effect_std, fraction_of_total."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["component", "layer", "head", "kind", "effect", "effect_std", "fraction_of_total"])
+    std = patch.per_prompt.std(dim=1) if patch.per_prompt.shape[1] > 1 else torch.zeros(len(patch.components))
+    total = key.total_effect
+    for component, effect, spread in zip(patch.components, patch.effects.tolist(), std.tolist(), strict=True):
+        head = "" if component.head is None else component.head
+        fraction = effect / total if total else float("nan")
+        writer.writerow([component.name, component.layer, head, component.kind, f"{effect:.8g}", f"{spread:.8g}",
+                         f"{fraction:.8g}"])
+    return buffer.getvalue()
+
+
+def write_identify_outputs(
+    out: Path,
+    handle: ModelHandle,
+    patch: PatchResult,
+    key: KeyComponents,
+    pairs: list[PromptPair],
+    accuracy: dict[str, dict[str, float]],
+    metadata: dict[str, Any],
+) -> None:
+    """Write every artefact atomically; metadata.json last, so its presence means the folder is complete."""
+    from arithmech.report.plots import effect_heatmap
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    atomic_write_text(out / "effects.csv", effects_csv(patch, key))
+    atomic_write_json(out / "key_components.json", key.to_json())
+    write_prompt_file(out / "prompts.jsonl", pairs)
+    rows = ["template_id,n,correct,accuracy"] + [
+        f"{k},{v['n']},{v['correct']},{v['accuracy']:.4f}" for k, v in accuracy.items()
+    ]
+    atomic_write_text(out / "template_accuracy.csv", "\n".join(rows) + "\n")
+    dims = handle.dims
+    effects = patch.effects.numpy().reshape(dims.n_layers, dims.n_heads + 1)
+    title = f"{patch.variant} patching: {handle.source.get('model', '?')}, {len(pairs)} prompts"
+    effect_heatmap(effects[:, :-1], effects[:, -1], out / "effects_heatmap.png", title)
+    atomic_write_json(out / "metadata.json", metadata)
