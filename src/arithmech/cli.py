@@ -86,6 +86,9 @@ def identify(
         Optional[Path],
         typer.Option(help='Your own prompt pairs: JSONL of {"reference", "counterfactual", "answer"}.'),
     ] = None,
+    templates: Annotated[
+        Optional[Path], typer.Option(help="Your own templates (JSON list, same fields as the built-in ones).")
+    ] = None,
     max_prompts: Annotated[int, typer.Option(help="Reference prompts used for patching (sampled by seed).")] = 64,
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Also patch prompts the model gets wrong.")
@@ -111,12 +114,17 @@ def identify(
     cfg = IdentifyConfig(
         operations=_split(operations), formations=_split(formations), n_per_template=n_per_template,
         few_shot=few_shot, operand_min=operand_min, operand_max=operand_max,
-        prompts_file=str(prompts) if prompts else None, max_prompts=max_prompts,
+        prompts_file=str(prompts) if prompts else None, templates_file=str(templates) if templates else None,
+        max_prompts=max_prompts,
         filter_correct=not keep_incorrect, variant=variant, threshold=threshold,
         fraction_threshold=fraction_threshold, top_k=top_k, batch_size=batch_size, seed=seed,
     )
     if cfg.prompts_file is None:
         cfg.generation()  # validate before the model loads
+        if cfg.templates_file:
+            from arithmech.data import load_templates
+
+            load_templates(cfg.templates_file)
     handle = _load(model, gguf_file, device, dtype, revision)
     out_dir = out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S")
     result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
@@ -142,7 +150,7 @@ def _print_identify_summary(result: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit status (testable without a subprocess)."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)  # the exit code when a command exits early, e.g. 130
     except ArithmechError as err:
         typer.echo(f"error: {err}", err=True)
         return 2
@@ -151,16 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as done:
         return int(done.exit_code or 0)
-    except Exception as err:  # click usage errors and the like
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
+    except Exception as err:  # usage errors of the (vendored) click inside typer
+        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             return err.exit_code
-        if isinstance(err, click.exceptions.Abort):
-            return 130
         raise
-    return 0
+    if code == 130:
+        typer.echo("interrupted; no half-written files were left", err=True)
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

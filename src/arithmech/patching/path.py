@@ -31,8 +31,10 @@ References: Zhang et al., ICML 2024, Algorithm 1; Wang et al., ICLR 2023 (path p
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -41,6 +43,7 @@ from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.metrics import relative_change
 from arithmech.patching.states import EndStates, collect_end_states
+from arithmech.runs import atomic_open
 
 Variant = Literal["path", "direct", "total"]
 VARIANTS: tuple[str, ...] = ("path", "direct", "total")
@@ -142,33 +145,59 @@ def path_patch(
     variant: Variant = "path",
     batch_size: int = 32,
     progress: Callable[[int], None] | None = None,
+    resume_dir: Path | None = None,
 ) -> PatchResult:
     """Effect of every head and MLP (METHODS.md sec. 2), prompts processed `batch_size` at a time.
 
-    `progress(n)` is called with the number of prompts finished after each chunk.
+    `progress(n)` is called with the number of prompts finished after each chunk. With `resume_dir`, each
+    finished chunk is saved there and a rerun with the same folder loads it instead of recomputing; the
+    caller must make the folder name unique to the model, prompts and settings (see `resume_key`).
     """
-    if variant == "total":
-        from arithmech.patching.total import total_patched_logits
-    per_prompt, ref_logits, cf_logits = [], [], []
-    for start in range(0, len(batch), batch_size):
+    parts: list[dict[str, torch.Tensor]] = []
+    for index, start in enumerate(range(0, len(batch), batch_size)):
         chunk = batch.select(slice(start, start + batch_size))
-        ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end)
-        cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end)
-        answers = chunk.answer_ids.to(ref.resid_pre.device)
-        ref_logit = end_logits(view, ref, answers)
-        if variant == "total":
-            patched = total_patched_logits(view, chunk, ref, cf)
+        saved = resume_dir / f"chunk-{index:05d}.pt" if resume_dir is not None else None
+        if saved is not None and saved.exists():
+            part = torch.load(saved)
         else:
-            patched = sweep_senders(view, ref, cf, answers, recompute_mlps=(variant == "path"))
-        per_prompt.append(relative_change(patched, ref_logit).cpu())
-        ref_logits.append(ref_logit.cpu())
-        cf_logits.append(end_logits(view, cf, answers).cpu())
+            part = _patch_chunk(view, chunk, variant)
+            if saved is not None:
+                with atomic_open(saved, "wb") as handle:
+                    torch.save(part, handle)
+        parts.append(part)
         if progress is not None:
             progress(len(chunk))
     return PatchResult(
         components=all_components(view.dims),
-        per_prompt=torch.cat(per_prompt, dim=1),
-        ref_logit=torch.cat(ref_logits),
-        cf_logit=torch.cat(cf_logits),
+        per_prompt=torch.cat([p["per_prompt"] for p in parts], dim=1),
+        ref_logit=torch.cat([p["ref_logit"] for p in parts]),
+        cf_logit=torch.cat([p["cf_logit"] for p in parts]),
         variant=variant,
     )
+
+
+def _patch_chunk(view: ModelView, chunk: PatchingBatch, variant: Variant) -> dict[str, torch.Tensor]:
+    """Per-prompt effects [component, chunk] and the reference/counterfactual answer logits of one chunk."""
+    ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end)
+    cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end)
+    answers = chunk.answer_ids.to(ref.resid_pre.device)
+    ref_logit = end_logits(view, ref, answers)
+    if variant == "total":
+        from arithmech.patching.total import total_patched_logits
+
+        patched = total_patched_logits(view, chunk, ref, cf)
+    else:
+        patched = sweep_senders(view, ref, cf, answers, recompute_mlps=(variant == "path"))
+    return {
+        "per_prompt": relative_change(patched, ref_logit).cpu(),
+        "ref_logit": ref_logit.cpu(),
+        "cf_logit": end_logits(view, cf, answers).cpu(),
+    }
+
+
+def resume_key(batch: PatchingBatch, variant: str, batch_size: int, model_identity: str) -> str:
+    """A short hash naming the saved chunks of one scan: same model, prompts and settings, same key."""
+    digest = hashlib.sha256(f"{model_identity}|{variant}|{batch_size}".encode())
+    for tensor in (batch.ref_ids, batch.ref_mask, batch.cf_ids, batch.end, batch.answer_ids):
+        digest.update(tensor.cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,13 +27,14 @@ from arithmech.data import (
     PromptPair,
     TokenizedPairs,
     generate_pairs,
+    load_templates,
     read_prompt_file,
     tokenize_pairs,
     write_prompt_file,
 )
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
-from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch
+from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch, resume_key
 from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,7 @@ class IdentifyConfig:
     operand_min: int = field(default=0, metadata={"help": "smallest operand"})
     operand_max: int = field(default=9, metadata={"help": "largest operand"})
     prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
+    templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
     max_prompts: int = field(default=64, metadata={"help": "reference prompts used for patching (sampled)"})
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
     variant: str = field(default="path", metadata={"help": "path, direct or total"})
@@ -98,7 +102,11 @@ def build_reference_set(
     handle: ModelHandle, cfg: IdentifyConfig
 ) -> tuple[TokenizedPairs, dict[str, dict[str, float]], dict[str, int]]:
     """Generate or read prompt pairs, tokenize, keep those the model answers, and sample `max_prompts`."""
-    pairs = read_prompt_file(cfg.prompts_file) if cfg.prompts_file else generate_pairs(cfg.generation())
+    if cfg.prompts_file:
+        pairs = read_prompt_file(cfg.prompts_file)
+    else:
+        templates = load_templates(cfg.templates_file) if cfg.templates_file else None
+        pairs = generate_pairs(cfg.generation(), templates)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
@@ -151,7 +159,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
 
     start = time.perf_counter()
-    patch = _patch_with_progress(handle, tokenized, cfg, quiet)
+    patch = _patch_with_progress(handle, tokenized, cfg, out, quiet)
     timings["path_patching_s"] = time.perf_counter() - start
     key = rank_components(
         patch.components, patch.effects.tolist(), patch.total_effect, cfg.threshold, cfg.top_k,
@@ -174,12 +182,20 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     return IdentifyResult(patch, key, tokenized.pairs, accuracy, out, metadata)
 
 
-def _patch_with_progress(handle: ModelHandle, t: TokenizedPairs, cfg: IdentifyConfig, quiet: bool) -> PatchResult:
+def _patch_with_progress(
+    handle: ModelHandle, t: TokenizedPairs, cfg: IdentifyConfig, out: Path, quiet: bool
+) -> PatchResult:
+    """Path patching with a progress bar; finished chunks are kept in out/.partial so a rerun resumes."""
     from tqdm.auto import tqdm
 
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    identity = json.dumps(handle.source, sort_keys=True, default=str)
+    partial = out / ".partial" / resume_key(batch, cfg.variant, cfg.batch_size, identity)
+    if partial.exists():
+        logger.info("resuming from %d saved chunks in %s", len(list(partial.glob("chunk-*.pt"))), partial)
     with tqdm(total=len(batch), desc=f"{cfg.variant} patching", unit="prompt", disable=quiet) as bar:
-        return path_patch(handle.view, batch, cfg.variant, cfg.batch_size, progress=bar.update)  # type: ignore[arg-type]
+        result = path_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update, resume_dir=partial)  # type: ignore[arg-type]
+    return result
 
 
 def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
@@ -223,3 +239,4 @@ def write_identify_outputs(
     title = f"{patch.variant} patching: {handle.source.get('model', '?')}, {len(pairs)} prompts"
     effect_heatmap(effects[:, :-1], effects[:, -1], out / "effects_heatmap.png", title)
     atomic_write_json(out / "metadata.json", metadata)
+    shutil.rmtree(out / ".partial", ignore_errors=True)
