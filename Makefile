@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: venv
-	$(VENV)/bin/arithmech identify --operations addition --out runs/demo
+	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --out runs/demo
 
 test: venv
 	$(PY) -m pytest -q

@@ -17,12 +17,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from reference_patching import ReferencePatcher  # noqa: E402
-
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
 from arithmech.models.sites import all_components  # noqa: E402
 from arithmech.patching.path import PatchingBatch, path_patch  # noqa: E402
 from arithmech.stages.identify import IdentifyConfig, build_reference_set  # noqa: E402
+
+from reference_patching import ReferencePatcher  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,6 @@
-"""The `arithmech` command line. Heavy imports (torch, transformers) happen after parsing, so --help is instant.
+"""The `arithmech` command line.
+
+Heavy imports (torch, transformers) happen after parsing, so --help is instant.
 
 Examples:
     arithmech identify                                   # built-in SmolLM2-135M, addition prompts
@@ -17,7 +19,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -32,13 +34,15 @@ app = typer.Typer(
 logger = logging.getLogger("arithmech")
 
 ModelOpt = Annotated[
-    Optional[str],
-    typer.Option("--model", help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct."),
+    str | None,
+    typer.Option(
+        "--model", help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct."
+    ),
 ]
-GgufOpt = Annotated[Optional[str], typer.Option("--gguf-file", help="GGUF file name inside the --model folder.")]
+GgufOpt = Annotated[str | None, typer.Option("--gguf-file", help="GGUF file name inside the --model folder.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, or auto (all GPUs).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or auto.")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag, commit).")]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag, commit).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress bars or log lines, only results.")]
 
 
@@ -47,7 +51,9 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr
+    )
     for noisy in ("transformers", "accelerate", "huggingface_hub", "urllib3", "httpx"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
@@ -77,39 +83,55 @@ def identify(
     operations: Annotated[
         str, typer.Option(help="Comma list of addition, subtraction, multiplication, division.")
     ] = "addition",
-    formations: Annotated[str, typer.Option(help="Comma list of equation, statement, qa.")] = "equation,statement,qa",
+    formations: Annotated[
+        str, typer.Option(help="Comma list of equation, statement, qa.")
+    ] = "equation,statement,qa",
     n_per_template: Annotated[int, typer.Option(help="Prompt pairs generated per template.")] = 16,
-    few_shot: Annotated[int, typer.Option(help="Solved examples of the same template before each query.")] = 3,
+    few_shot: Annotated[
+        int, typer.Option(help="Solved examples of the same template before each query.")
+    ] = 3,
     operand_min: Annotated[int, typer.Option(help="Smallest operand.")] = 0,
     operand_max: Annotated[int, typer.Option(help="Largest operand (default single digits).")] = 9,
     prompts: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help='Your own prompt pairs: JSONL of {"reference", "counterfactual", "answer"}.'),
     ] = None,
     templates: Annotated[
-        Optional[Path], typer.Option(help="Your own templates (JSON list, same fields as the built-in ones).")
+        Path | None, typer.Option(help="Your own templates (JSON list, same fields as the built-in ones).")
     ] = None,
-    max_prompts: Annotated[int, typer.Option(help="Reference prompts used for patching (sampled by seed).")] = 64,
+    max_prompts: Annotated[
+        int, typer.Option(help="Reference prompts used for patching (sampled by seed).")
+    ] = 64,
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Also patch prompts the model gets wrong.")
     ] = False,
     variant: Annotated[
-        str, typer.Option(help="path (MLPs recomputed, heads frozen), direct (all frozen) or total (nothing frozen).")
+        str,
+        typer.Option(
+            help="path (MLPs recomputed, heads frozen), direct (all frozen) or total (nothing frozen)."
+        ),
     ] = "path",
-    threshold: Annotated[float, typer.Option(help="Key component if effect < threshold (-0.05 = -5%).")] = -0.05,
+    threshold: Annotated[
+        float, typer.Option(help="Key component if effect < threshold (-0.05 = -5%).")
+    ] = -0.05,
     fraction_threshold: Annotated[
-        Optional[float],
-        typer.Option(help="Instead: key if effect >= this fraction of the whole-prompt counterfactual effect."),
+        float | None,
+        typer.Option(
+            help="Instead: key if effect >= this fraction of the whole-prompt counterfactual effect."
+        ),
     ] = None,
     top_k: Annotated[int, typer.Option(help="Number of components listed as top-k.")] = 10,
-    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass (lower it if memory is short).")] = 16,
+    batch_size: Annotated[
+        int, typer.Option(help="Prompts per forward pass (lower it if memory is short).")
+    ] = 16,
     seed: Annotated[int, typer.Option(help="Seed for prompt generation and sampling.")] = 0,
-    out: Annotated[Optional[Path], typer.Option(help="Run folder; default runs/identify-<time>.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/identify-<time>.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Path-patch every attention head and MLP at the last token and write the key components."""
     _setup_logging(quiet)
-    from arithmech.stages.identify import IdentifyConfig, identify as run_identify
+    from arithmech.stages.identify import IdentifyConfig
+    from arithmech.stages.identify import identify as run_identify
 
     cfg = IdentifyConfig(
         operations=_split(operations), formations=_split(formations), n_per_template=n_per_template,

@@ -2,7 +2,10 @@
 
 
 class ArithmechError(Exception):
-    """An expected failure caused by input or environment; its message says what is wrong and how to fix it."""
+    """An expected failure caused by input or environment.
+
+    Its message says what is wrong and how to fix it.
+    """
 
 
 class ConfigError(ArithmechError):

@@ -12,8 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arithmech.cli import main
 
-CANDIDATES = ["1 + 2 = ", "Q: 3 plus 4? A: ", "5+1 = ", "The sum of 2 and 2 is ", "7 + 1 = ", "Q: 1 plus 1? A: ",
-              "4+4 = ", "The sum of 3 and 5 is ", "2 + 6 = ", "9+0 = "]
+CANDIDATES = [
+    "1 + 2 = ", "Q: 3 plus 4? A: ", "5+1 = ", "The sum of 2 and 2 is ", "7 + 1 = ", "Q: 1 plus 1? A: ",
+    "4+4 = ", "The sum of 3 and 5 is ", "2 + 6 = ", "9+0 = ",
+]
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:
@@ -35,7 +37,7 @@ def model_answers(model_dir: Path, prompts: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def llama_dir(tiny_model_dir) -> Path:  # noqa: ANN001
+def llama_dir(tiny_model_dir) -> Path:
     return tiny_model_dir("llama")
 
 
@@ -71,10 +73,13 @@ def good_prompts(llama_dir: Path, queries: list[str], tmp_path_factory: pytest.T
     return write_jsonl(tmp_path_factory.mktemp("prompts") / "good.jsonl", rows)
 
 
-def test_identify_writes_run_folder(llama_dir: Path, good_prompts: Path, queries: list[str], tmp_path: Path, capsys) -> None:  # noqa: ANN001,E501
+def test_identify_writes_run_folder(
+    llama_dir: Path, good_prompts: Path, queries: list[str], tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "run"
     code, stdout, stderr = run_cli(
-        ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(out), "--quiet"], capsys
+        ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(out), "--quiet"],
+        capsys,
     )
     assert code == 0, stderr
     assert "top heads:" in stdout and str(out) in stdout
@@ -95,16 +100,40 @@ def test_identify_writes_run_folder(llama_dir: Path, good_prompts: Path, queries
     kept = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert kept[0]["note"] == "row 0"  # extra fields survive
     assert (out / "effects_heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    (accuracy,) = list(csv.DictReader((out / "template_accuracy.csv").open()))
+    assert accuracy["template_id"] == "custom"
+    assert int(accuracy["pairs"]) == int(accuracy["kept"]) == int(accuracy["correct"]) == len(queries)
+    assert float(accuracy["accuracy"]) == 1.0
 
 
-def test_same_seed_same_numbers(llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_mismatched_pairs_are_rejected_and_counted(
+    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys
+) -> None:
+    rows = good_prompts.read_text().splitlines()
+    bad = json.dumps({"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ", "answer": "2"})
+    prompts = tmp_path / "mixed.jsonl"
+    prompts.write_text("\n".join([*rows, bad]) + "\n")
+    out = tmp_path / "run"
+    code, _, stderr = run_cli(
+        ["identify", "--model", str(llama_dir), "--prompts", str(prompts), "--out", str(out), "--quiet"], capsys
+    )
+    assert code == 0, stderr
+    (accuracy,) = list(csv.DictReader((out / "template_accuracy.csv").open()))
+    assert (int(accuracy["pairs"]), int(accuracy["rejected_length_mismatch"])) == (len(rows) + 1, 1)
+    assert json.loads((out / "metadata.json").read_text())["counts"]["rejected_length_mismatch"] == 1
+
+
+def test_same_seed_same_numbers(llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys) -> None:
     for name in ("a", "b"):
-        args = ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(tmp_path / name)]
+        args = ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts)]
+        args += ["--out", str(tmp_path / name)]
         assert run_cli([*args, "--quiet"], capsys)[0] == 0
     assert (tmp_path / "a" / "effects.csv").read_text() == (tmp_path / "b" / "effects.csv").read_text()
 
 
-def test_resume_uses_saved_chunks(llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_resume_uses_saved_chunks(
+    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
     import arithmech.patching.path as path_module
 
     out = tmp_path / "run"
@@ -113,7 +142,7 @@ def test_resume_uses_saved_chunks(llama_dir: Path, good_prompts: Path, tmp_path:
     real_chunk = path_module._patch_chunk
     calls = {"n": 0}
 
-    def interrupted_after_one(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def interrupted_after_one(*a, **k):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
@@ -139,22 +168,38 @@ def _bad_prompt_files(tmp: Path, llama_dir: Path, queries: list[str]) -> dict[st
         "not-jsonl": ((tmp / "bad.jsonl"), "not JSON"),
         "missing-field": (write_jsonl(tmp / "missing.jsonl", [{"reference": "1 + 1 = ", "answer": "2"}]),
                           "counterfactual"),
-        "empty-answer": (write_jsonl(tmp / "noans.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 @ 1 = ",
-                                                            "answer": ""}]), "answer"),
-        "length-mismatch": (write_jsonl(tmp / "len.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ",
-                                                             "answer": "2"}]), "token length"),
-        "none-correct": (write_jsonl(tmp / "wrong.jsonl", [
-            {"reference": q, "counterfactual": operator_swap(q), "answer": w} for q, w in zip(queries, wrong, strict=True)
-        ]), "few-shot"),
+        "empty-answer": (
+            write_jsonl(
+                tmp / "noans.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 @ 1 = ", "answer": ""}]
+            ),
+            "answer",
+        ),
+        "length-mismatch": (
+            write_jsonl(
+                tmp / "len.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ", "answer": "2"}]
+            ),
+            "token length",
+        ),
+        "none-correct": (
+            write_jsonl(tmp / "wrong.jsonl", [
+                {"reference": q, "counterfactual": operator_swap(q), "answer": w}
+                for q, w in zip(queries, wrong, strict=True)
+            ]),
+            "few-shot",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["empty", "not-jsonl", "missing-field", "empty-answer", "length-mismatch", "none-correct"])
-def test_bad_prompt_files(case: str, llama_dir: Path, queries: list[str], tmp_path: Path, capsys) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "case", ["empty", "not-jsonl", "missing-field", "empty-answer", "length-mismatch", "none-correct"]
+)
+def test_bad_prompt_files(case: str, llama_dir: Path, queries: list[str], tmp_path: Path, capsys) -> None:
     (tmp_path / "bad.jsonl").write_text('{"reference": "1 + 1 = "\n')
     path, expected = _bad_prompt_files(tmp_path, llama_dir, queries)[case]
     out = tmp_path / "run"
-    code, _, stderr = run_cli(["identify", "--model", str(llama_dir), "--prompts", str(path), "--out", str(out)], capsys)
+    code, _, stderr = run_cli(
+        ["identify", "--model", str(llama_dir), "--prompts", str(path), "--out", str(out)], capsys
+    )
     assert code == 2
     lines = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0], stderr
@@ -174,7 +219,7 @@ def test_bad_prompt_files(case: str, llama_dir: Path, queries: list[str], tmp_pa
         (["--operations", "exponentiation"], "operations"),
     ],
 )
-def test_bad_options(args: list[str], expected: str, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_bad_options(args: list[str], expected: str, tmp_path: Path, capsys, monkeypatch) -> None:
     if "--device" in args and "cuda" in args[1] and torch.cuda.is_available():
         pytest.skip("CUDA is present")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -184,16 +229,20 @@ def test_bad_options(args: list[str], expected: str, tmp_path: Path, capsys, mon
     assert not (tmp_path / "run").exists()
 
 
-def test_template_without_slots(llama_dir: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    bad = [{"id": "t1", "operation": "addition", "formation": "equation", "text": "{A} + 3 = ", "operator": "+",
-            "counterfactual_operator": "@"}]
+def test_template_without_slots(llama_dir: Path, tmp_path: Path, capsys) -> None:
+    bad = [
+        {
+            "id": "t1", "operation": "addition", "formation": "equation", "text": "{A} + 3 = ",
+            "operator": "+", "counterfactual_operator": "@",
+        }
+    ]
     path = tmp_path / "templates.json"
     path.write_text(json.dumps(bad))
     code, _, stderr = run_cli(["identify", "--model", str(llama_dir), "--templates", str(path)], capsys)
     assert code == 2 and "{B}" in stderr
 
 
-def test_help_explains_every_option(capsys) -> None:  # noqa: ANN001
+def test_help_explains_every_option(capsys) -> None:
     assert main(["identify", "--help"]) == 0
     text = capsys.readouterr().out
     for option in ("--model", "--gguf-file", "--device", "--dtype", "--prompts", "--variant", "--threshold",
@@ -201,6 +250,6 @@ def test_help_explains_every_option(capsys) -> None:  # noqa: ANN001
         assert option in text
 
 
-def test_usage_error_is_one_line(capsys) -> None:  # noqa: ANN001
+def test_usage_error_is_one_line(capsys) -> None:
     code, _, stderr = run_cli(["identify", "--top-k", "many"], capsys)
     assert code == 2 and "Traceback" not in stderr and "--top-k" in stderr

@@ -39,7 +39,8 @@ def predict_at_end(
             attention_mask=attention_mask[rows, :width].to(device),
             use_cache=False,
         ).logits
-        at_end = logits[torch.arange(logits.shape[0], device=logits.device), end[rows].to(logits.device)].float()
+        batch_rows = torch.arange(logits.shape[0], device=logits.device)
+        at_end = logits[batch_rows, end[rows].to(logits.device)].float()
         answers = answer_ids[rows].to(at_end.device)
         tops.append(at_end.argmax(-1).cpu())
         probs.append(at_end.softmax(-1).gather(1, answers[:, None])[:, 0].cpu())

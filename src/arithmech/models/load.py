@@ -176,7 +176,9 @@ def _locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
             return str(_convert_gguf_to_cache(gguf, sha)), {}, source
         return cfg.model, {"gguf_file": cfg.gguf_file}, {"model": cfg.model, "gguf_file": cfg.gguf_file}
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"model path {str(path)!r} is a file; give a model folder, a .gguf file or a hub id")
+        raise ConfigError(
+            f"model path {str(path)!r} is a file; give a model folder, a .gguf file or a hub id"
+        )
     return str(path) if path.is_dir() else cfg.model, {}, {"model": cfg.model}
 
 

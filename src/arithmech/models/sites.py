@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from arithmech.errors import ConfigError
 from arithmech.models.view import Dims
 
-_HEAD = re.compile(r"^(\d+)\.(\d+)$")
-_MLP = re.compile(r"^(?:mlp\.(\d+)|L?(\d+)\.mlp)$")
+_HEAD = re.compile(r"^([0-9]+)\.([0-9]+)$")
+_MLP = re.compile(r"^(?:mlp\.([0-9]+)|L?([0-9]+)\.mlp)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -49,7 +49,9 @@ def parse_component(text: str, dims: Dims) -> Component:
     elif mlp_match:
         component = Component(int(mlp_match.group(1) or mlp_match.group(2)))
     else:
-        raise ConfigError(f"component {text!r} is not a name arithmech knows; write heads as L.H (14.2) and MLPs as mlp.L")
+        raise ConfigError(
+            f"component {text!r} is not a name arithmech knows; write heads as L.H (14.2) and MLPs as mlp.L"
+        )
     if not 0 <= component.layer < dims.n_layers:
         raise ConfigError(
             f"component {text!r} does not exist: the model has layers 0..{dims.n_layers - 1}"

@@ -14,7 +14,8 @@ Why it is fast
     the END residual pushed through the later MLPs (attention adds its frozen reference output), the final
     norm and the answer's unembedding row. All senders of all layers travel together in one sweep over the
     layers: at layer l the new head senders join the batch of perturbed END residuals. Cost: about
-    L^2 / 2 x (H + 1) MLP applications to single vectors per prompt, instead of L x (H + 1) full forward passes.
+    L^2 / 2 x (H + 1) MLP applications to single vectors per prompt, instead of L x (H + 1) full forward
+    passes.
 
 Variants
     path    MLPs recomputed, attention frozen (default; the paper's method).

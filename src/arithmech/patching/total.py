@@ -76,13 +76,16 @@ def _replace_hooks(
         head_rows = (in_layer & (slot < view.dims.n_heads)).nonzero().flatten()
         mlp_rows = (in_layer & (slot == view.dims.n_heads)).nonzero().flatten()
         if len(head_rows):
-            pre.append((view.o_proj(layer), _set_heads(view, head_rows, slot[head_rows], prompts[head_rows], cf.z[layer])))
+            set_heads = _set_heads(view, head_rows, slot[head_rows], prompts[head_rows], cf.z[layer])
+            pre.append((view.o_proj(layer), set_heads))
         if len(mlp_rows):
             post.append((view.mlp(layer), _set_mlp(mlp_rows, cf.mlp_out[layer][prompts[mlp_rows]])))
     return {"pre": pre, "post": post}
 
 
-def _set_heads(view: ModelView, rows: torch.Tensor, heads: torch.Tensor, prompts: torch.Tensor, cf_z: torch.Tensor) -> Any:
+def _set_heads(
+    view: ModelView, rows: torch.Tensor, heads: torch.Tensor, prompts: torch.Tensor, cf_z: torch.Tensor
+) -> Any:
     def fn(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         z = args[0].clone()  # [row, 1, head * d_head]
         z_heads = view.split_heads(z)  # [row, 1, head, d_head]

@@ -109,15 +109,21 @@ def build_reference_set(
         pairs = generate_pairs(cfg.generation(), templates)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
     predictions = predict_at_end(
-        handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
+        handle.view,
+        tokenized.ref_ids,
+        tokenized.ref_mask,
+        tokenized.end,
+        tokenized.answer_ids,
+        cfg.batch_size,
     )
-    accuracy = _template_accuracy(tokenized.pairs, predictions.correct)
+    accuracy = _template_accuracy(tokenized.pairs, predictions.correct, report.per_template)
     keep = predictions.correct if cfg.filter_correct else torch.ones_like(predictions.correct)
     n_correct = int(predictions.correct.sum())
     if not bool(keep.any()):
         raise DataError(
-            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, so there is no reference "
-            "set; add solved examples before each query (--few-shot 3) or use easier operands"
+            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, "
+            "so there is no reference set; "
+            "add solved examples before each query (--few-shot 3) or use easier operands"
         )
     indices = keep.nonzero().flatten().tolist()
     random.Random(cfg.seed).shuffle(indices)
@@ -142,21 +148,38 @@ def _subset(t: TokenizedPairs, indices: list[int]) -> TokenizedPairs:
     )
 
 
-def _template_accuracy(pairs: list[PromptPair], correct: torch.Tensor) -> dict[str, dict[str, float]]:
-    table: dict[str, list[bool]] = {}
+def _template_accuracy(
+    pairs: list[PromptPair], correct: torch.Tensor, tokenized: dict[str, dict[str, int]]
+) -> dict[str, dict[str, float]]:
+    """Per template: pairs generated, rejected for a counterfactual of another length, kept, answered."""
+    answered: dict[str, list[bool]] = {}
     for pair, ok in zip(pairs, correct.tolist(), strict=True):
-        table.setdefault(pair.template_id or "custom", []).append(bool(ok))
-    return {k: {"n": len(v), "correct": sum(v), "accuracy": sum(v) / len(v)} for k, v in sorted(table.items())}
+        answered.setdefault(pair.template_id or "custom", []).append(bool(ok))
+    table = {}
+    for template, count in sorted(tokenized.items()):
+        right = sum(answered.get(template, []))
+        table[template] = {
+            "pairs": count["kept"] + count["rejected"],
+            "rejected_length_mismatch": count["rejected"],
+            "kept": count["kept"],
+            "correct": right,
+            "accuracy": right / count["kept"] if count["kept"] else float("nan"),
+        }
+    return table
 
 
-def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
+def identify(
+    handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False
+) -> IdentifyResult:
     """Run the identify stage and write its run folder."""
     out = Path(out_dir)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     tokenized, accuracy, counts = build_reference_set(handle, cfg)
     timings["reference_set_s"] = time.perf_counter() - start
-    logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
+    logger.info(
+        "reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"]
+    )
 
     start = time.perf_counter()
     patch = _patch_with_progress(handle, tokenized, cfg, out, quiet)
@@ -208,8 +231,17 @@ def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
     for component, effect, spread in zip(patch.components, patch.effects.tolist(), std.tolist(), strict=True):
         head = "" if component.head is None else component.head
         fraction = effect / total if total else float("nan")
-        writer.writerow([component.name, component.layer, head, component.kind, f"{effect:.8g}", f"{spread:.8g}",
-                         f"{fraction:.8g}"])
+        writer.writerow(
+            [
+                component.name,
+                component.layer,
+                head,
+                component.kind,
+                f"{effect:.8g}",
+                f"{spread:.8g}",
+                f"{fraction:.8g}",
+            ]
+        )
     return buffer.getvalue()
 
 
@@ -230,8 +262,9 @@ def write_identify_outputs(
     atomic_write_text(out / "effects.csv", effects_csv(patch, key))
     atomic_write_json(out / "key_components.json", key.to_json())
     write_prompt_file(out / "prompts.jsonl", pairs)
-    rows = ["template_id,n,correct,accuracy"] + [
-        f"{k},{v['n']},{v['correct']},{v['accuracy']:.4f}" for k, v in accuracy.items()
+    columns = ["pairs", "rejected_length_mismatch", "kept", "correct"]
+    rows = ["template_id," + ",".join(columns) + ",accuracy"] + [
+        f"{k}," + ",".join(str(v[c]) for c in columns) + f",{v['accuracy']:.4f}" for k, v in accuracy.items()
     ]
     atomic_write_text(out / "template_accuracy.csv", "\n".join(rows) + "\n")
     dims = handle.dims

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference_patching import ReferencePatcher
-from tiny_models import TINY_ARCHS, make_tiny_model
 
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.sites import all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, path_patch
+
+from reference_patching import ReferencePatcher
+from tiny_models import TINY_ARCHS, make_tiny_model
 
 
 def random_batch(vocab: int, lengths: list[int], seed: int = 1) -> PatchingBatch:
@@ -63,7 +64,9 @@ def test_fast_equals_reference(arch: str, variant: str) -> None:
 def test_patching_clean_into_clean_is_zero() -> None:
     view = view_of("llama")
     batch = random_batch(int(view.dims.d_vocab), [6, 8])
-    same = PatchingBatch(batch.ref_ids, batch.ref_mask, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids)
+    same = PatchingBatch(
+        batch.ref_ids, batch.ref_mask, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids
+    )
     for variant in ("path", "direct", "total"):
         result = path_patch(view, same, variant=variant)
         assert result.per_prompt.abs().max() < 1e-5
