@@ -114,9 +114,8 @@ def test_mismatched_pairs_are_rejected_and_counted(
     prompts = tmp_path / "mixed.jsonl"
     prompts.write_text("\n".join([*rows, bad]) + "\n")
     out = tmp_path / "run"
-    code, _, stderr = run_cli(
-        ["identify", "--model", str(llama_dir), "--prompts", str(prompts), "--out", str(out), "--quiet"], capsys
-    )
+    args = ["identify", "--model", str(llama_dir), "--prompts", str(prompts), "--out", str(out), "--quiet"]
+    code, _, stderr = run_cli(args, capsys)
     assert code == 0, stderr
     (accuracy,) = list(csv.DictReader((out / "template_accuracy.csv").open()))
     assert (int(accuracy["pairs"]), int(accuracy["rejected_length_mismatch"])) == (len(rows) + 1, 1)

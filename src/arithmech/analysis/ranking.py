@@ -70,7 +70,8 @@ def rank_components(
     )
     if fraction_threshold is not None:
         key = [r for r in ranked if r.fraction_of_total >= fraction_threshold and r.effect < 0]
-        rule = f"effect >= {fraction_threshold:g} of the whole-prompt counterfactual effect ({total_effect:+.2%})"
+        share = f"{fraction_threshold:g} of the whole-prompt counterfactual effect"
+        rule = f"effect >= {share} ({total_effect:+.2%})"
     else:
         key = [r for r in ranked if r.effect < threshold]
         rule = f"effect < {threshold:g}"
