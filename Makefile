@@ -32,6 +32,7 @@ demo: venv
 	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --out runs/demo
 
 test: venv
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
 bench: venv
