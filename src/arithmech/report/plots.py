@@ -37,15 +37,52 @@ def effect_heatmap(
         for index in np.argsort(grid, axis=None)[:annotate_top]:
             row, col = divmod(int(index), grid.shape[1])
             if grid[row, col] < 0:
-                ax.text(
-                    col, row, f"{grid[row, col]:.1f}", ha="center", va="center", fontsize=5, color="white"
-                )
+                ax.text(col, row, f"{grid[row, col]:.1f}", ha="center", va="center", fontsize=5, color="white")
         fig.colorbar(image, ax=ax, shrink=0.8, label=f"{label}: effect on answer logit (%)")
     ax_heads.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
     ax_heads.set_yticks(range(n_layers), [str(layer) for layer in range(n_layers)], fontsize=6)
     ax_heads.set_xlabel("head")
     ax_heads.set_ylabel("layer")
     ax_mlp.set_xticks([0], ["MLP"], fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
+
+
+def knockout_curves(
+    summary: list[dict[str, float]], base_accuracy: float, base_prob: float, path: Path, title: str
+) -> None:
+    """Accuracy and answer probability after knocking out k components: effect-rank vs random-rank (Figure 3).
+
+    summary rows: k, effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = [row["k"] for row in summary]
+    fig, axes = plt.subplots(1, 2, figsize=(8.0, 3.2), dpi=150)
+    for ax, metric, base, label in (
+        (axes[0], "accuracy", base_accuracy, "accuracy"),
+        (axes[1], "prob", base_prob, "mean answer probability"),
+    ):
+        effect = [row[f"effect_{metric}"] for row in summary]
+        mean = np.array([row[f"random_{metric}_mean"] for row in summary])
+        std = np.array([row[f"random_{metric}_std"] for row in summary])
+        ax.plot([0, *ks], [base, *effect], marker="o", color="#D55E00", label="effect-rank")
+        ax.plot([0, *ks], [base, *mean], marker="s", color="#0072B2", label="random-rank (mean)")
+        ax.fill_between(ks, mean - std, mean + std, color="#0072B2", alpha=0.2, linewidth=0, label="random ± 1 sd")
+        ax.set_xscale("symlog", base=2, linthresh=1)
+        ax.set_xticks([0, *ks], [str(k) for k in [0, *ks]])
+        ax.set_xlabel("components knocked out (k)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = Path(path)

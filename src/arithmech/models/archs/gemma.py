@@ -10,6 +10,7 @@ _GEMMA_BASE = dict(
     k_proj="self_attn.k_proj",
     v_proj="self_attn.v_proj",
     o_proj="self_attn.o_proj",
+    attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
 )

@@ -10,6 +10,7 @@ GPT2 = ArchSpec(
     qkv_proj="attn.c_attn",
     qkv_layout="concat",
     o_proj="attn.c_proj",
+    attn="attn",
     attn_norm="ln_1",
     mlp="mlp",
     mlp_norm="ln_2",

@@ -11,6 +11,7 @@ GPT_NEOX = ArchSpec(
     qkv_proj="attention.query_key_value",
     qkv_layout="interleaved",
     o_proj="attention.dense",
+    attn="attention",
     attn_norm="input_layernorm",
     mlp="mlp",
     mlp_norm="post_attention_layernorm",

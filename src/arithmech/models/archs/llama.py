@@ -9,6 +9,7 @@ _LLAMA_LIKE = dict(
     k_proj="self_attn.k_proj",
     v_proj="self_attn.v_proj",
     o_proj="self_attn.o_proj",
+    attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
     mlp_norm="post_attention_layernorm",

@@ -10,6 +10,7 @@ PHI3 = ArchSpec(
     qkv_proj="self_attn.qkv_proj",
     qkv_layout="concat",
     o_proj="self_attn.o_proj",
+    attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
     mlp_norm="post_attention_layernorm",

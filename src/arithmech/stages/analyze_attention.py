@@ -1,0 +1,242 @@
+"""The attention-roles analysis stage: where each key head looks from END, and what kind of head it is.
+
+Reads a finished identify run (its reference prompts and key heads), computes each chosen head's END-row
+attention grouped by token role (`analysis/attention.py`), labels it an operand head, an operator head or
+neither, and writes into its own folder, each atomically and metadata.json last:
+
+- attention_roles.csv    head, layer, head_index, mass on A, B, operator, prefix, other, A+B, label
+- attention_roles.png    one stacked bar per head (paper Figure 5)
+- attention_examples.png END attention of the heads over single prompts' tokens (Figure 7; if n_examples > 0)
+- attention_examples.json the tokens, roles and weights drawn in attention_examples.png
+- metadata.json          model, config, heads and where they came from, counts, versions, git sha
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.analysis.attention import DEFAULT_TAU, ROLES, end_attention, label_heads, role_scores
+from arithmech.data import ROLE_CODES, TokenizedPairs, tokenize_pairs
+from arithmech.errors import ConfigError, DataError
+from arithmech.models.load import ModelHandle
+from arithmech.models.sites import Component, parse_components
+from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.stages.identify_run import IdentifyRun, read_identify_run
+
+logger = logging.getLogger(__name__)
+
+_HEAD_NAME = re.compile(r"^\s*[0-9]+\.[0-9]+\s*$")
+_ROLE_NAMES = {code: name for name, code in ROLE_CODES.items()}
+MAX_EXAMPLE_HEADS = 8
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings of `analyze attention`; every field is also a CLI option."""
+
+    heads: tuple[str, ...] | None = field(
+        default=None,
+        metadata={"help": "heads to analyse as L.H (e.g. 14.2,18.5); default: the identify run's key heads"},
+    )
+    top_k: int = field(
+        default=10, metadata={"help": "heads taken by effect when the identify run has no key heads"}
+    )
+    tau: float = field(
+        default=DEFAULT_TAU,
+        metadata={"help": "share of END's attention a role needs for an operand/operator label (0-1]"},
+    )
+    max_prompts: int = field(default=64, metadata={"help": "reference prompts averaged over (the first N)"})
+    n_examples: int = field(default=3, metadata={"help": "single prompts drawn in attention_examples.png"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+
+    def __post_init__(self) -> None:
+        heads = self.heads
+        if isinstance(heads, str):
+            heads = tuple(p for p in heads.split(",") if p.strip())
+        if heads is not None:
+            heads = tuple(h.strip() for h in heads)
+            if not heads:
+                raise ConfigError("heads is empty; list heads as L.H (14.2,18.5), or leave it unset")
+            for name in heads:
+                if not _HEAD_NAME.match(name):
+                    raise ConfigError(
+                        f"{name!r} is not an attention head; write heads as L.H (14.2) - MLPs have no pattern"
+                    )
+            object.__setattr__(self, "heads", heads)
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"tau must be in (0, 1], a share of END's attention (got {self.tau})")
+        for name in ("top_k", "max_prompts", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.n_examples < 0:
+            raise ConfigError(f"n_examples must be 0 or more (got {self.n_examples})")
+
+
+@dataclass
+class AttentionResult:
+    """Mean END attention per role of each head, its label, and where the files went."""
+
+    heads: list[Component]
+    scores: torch.Tensor
+    """[head, role] mean END attention mass, roles in `ROLES` order."""
+    labels: list[str]
+    heads_source: str
+    """"config", "key_heads" or "top_k": where the head list came from."""
+    n_prompts: int
+    out_dir: Path
+    metadata: dict[str, Any]
+
+    def as_dict(self) -> dict[str, dict[str, float | str]]:
+        """{head name: {role: mass, ..., "label": label}}."""
+        return {
+            head.name: {**dict(zip(ROLES, row, strict=True)), "label": label}
+            for head, row, label in zip(self.heads, self.scores.tolist(), self.labels, strict=True)
+        }
+
+
+def choose_heads(run: IdentifyRun, cfg: AttentionConfig, handle: ModelHandle) -> tuple[list[Component], str]:
+    """The heads to analyse and their source: the config, the run's key heads, else its top-k heads."""
+    if cfg.heads:
+        return parse_components(",".join(cfg.heads), handle.dims), "config"
+    key_heads = run.key.get("key_heads") or []
+    if key_heads:
+        return parse_components(",".join(key_heads), handle.dims), "key_heads"
+    logger.info("the identify run has no key heads; analysing its top %d heads by effect", cfg.top_k)
+    return run.ranked("head")[: cfg.top_k], "top_k"
+
+
+def _check_roles(t: TokenizedPairs, handle: ModelHandle, run_dir: Path) -> None:
+    if t.roles_available:
+        return
+    if not getattr(handle.tokenizer, "is_fast", False):
+        raise DataError(
+            f"token roles need character offsets, which this model's slow tokenizer "
+            f"({type(handle.tokenizer).__name__}) cannot give; load the model with a fast tokenizer"
+        )
+    raise DataError(
+        f"the reference prompts of {str(run_dir)!r} have no character spans for A, B and the operator, "
+        "so tokens have no roles; identify with generated prompts, or add \"spans\" to your prompt file"
+    )
+
+
+def token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Readable text of each token for an axis: spaces as '␣', newlines as '\\n'."""
+    out = []
+    for token_id in ids:
+        text = tokenizer.decode([token_id]) or str(tokenizer.convert_ids_to_tokens(token_id))
+        out.append(text.replace(" ", "␣").replace("\n", "\\n"))
+    return out
+
+
+def analyze_attention(
+    handle: ModelHandle, cfg: AttentionConfig, run_dir: str | Path, out_dir: str | Path, quiet: bool = False
+) -> AttentionResult:
+    """Run the attention-roles analysis on an identify run's reference prompts and write `out_dir`."""
+    from tqdm.auto import tqdm
+
+    run = read_identify_run(run_dir, handle)
+    heads, heads_source = choose_heads(run, cfg, handle)
+    if not heads:
+        raise DataError(f"the identify run {str(run_dir)!r} lists no heads; pass the heads to analyse")
+    if not run.pairs:
+        raise DataError(f"the identify run {str(run_dir)!r} has no reference prompts; rerun identify")
+    t, _ = tokenize_pairs(handle.tokenizer, run.pairs[: cfg.max_prompts])
+    _check_roles(t, handle, Path(run_dir))
+
+    start = time.perf_counter()
+    layers = sorted({h.layer for h in heads})
+    with tqdm(total=len(t.end), desc="attention", unit="prompt", disable=quiet) as bar:
+        rows = end_attention(handle.view, t.ref_ids, t.ref_mask, t.end, layers, cfg.batch_size, bar.update)
+    layer_index = torch.tensor([layers.index(h.layer) for h in heads])
+    head_index = torch.tensor([h.head for h in heads])
+    head_rows = rows[:, layer_index, head_index]  # [batch, head (chosen), pos]
+    scores = role_scores(head_rows, t.roles, t.ref_mask)  # [head, role]
+    labels = label_heads(scores, cfg.tau)
+    elapsed = time.perf_counter() - start
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    metadata = {
+        "stage": "analyze_attention",
+        "model": handle.source,
+        "dims": asdict(handle.dims),
+        "identify_run": str(Path(run_dir).resolve()),
+        "config": asdict(cfg),
+        "heads": [h.name for h in heads],
+        "heads_source": heads_source,
+        "roles": list(ROLES),
+        "label_rule": (
+            f"operand if A+B >= {cfg.tau:g} and A+B > operator; operator if operator >= {cfg.tau:g} "
+            "and operator > A+B; else neither (masses: mean END attention over the reference prompts)"
+        ),
+        "counts": {"prompts": len(t.end), "heads": len(heads)},
+        "timings": {"attention_s": elapsed},
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _write_outputs(out, handle, t, heads, head_rows, scores, labels, cfg)
+    atomic_write_json(out / "metadata.json", metadata)
+    return AttentionResult(heads, scores, labels, heads_source, len(t.end), out, metadata)
+
+
+def roles_csv(heads: list[Component], scores: torch.Tensor, labels: list[str]) -> str:
+    """One row per head: head, layer, head_index, mass per role, operand (A+B), label."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["head", "layer", "head_index", *ROLES, "operand", "label"])
+    for head, row, label in zip(heads, scores.tolist(), labels, strict=True):
+        masses = dict(zip(ROLES, row, strict=True))
+        writer.writerow(
+            [head.name, head.layer, head.head, *(f"{v:.6f}" for v in row),
+             f"{masses['A'] + masses['B']:.6f}", label]
+        )  # fmt: skip
+    return buffer.getvalue()
+
+
+def _write_outputs(
+    out: Path,
+    handle: ModelHandle,
+    t: TokenizedPairs,
+    heads: list[Component],
+    head_rows: torch.Tensor,
+    scores: torch.Tensor,
+    labels: list[str],
+    cfg: AttentionConfig,
+) -> None:
+    from arithmech.report.attention_plots import attention_examples, role_bar_chart
+
+    names = [h.name for h in heads]
+    model_name = handle.source.get("model", "?")
+    atomic_write_text(out / "attention_roles.csv", roles_csv(heads, scores, labels))
+    role_bar_chart(
+        names, scores.numpy(), ROLES, labels, out / "attention_roles.png",
+        f"END attention by token role: {model_name}, {len(t.end)} prompts", cfg.tau,
+    )  # fmt: skip
+    shown = min(len(heads), MAX_EXAMPLE_HEADS)
+    examples = []
+    for i in range(min(cfg.n_examples, len(t.end))):
+        n = int(t.end[i]) + 1
+        examples.append({
+            "prompt": t.pairs[i].reference,
+            "tokens": token_strings(handle.tokenizer, t.ref_ids[i, :n].tolist()),
+            "roles": [_ROLE_NAMES[int(code)] for code in t.roles[i, :n]],
+            "heads": names[:shown],
+            "weights": [[round(w, 6) for w in r] for r in head_rows[i, :shown, :n].tolist()],  # [head, pos]
+        })  # fmt: skip
+    atomic_write_json(out / "attention_examples.json", examples)
+    if examples:
+        attention_examples(
+            examples, names[:shown], out / "attention_examples.png",
+            f"END attention over single prompts: {model_name}",
+        )  # fmt: skip

@@ -1,0 +1,69 @@
+"""Reading a finished identify run folder: the effects, key components and reference prompts later stages use.
+
+A folder is finished when its metadata.json exists (identify writes it last). A folder made with another model
+is refused, since its component names and prompts would not mean the same thing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arithmech.data import PromptPair, read_prompt_file
+from arithmech.errors import ConfigError
+from arithmech.models.load import ModelHandle
+from arithmech.models.sites import Component, parse_component
+
+
+@dataclass(frozen=True)
+class IdentifyRun:
+    """What an identify run left on disk."""
+
+    path: Path
+    effects: dict[Component, float]
+    """Mean path-patching effect of every component."""
+    key: dict[str, Any]
+    """key_components.json as written."""
+    pairs: list[PromptPair]
+    """The reference set that was patched (prompts the model answered)."""
+    metadata: dict[str, Any]
+
+    def ranked(self, kind: str | None = None) -> list[Component]:
+        """Components by effect, most negative first; kind "head" or "mlp" keeps only those."""
+        items = sorted(self.effects.items(), key=lambda item: item[1])
+        return [c for c, _ in items if kind is None or c.kind == kind]
+
+
+def model_identity(source: dict[str, Any]) -> str:
+    """What must match between a run folder's model and the loaded one."""
+    return str(source.get("gguf_sha256") or source.get("model"))
+
+
+def read_identify_run(run_dir: str | Path, handle: ModelHandle) -> IdentifyRun:
+    """Read an identify run folder made with the same model as `handle`."""
+    path = Path(run_dir)
+    metadata_path = path / "metadata.json"
+    if not path.is_dir():
+        raise ConfigError(f"run folder {str(path)!r} does not exist; give the --out folder of an identify run")
+    if not metadata_path.is_file():
+        raise ConfigError(
+            f"run folder {str(path)!r} has no metadata.json, so its identify run did not finish; rerun identify"
+        )
+    metadata = json.loads(metadata_path.read_text())
+    if metadata.get("stage") != "identify":
+        raise ConfigError(f"run folder {str(path)!r} is not an identify run (stage {metadata.get('stage')!r})")
+    made_with, loaded = model_identity(metadata.get("model", {})), model_identity(handle.source)
+    if made_with != loaded or metadata.get("dims", {}).get("n_heads") != handle.dims.n_heads:
+        raise ConfigError(
+            f"run folder {str(path)!r} was made with model {made_with!r}, not the loaded {loaded!r}; "
+            "pass the same --model, or identify again with this model"
+        )
+    with (path / "effects.csv").open() as handle_csv:
+        effects = {
+            parse_component(row["component"], handle.dims): float(row["effect"]) for row in csv.DictReader(handle_csv)
+        }
+    key = json.loads((path / "key_components.json").read_text())
+    return IdentifyRun(path, effects, key, read_prompt_file(path / "prompts.jsonl"), metadata)

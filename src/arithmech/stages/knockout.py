@@ -1,0 +1,177 @@
+"""The knockout stage: effect-rank vs random-rank mean ablation on the reference set (paper Figure 3).
+
+Reads the ranking and reference prompts of an identify run folder (`from_run`), or takes an explicit list of
+components (then the ranking is their order, and the prompts come from the run or are generated and filtered
+as identify does). Writes knockout.csv, knockout_summary.csv, knockout.png and metadata.json (last).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arithmech.data import PromptPair, tokenize_pairs
+from arithmech.errors import ConfigError
+from arithmech.knockout.ablation import ABLATION_MODES, ablation_sources, alignment_groups
+from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
+from arithmech.models.load import ModelHandle
+from arithmech.models.sites import Component, all_components, parse_component
+from arithmech.patching.path import PatchingBatch
+from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.stages.identify import IdentifyConfig, build_reference_set
+from arithmech.stages.identify_run import read_identify_run
+
+
+@dataclass(frozen=True)
+class KnockoutConfig:
+    """Settings of the knockout stage."""
+
+    from_run: str | None = field(default=None, metadata={"help": "identify run folder (ranking and prompts)"})
+    components: tuple[str, ...] | None = field(
+        default=None, metadata={"help": "ranked components to knock out instead of the run's ranking"}
+    )
+    ablation: str = field(default="mean", metadata={"help": "mean, zero or resample"})
+    end_only: bool = field(default=False, metadata={"help": "ablate at the last token only"})
+    max_k: int = field(default=16, metadata={"help": "largest number of components knocked out together"})
+    n_random: int = field(default=5, metadata={"help": "random-rank seeds per k"})
+    include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
+    max_prompts: int = field(default=64, metadata={"help": "reference prompts used"})
+    batch_size: int = field(default=64, metadata={"help": "rows (configuration x prompt) per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed of the random-rank draws"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.components, list):
+            object.__setattr__(self, "components", tuple(self.components))
+        if self.ablation not in ABLATION_MODES:
+            raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(ABLATION_MODES)}")
+        if self.from_run is None and not self.components:
+            raise ConfigError("nothing to knock out: give --from RUN_DIR (an identify run) or --components 14.2,18.5")
+        for name in ("max_k", "max_prompts", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.n_random < 0:
+            raise ConfigError(f"n_random must be 0 or more (got {self.n_random})")
+
+
+@dataclass
+class KnockoutResult:
+    rows: list[SweepRow]
+    ranked: list[Component]
+    out_dir: Path
+    metadata: dict[str, Any]
+
+
+def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list[Component], list[PromptPair]]:
+    run = read_identify_run(cfg.from_run, handle) if cfg.from_run else None
+    if cfg.components:
+        ranked = [parse_component(name, handle.dims) for name in cfg.components]
+    else:
+        assert run is not None
+        ranked = run.ranked(None if cfg.include_mlps else "head")
+    if run is not None:
+        return ranked, run.pairs[: cfg.max_prompts]
+    tokenized, _, _ = build_reference_set(handle, IdentifyConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
+    return ranked, tokenized.pairs
+
+
+def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:
+    """Run the effect-rank vs random-rank sweep and write its run folder."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    start = time.perf_counter()
+    ranked, pairs = _ranking_and_prompts(handle, cfg)
+    pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
+    t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    groups = alignment_groups([p.template_id for p in t.pairs], t.end + 1)
+    sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)
+    n_configs = 1 + len(k_values(cfg.max_k)) * (1 + cfg.n_random)
+    with tqdm(total=n_configs * len(batch), desc="knockout", unit="row", disable=quiet) as bar:
+        rows = knockout_sweep(
+            handle.view,
+            batch,
+            sources,
+            ranked,
+            pool,
+            cfg.max_k,
+            cfg.n_random,
+            cfg.seed,
+            cfg.batch_size,
+            bar.update,
+        )
+    metadata = {
+        "stage": "knockout",
+        "model": handle.source,
+        "dims": asdict(handle.dims),
+        "config": asdict(cfg),
+        "seed": cfg.seed,
+        "counts": {"prompts": len(batch), "configurations": n_configs},
+        "timings": {"knockout_s": time.perf_counter() - start},
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_knockout_outputs(out, rows, metadata, handle.source.get("model", "?"), cfg)
+    return KnockoutResult(rows, ranked, out, metadata)
+
+
+def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
+    """Per k: effect-rank accuracy and probability, and the random-rank mean and standard deviation."""
+    out = []
+    for k in sorted({r.k for r in rows if r.k > 0}):
+        effect = next(r for r in rows if r.k == k and r.ranking == "effect")
+        rand = [r for r in rows if r.k == k and r.ranking == "random"]
+        acc = [r.accuracy for r in rand]
+        prob = [r.mean_prob for r in rand]
+        out.append(
+            {
+                "k": k,
+                "effect_accuracy": effect.accuracy,
+                "random_accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
+                "random_accuracy_std": statistics.pstdev(acc) if len(acc) > 1 else 0.0,
+                "effect_prob": effect.mean_prob,
+                "random_prob_mean": statistics.fmean(prob) if prob else float("nan"),
+                "random_prob_std": statistics.pstdev(prob) if len(prob) > 1 else 0.0,
+            }
+        )
+    return out
+
+
+def write_knockout_outputs(
+    out: Path, rows: list[SweepRow], metadata: dict[str, Any], model: str, cfg: KnockoutConfig
+) -> None:
+    from arithmech.report.plots import knockout_curves
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["k", "ranking", "seed", "accuracy", "mean_prob", "components"])
+    for r in rows:
+        writer.writerow(
+            [
+                r.k,
+                r.ranking,
+                "" if r.seed is None else r.seed,
+                f"{r.accuracy:.6f}",
+                f"{r.mean_prob:.6f}",
+                " ".join(r.components),
+            ]
+        )
+    atomic_write_text(out / "knockout.csv", buffer.getvalue())
+    summary = summarize(rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(summary[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows([{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()} for row in summary])
+    atomic_write_text(out / "knockout_summary.csv", buffer.getvalue())
+    baseline = next(r for r in rows if r.ranking == "none")
+    title = f"{cfg.ablation} ablation, {metadata['counts']['prompts']} prompts: {model}"
+    knockout_curves(summary, baseline.accuracy, baseline.mean_prob, out / "knockout.png", title)
+    atomic_write_json(out / "metadata.json", metadata)
