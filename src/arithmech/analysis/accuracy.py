@@ -30,17 +30,10 @@ def predict_at_end(
 ) -> EndPredictions:
     """Run the model over right-padded prompts in chunks and read the END distribution of each."""
     tops, probs, logits_out = [], [], []
-    device = view.o_proj(0).weight.device
     for start in range(0, len(end), batch_size):
         rows = slice(start, start + batch_size)
         width = int(end[rows].max()) + 1
-        logits = view.model(
-            input_ids=input_ids[rows, :width].to(device),
-            attention_mask=attention_mask[rows, :width].to(device),
-            use_cache=False,
-        ).logits
-        batch_rows = torch.arange(logits.shape[0], device=logits.device)
-        at_end = logits[batch_rows, end[rows].to(logits.device)].float()
+        at_end = view.end_logits(input_ids[rows, :width], attention_mask[rows, :width], end[rows])
         answers = answer_ids[rows].to(at_end.device)
         tops.append(at_end.argmax(-1).cpu())
         probs.append(at_end.softmax(-1).gather(1, answers[:, None])[:, 0].cpu())

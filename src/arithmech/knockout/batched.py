@@ -53,18 +53,12 @@ def knockout_scores(
     rows = torch.cartesian_prod(torch.arange(len(configs)), torch.arange(n_prompts))  # [(config, prompt)]
     correct = torch.zeros(len(configs), n_prompts, dtype=torch.bool)
     prob = torch.zeros(len(configs), n_prompts)
-    device = view.o_proj(0).weight.device
     for start in range(0, len(rows), batch_size):
         block = rows[start : start + batch_size]
         config, prompt = block[:, 0], block[:, 1]
         width = int(batch.end[prompt].max()) + 1
         with hooks(**ablation_hooks(view, head_masks, mlp_masks, sources, config, prompt)):
-            logits = view.model(
-                input_ids=batch.ref_ids[prompt, :width].to(device),
-                attention_mask=batch.ref_mask[prompt, :width].to(device),
-                use_cache=False,
-            ).logits
-        at_end = logits[torch.arange(len(block), device=logits.device), batch.end[prompt].to(logits.device)].float()
+            at_end = view.end_logits(batch.ref_ids[prompt, :width], batch.ref_mask[prompt, :width], batch.end[prompt])
         answers = batch.answer_ids[prompt].to(at_end.device)
         correct[config, prompt] = (at_end.argmax(-1) == answers).cpu()
         prob[config, prompt] = at_end.softmax(-1).gather(1, answers[:, None])[:, 0].cpu()

@@ -224,3 +224,22 @@ class ModelView:
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
+
+    def end_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, end: torch.Tensor
+    ) -> torch.Tensor:
+        """Full-vocabulary logits at each row's END [batch, d_vocab] (float32), unembedding END only.
+
+        Runs the base model (its output is already through the final norm) and applies the unembedding and
+        soft-cap to the END rows alone, which saves the vocabulary projection of every other position.
+        """
+        device = self.o_proj(0).weight.device
+        hidden = self.model.base_model(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
+        ).last_hidden_state  # [batch, pos, d_model], after the final norm
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        at_end = hidden[rows, end.to(hidden.device)]  # [batch, d_model]
+        logits = self.unembed(at_end.to(self.unembed.weight.device)).float()
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits

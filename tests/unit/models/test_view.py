@@ -408,3 +408,17 @@ def test_no_output_norms_outside_gemma2_3(arch: str) -> None:
     view, cap = view_of(arch), captured(arch)
     assert view.mlp_out_norm(0) is None and view.attn_out_norm(0) is None
     assert view.attn_resid(0, cap.attn_out[0]) is cap.attn_out[0]
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_end_logits_equal_model_logits_at_end(arch: str) -> None:
+    model = make_tiny_model(arch, seed=0)
+    view = ModelView(model, spec_for_model_type(model.config.model_type))
+    ids = torch.randint(3, 250, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    end = torch.tensor([6, 4, 6])
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits[torch.arange(3), end]
+        fast = view.end_logits(ids, mask, end)
+    torch.testing.assert_close(fast, full.float(), atol=1e-5, rtol=1e-5)
