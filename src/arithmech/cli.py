@@ -106,6 +106,13 @@ def identify(
         str,
         typer.Option(help="path (MLPs recomputed, heads frozen), direct (all frozen) or total (nothing frozen)."),
     ] = "path",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="exact (path patching), attribution (first-order estimate from one forward and one backward "
+            "pass), or both (and their agreement: Spearman, top-k overlap)."
+        ),
+    ] = "exact",
     threshold: Annotated[float, typer.Option(help="Key component if effect < threshold (-0.05 = -5%).")] = -0.05,
     fraction_threshold: Annotated[
         float | None,
@@ -134,6 +141,7 @@ def identify(
         max_prompts=max_prompts,
         filter_correct=not keep_incorrect,
         variant=variant,
+        method=method,
         threshold=threshold,
         fraction_threshold=fraction_threshold,
         top_k=top_k,
@@ -165,6 +173,13 @@ def _print_identify_summary(result: object) -> None:
     typer.echo("top heads:  " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in heads))
     typer.echo("top MLPs:   " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in mlps))
     typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")
+    agreement = result.metadata.get("agreement")  # type: ignore[attr-defined]
+    if agreement:
+        typer.echo(
+            f"attribution vs exact: Spearman {agreement['spearman_all']:.2f} (heads {agreement['spearman_heads']:.2f},"
+            f" MLPs {agreement['spearman_mlps']:.2f})"
+            + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
+        )
     typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]
 
 
@@ -299,8 +314,10 @@ def analyze_mlp(
     result = run_mlp(handle, cfg, from_run, out or from_run / "mlp", quiet=quiet)  # type: ignore[arg-type]
     gap = result.mean["cos_update_C"] - result.mean["cos_update_C_wrong"]
     best = sorted(range(len(result.layers)), key=lambda i: -gap[i])[:5]
-    typer.echo("layers whose MLP update points most at the answer C (cos C - mean cos of other numbers): "
-               + ", ".join(f"{result.layers[i]} ({gap[i]:+.3f})" for i in best))
+    typer.echo(
+        "layers whose MLP update points most at the answer C (cos C - mean cos of other numbers): "
+        + ", ".join(f"{result.layers[i]} ({gap[i]:+.3f})" for i in best)
+    )
     typer.echo(f"results in {result.out_dir}")
 
 

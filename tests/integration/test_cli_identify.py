@@ -13,8 +13,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from arithmech.cli import main
 
 CANDIDATES = [
-    "1 + 2 = ", "Q: 3 plus 4? A: ", "5+1 = ", "The sum of 2 and 2 is ", "7 + 1 = ", "Q: 1 plus 1? A: ",
-    "4+4 = ", "The sum of 3 and 5 is ", "2 + 6 = ", "9+0 = ",
+    "1 + 2 = ",
+    "Q: 3 plus 4? A: ",
+    "5+1 = ",
+    "The sum of 2 and 2 is ",
+    "7 + 1 = ",
+    "Q: 1 plus 1? A: ",
+    "4+4 = ",
+    "The sum of 3 and 5 is ",
+    "2 + 6 = ",
+    "9+0 = ",
 ]
 
 
@@ -84,8 +92,14 @@ def test_identify_writes_run_folder(
     assert code == 0, stderr
     assert "top heads:" in stdout and str(out) in stdout
     names = {p.name for p in out.iterdir()}
-    assert {"effects.csv", "key_components.json", "effects_heatmap.png", "prompts.jsonl", "metadata.json",
-            "template_accuracy.csv"} <= names
+    assert {
+        "effects.csv",
+        "key_components.json",
+        "effects_heatmap.png",
+        "prompts.jsonl",
+        "metadata.json",
+        "template_accuracy.csv",
+    } <= names
     assert ".partial" not in names
     rows = list(csv.DictReader((out / "effects.csv").open()))
     config = json.loads((llama_dir / "config.json").read_text())
@@ -106,9 +120,7 @@ def test_identify_writes_run_folder(
     assert float(accuracy["accuracy"]) == 1.0
 
 
-def test_mismatched_pairs_are_rejected_and_counted(
-    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys
-) -> None:
+def test_mismatched_pairs_are_rejected_and_counted(llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys) -> None:
     rows = good_prompts.read_text().splitlines()
     bad = json.dumps({"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ", "answer": "2"})
     prompts = tmp_path / "mixed.jsonl"
@@ -130,14 +142,22 @@ def test_same_seed_same_numbers(llama_dir: Path, good_prompts: Path, tmp_path: P
     assert (tmp_path / "a" / "effects.csv").read_text() == (tmp_path / "b" / "effects.csv").read_text()
 
 
-def test_resume_uses_saved_chunks(
-    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys, monkeypatch
-) -> None:
+def test_resume_uses_saved_chunks(llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     import arithmech.patching.path as path_module
 
     out = tmp_path / "run"
-    args = ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(out),
-            "--batch-size", "2", "--quiet"]
+    args = [
+        "identify",
+        "--model",
+        str(llama_dir),
+        "--prompts",
+        str(good_prompts),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        "--quiet",
+    ]
     real_chunk = path_module._patch_chunk
     calls = {"n": 0}
 
@@ -165,25 +185,26 @@ def _bad_prompt_files(tmp: Path, llama_dir: Path, queries: list[str]) -> dict[st
     return {
         "empty": (write_jsonl(tmp / "empty.jsonl", []), "empty"),
         "not-jsonl": ((tmp / "bad.jsonl"), "not JSON"),
-        "missing-field": (write_jsonl(tmp / "missing.jsonl", [{"reference": "1 + 1 = ", "answer": "2"}]),
-                          "counterfactual"),
+        "missing-field": (
+            write_jsonl(tmp / "missing.jsonl", [{"reference": "1 + 1 = ", "answer": "2"}]),
+            "counterfactual",
+        ),
         "empty-answer": (
-            write_jsonl(
-                tmp / "noans.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 @ 1 = ", "answer": ""}]
-            ),
+            write_jsonl(tmp / "noans.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 @ 1 = ", "answer": ""}]),
             "answer",
         ),
         "length-mismatch": (
-            write_jsonl(
-                tmp / "len.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ", "answer": "2"}]
-            ),
+            write_jsonl(tmp / "len.jsonl", [{"reference": "1 + 1 = ", "counterfactual": "1 plus 1 = ", "answer": "2"}]),
             "token length",
         ),
         "none-correct": (
-            write_jsonl(tmp / "wrong.jsonl", [
-                {"reference": q, "counterfactual": operator_swap(q), "answer": w}
-                for q, w in zip(queries, wrong, strict=True)
-            ]),
+            write_jsonl(
+                tmp / "wrong.jsonl",
+                [
+                    {"reference": q, "counterfactual": operator_swap(q), "answer": w}
+                    for q, w in zip(queries, wrong, strict=True)
+                ],
+            ),
             "few-shot",
         ),
     }
@@ -231,8 +252,12 @@ def test_bad_options(args: list[str], expected: str, tmp_path: Path, capsys, mon
 def test_template_without_slots(llama_dir: Path, tmp_path: Path, capsys) -> None:
     bad = [
         {
-            "id": "t1", "operation": "addition", "formation": "equation", "text": "{A} + 3 = ",
-            "operator": "+", "counterfactual_operator": "@",
+            "id": "t1",
+            "operation": "addition",
+            "formation": "equation",
+            "text": "{A} + 3 = ",
+            "operator": "+",
+            "counterfactual_operator": "@",
         }
     ]
     path = tmp_path / "templates.json"
@@ -244,11 +269,59 @@ def test_template_without_slots(llama_dir: Path, tmp_path: Path, capsys) -> None
 def test_help_explains_every_option(capsys) -> None:
     assert main(["identify", "--help"]) == 0
     text = capsys.readouterr().out
-    for option in ("--model", "--gguf-file", "--device", "--dtype", "--prompts", "--variant", "--threshold",
-                   "--fraction-threshold", "--top-k", "--out", "--quiet", "--few-shot", "--max-prompts"):
+    for option in (
+        "--model",
+        "--gguf-file",
+        "--device",
+        "--dtype",
+        "--prompts",
+        "--variant",
+        "--threshold",
+        "--fraction-threshold",
+        "--top-k",
+        "--out",
+        "--quiet",
+        "--few-shot",
+        "--max-prompts",
+    ):
         assert option in text
 
 
 def test_usage_error_is_one_line(capsys) -> None:
     code, _, stderr = run_cli(["identify", "--top-k", "many"], capsys)
     assert code == 2 and "Traceback" not in stderr and "--top-k" in stderr
+
+
+def test_method_both_writes_attribution_and_agreement(
+    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "run"
+    args = ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(out), "--quiet"]
+    assert run_cli([*args, "--method", "both"], capsys)[0] == 0
+    exact = list(csv.DictReader((out / "effects.csv").open()))
+    approx = list(csv.DictReader((out / "attribution_effects.csv").open()))
+    assert [r["component"] for r in exact] == [r["component"] for r in approx]
+    agreement = json.loads((out / "agreement.json").read_text())
+    assert -1.0 <= agreement["spearman_all"] <= 1.0 and "top5_overlap" in agreement
+    only = tmp_path / "attr"
+    assert (
+        run_cli(
+            [
+                "identify",
+                "--model",
+                str(llama_dir),
+                "--prompts",
+                str(good_prompts),
+                "--out",
+                str(only),
+                "--quiet",
+                "--method",
+                "attribution",
+            ],
+            capsys,
+        )[0]
+        == 0
+    )
+    assert (only / "effects.csv").read_text() == (out / "attribution_effects.csv").read_text()
+    assert json.loads((only / "metadata.json").read_text())["method"] == "attribution"
+    assert not (only / "agreement.json").exists()

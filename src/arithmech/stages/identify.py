@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from arithmech.analysis.accuracy import predict_at_end
+from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import (
     FORMATIONS,
@@ -34,10 +35,13 @@ from arithmech.data import (
 )
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
+from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch, resume_key
 from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("exact", "attribution", "both")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class IdentifyConfig:
     max_prompts: int = field(default=64, metadata={"help": "reference prompts used for patching (sampled)"})
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
     variant: str = field(default="path", metadata={"help": "path, direct or total"})
+    method: str = field(
+        default="exact", metadata={"help": "exact (path patching), attribution (first-order estimate) or both"}
+    )
     threshold: float = field(default=-0.05, metadata={"help": "key if effect < threshold"})
     fraction_threshold: float | None = field(
         default=None, metadata={"help": "key if effect >= this fraction of the whole-prompt effect"}
@@ -68,6 +75,8 @@ class IdentifyConfig:
             value = getattr(self, name)
             if isinstance(value, list | str):
                 object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+        if self.method not in METHODS:
+            raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
         for name in ("max_prompts", "batch_size", "top_k", "n_per_template"):
@@ -141,9 +150,15 @@ def _subset(t: TokenizedPairs, indices: list[int]) -> TokenizedPairs:
     idx = torch.tensor(indices, dtype=torch.long)
     width = int(t.end[idx].max()) + 1
     return TokenizedPairs(
-        ref_ids=t.ref_ids[idx, :width], cf_ids=t.cf_ids[idx, :width], ref_mask=t.ref_mask[idx, :width],
-        cf_mask=t.cf_mask[idx, :width], end=t.end[idx], answer_ids=t.answer_ids[idx],
-        roles=t.roles[idx, :width], pairs=[t.pairs[i] for i in indices], pad_id=t.pad_id,
+        ref_ids=t.ref_ids[idx, :width],
+        cf_ids=t.cf_ids[idx, :width],
+        ref_mask=t.ref_mask[idx, :width],
+        cf_mask=t.cf_mask[idx, :width],
+        end=t.end[idx],
+        answer_ids=t.answer_ids[idx],
+        roles=t.roles[idx, :width],
+        pairs=[t.pairs[i] for i in indices],
+        pad_id=t.pad_id,
         roles_available=t.roles_available,
     )
 
@@ -168,24 +183,36 @@ def _template_accuracy(
     return table
 
 
-def identify(
-    handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False
-) -> IdentifyResult:
+def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
     """Run the identify stage and write its run folder."""
     out = Path(out_dir)
     timings: dict[str, float] = {}
     start = time.perf_counter()
     tokenized, accuracy, counts = build_reference_set(handle, cfg)
     timings["reference_set_s"] = time.perf_counter() - start
-    logger.info(
-        "reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"]
-    )
+    logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
 
-    start = time.perf_counter()
-    patch = _patch_with_progress(handle, tokenized, cfg, out, quiet)
-    timings["path_patching_s"] = time.perf_counter() - start
+    batch = PatchingBatch(
+        tokenized.ref_ids, tokenized.ref_mask, tokenized.cf_ids, tokenized.cf_mask, tokenized.end, tokenized.answer_ids
+    )
+    exact = attribution = None
+    if cfg.method in ("exact", "both"):
+        start = time.perf_counter()
+        exact = _patch_with_progress(handle, batch, cfg, out, quiet)
+        timings["path_patching_s"] = time.perf_counter() - start
+    if cfg.method in ("attribution", "both"):
+        start = time.perf_counter()
+        attribution = _attribute_with_progress(handle, batch, cfg, quiet)
+        timings["attribution_s"] = time.perf_counter() - start
+    patch = exact or attribution
+    assert patch is not None
+    agreement = compare_methods(exact, attribution) if exact and attribution else None
     key = rank_components(
-        patch.components, patch.effects.tolist(), patch.total_effect, cfg.threshold, cfg.top_k,
+        patch.components,
+        patch.effects.tolist(),
+        patch.total_effect,
+        cfg.threshold,
+        cfg.top_k,
         cfg.fraction_threshold,
     )
     metadata = {
@@ -196,29 +223,38 @@ def identify(
         "seed": cfg.seed,
         "counts": counts,
         "total_effect": patch.total_effect,
+        "method": cfg.method,
+        "agreement": agreement,
         "timings": timings,
         "versions": package_versions(),
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_identify_outputs(out, handle, patch, key, tokenized.pairs, accuracy, metadata)
+    write_identify_outputs(out, handle, patch, key, tokenized.pairs, accuracy, metadata, attribution if exact else None)
     return IdentifyResult(patch, key, tokenized.pairs, accuracy, out, metadata)
 
 
 def _patch_with_progress(
-    handle: ModelHandle, t: TokenizedPairs, cfg: IdentifyConfig, out: Path, quiet: bool
+    handle: ModelHandle, batch: PatchingBatch, cfg: IdentifyConfig, out: Path, quiet: bool
 ) -> PatchResult:
     """Path patching with a progress bar; finished chunks are kept in out/.partial so a rerun resumes."""
     from tqdm.auto import tqdm
 
-    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     identity = json.dumps(handle.source, sort_keys=True, default=str)
     partial = out / ".partial" / resume_key(batch, cfg.variant, cfg.batch_size, identity)
     if partial.exists():
         logger.info("resuming from %d saved chunks in %s", len(list(partial.glob("chunk-*.pt"))), partial)
     with tqdm(total=len(batch), desc=f"{cfg.variant} patching", unit="prompt", disable=quiet) as bar:
-        result = path_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update, resume_dir=partial)  # type: ignore[arg-type]
-    return result
+        return path_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update, resume_dir=partial)  # type: ignore[arg-type]
+
+
+def _attribute_with_progress(
+    handle: ModelHandle, batch: PatchingBatch, cfg: IdentifyConfig, quiet: bool
+) -> PatchResult:
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(batch), desc=f"attribution ({cfg.variant})", unit="prompt", disable=quiet) as bar:
+        return attribution_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update)  # type: ignore[arg-type]
 
 
 def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
@@ -253,14 +289,22 @@ def write_identify_outputs(
     pairs: list[PromptPair],
     accuracy: dict[str, dict[str, float]],
     metadata: dict[str, Any],
+    attribution: PatchResult | None = None,
 ) -> None:
-    """Write every artefact atomically; metadata.json last, so its presence means the folder is complete."""
+    """Write every artefact atomically; metadata.json last, so its presence means the folder is complete.
+
+    With `attribution` (method "both"), its estimates go to attribution_effects.csv and the agreement of the
+    two rankings (Spearman, top-k overlap) to agreement.json.
+    """
     from arithmech.report.plots import effect_heatmap
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metadata.json").unlink(missing_ok=True)
     atomic_write_text(out / "effects.csv", effects_csv(patch, key))
     atomic_write_json(out / "key_components.json", key.to_json())
+    if attribution is not None:
+        atomic_write_text(out / "attribution_effects.csv", effects_csv(attribution, key))
+        atomic_write_json(out / "agreement.json", metadata["agreement"])
     write_prompt_file(out / "prompts.jsonl", pairs)
     columns = ["pairs", "rejected_length_mismatch", "kept", "correct"]
     rows = ["template_id," + ",".join(columns) + ",accuracy"] + [

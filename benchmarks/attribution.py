@@ -1,0 +1,77 @@
+"""Attribution patching vs exact path patching, on the same prompts, in one run: time and agreement.
+
+Runs the exact fast engine (`path_patch`) and the first-order estimate (`attribution_patch`) on one
+reference set of the default model (or --model), prints both times, their ratio, and `compare_methods`
+(Spearman over all components, heads, MLPs; top-k overlap with top = most negative effect).
+
+    python benchmarks/attribution.py [--prompts 64] [--variant path] [--model ID_OR_PATH] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from arithmech.analysis.agreement import compare_methods, top_k
+from arithmech.models.load import ModelConfig, load_model
+from arithmech.patching.attribution import attribution_patch
+from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch
+from arithmech.stages.identify import IdentifyConfig, build_reference_set
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--variant", default="path", choices=VARIANTS)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each method; the best is shown")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    handle = load_model(ModelConfig(model=args.model, device=args.device, dtype=args.dtype))
+    cfg = IdentifyConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
+    t, _, _ = build_reference_set(handle, cfg)
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    dims = handle.dims
+    tokens = int(t.ref_mask.sum()) / len(batch)
+    print(f"model {handle.source.get('model')}: {dims.n_layers} layers x {dims.n_heads} heads; "
+          f"{len(batch)} prompt pairs, {tokens:.1f} tokens per prompt on average; variant {args.variant}")
+
+    def timed(fn: Callable[[], PatchResult]) -> tuple[PatchResult, float]:
+        best, result = float("inf"), None
+        for _ in range(args.repeats):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        assert result is not None
+        return result, best
+
+    exact, exact_s = timed(lambda: path_patch(handle.view, batch, args.variant, batch_size=args.batch_size))
+    approx, approx_s = timed(
+        lambda: attribution_patch(handle.view, batch, args.variant, batch_size=args.batch_size)
+    )
+    n = len(exact.components)
+    print(f"exact path_patch, all {n} components:    {exact_s:.2f} s")
+    print(f"attribution_patch, all {n} components:   {approx_s:.2f} s")
+    print(f"time ratio exact / attribution: {exact_s / approx_s:.1f}x")
+    for key, value in compare_methods(exact, approx, ks=(5, 10, 20)).items():
+        print(f"{key:>16}: {value:.3f}")
+    print(f"whole-prompt effect: {exact.total_effect:+.3f}")
+    for name, result in (("exact", exact), ("attribution", approx)):
+        effects = result.effects
+        top = [f"{result.components[i].name} ({float(effects[i]):+.3f})" for i in top_k(effects, 10)]
+        print(f"top-10 {name:>11}: {', '.join(top)}")
+
+
+if __name__ == "__main__":
+    main()
