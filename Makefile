@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml Makefile
 DEMO := runs/demo
 
 demo: venv
-	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --out $(DEMO)
+	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --method both --out $(DEMO)
 	$(VENV)/bin/arithmech knockout --from $(DEMO) --max-k 16 --n-random 3 --max-prompts 32 --out $(DEMO)/knockout
 	$(VENV)/bin/arithmech analyze attention --from $(DEMO) --out $(DEMO)/attention
 	$(VENV)/bin/arithmech analyze mlp --from $(DEMO) --max-prompts 64 --out $(DEMO)/mlp

@@ -238,6 +238,70 @@ def knockout(
     typer.echo(f"results in {result.out_dir}")
 
 
+@app.command()
+def transfer(
+    from_runs: Annotated[
+        list[Path], typer.Option("--from", help="Identify run folder(s) whose components are knocked out; repeat.")
+    ],
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of target sets: addition, subtraction-qa, multidigit-addition, decimals-addition, "
+            "svamp, gsm8k, ... (default: the four operations, a formation change, multi-digit, decimals, SVAMP, "
+            "GSM8K)."
+        ),
+    ] = None,
+    k: Annotated[int | None, typer.Option(help="Components knocked out; default the source's key heads.")] = None,
+    include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs too.")] = False,
+    ablation: Annotated[str, typer.Option(help="mean, zero or resample.")] = "mean",
+    end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
+    n_random: Annotated[int, typer.Option(help="Random-rank control seeds.")] = 5,
+    max_prompts: Annotated[int, typer.Option(help="Answered prompts used per target set.")] = 32,
+    limit: Annotated[int, typer.Option(help="Word-problem rows considered per target set.")] = 200,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA or ../shared/data).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 32,
+    seed: Annotated[int, typer.Option(help="Seed of generation, sampling and random draws.")] = 0,
+    model: ModelOpt = None,
+    gguf_file: GgufOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "float32",
+    revision: RevisionOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/transfer-<time>.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
+    _setup_logging(quiet)
+    from arithmech.stages.transfer import DEFAULT_TARGETS, TransferConfig
+    from arithmech.stages.transfer import transfer as run_transfer
+
+    cfg = TransferConfig(
+        sources=tuple(str(p) for p in from_runs),
+        targets=_split(targets) if targets else DEFAULT_TARGETS,
+        k=k,
+        include_mlps=include_mlps,
+        ablation=ablation,
+        end_only=end_only,
+        n_random=n_random,
+        max_prompts=max_prompts,
+        limit=limit,
+        data_dir=str(data_dir) if data_dir else None,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    handle = _load(model, gguf_file, device, dtype, revision)
+    out_dir = out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S")
+    result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")
+    for row in result.rows:
+        typer.echo(
+            f"{row.source} -> {row.target}: n={row.n_prompts}, {row.effect_drop:.0%} vs {row.random_drop:.0%}"
+            + (f" ({row.note})" if row.note else "")
+        )
+    typer.echo(f"results in {result.out_dir}")
+
+
 analyze_app = typer.Typer(no_args_is_help=True, help="Explain what key heads and MLPs do.")
 app.add_typer(analyze_app, name="analyze")
 

@@ -159,3 +159,33 @@ def test_analyze_commands(identify_run, tmp_path: Path, capsys) -> None:
     assert (tmp_path / "att" / "attention_roles.csv").exists()
     assert main(["analyze", "mlp", "--model", str(model), "--from", str(run), "--layers", "1,x"]) == 2
     assert "--layers" in capsys.readouterr().err
+
+
+def test_transfer_command(identify_run, tmp_path: Path, capsys) -> None:
+    model, run = identify_run
+    out = tmp_path / "tr"
+    args = [
+        "transfer",
+        "--model",
+        str(model),
+        "--from",
+        str(run),
+        "--targets",
+        "addition,multiplication-qa",
+        "--max-prompts",
+        "4",
+        "--n-random",
+        "1",
+        "--k",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+    assert "-> addition" in capsys.readouterr().out
+    rows = list(csv.DictReader((out / "transfer.csv").open()))
+    assert [r["target"] for r in rows] == ["addition", "multiplication-qa"]
+    assert (out / "metadata.json").exists()
+    assert main(["transfer", "--model", str(model), "--from", str(run), "--targets", "poetry"]) == 2
+    assert "poetry" in capsys.readouterr().err

@@ -1,0 +1,470 @@
+"""The transfer stage: components identified on one prompt set, knocked out on others (paper sec. 5.1, Fig. 4).
+
+Background
+    Zhang et al. (2024, section 5.1) knock out the key heads found on their addition data and report about a
+    70% accuracy drop there, and a relative drop of -22.9% / 34.7% = -66% on SVAMP, plus confused answers on
+    multi-digit and rational numbers. This stage measures the same thing as a matrix: for every source (an
+    identify run folder) and target set (`data/target_sets.py`), the accuracy lost when the source's
+    top-k components are knocked out on the target's prompts, beside the random-rank control.
+
+Per target set (the same prompts for every source)
+    1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped.
+    2. Reference filtering, as identify does: base_accuracy = share of the target's prompts whose top token
+       at END is the answer's first token; keep those (unless filter_correct is off) and sample max_prompts.
+    3. Ablation values from the target set itself (METHODS.md sec. 3):
+       arithmetic sets   mean over the target's counterfactual prompts (operator swapped) of the same
+                         template and token length (END only with end_only), or zero, or resample;
+       word problems     no operator counterfactual exists, so mean = the END value averaged over the
+                         target's own kept reference prompts ("mean over the data set"), placed at END;
+                         resample = another prompt's END value at END; zero = zeros (at END, or at every
+                         position with end_only off). END-only ablations of prompts that share their
+                         solved examples run those examples once (`analysis/shared_prefix.py`): same
+                         numbers, ~4x fewer tokens per configuration.
+    4. Configurations: nothing, each source's effect-rank top-k (its path-patching ranking; heads, or heads
+       and MLPs with include_mlps) and n_random random k-subsets of the same pool (seeded as the knockout
+       stage draws them), deduplicated and scored in one batched call (`knockout_scores`, or its
+       shared-prefix twin `end_knockout_scores`).
+
+Numbers (per source x target)
+    unablated   accuracy of the kept prompts with nothing knocked out (1 after filtering)
+    effect_drop = (unablated - effect_accuracy) / unablated: the relative drop, i.e. the share of the
+                  answered prompts lost (relative to the filtered set's 100%)
+    effect_drop_abs = base_accuracy x effect_drop: points of whole-set accuracy lost, assuming prompts the
+                  model got wrong stay wrong (without filtering: unablated - effect_accuracy, measured)
+    random_*    the same for the random-rank control: mean and sd over seeds.
+    k defaults to the number of key heads of the source run (key heads + key MLPs with include_mlps), at
+    least 1 and at most 32. A target with no prompt kept gives NaN rows with a note, not an error.
+
+Scoring is by the answer's first token at END (not greedy generation): the metric identify and knockout
+use, one forward pass per (configuration, prompt), and for word problems after the short prefix "Answer: ".
+For a multi-token answer ("45", "3.8") the first token is a necessary, not a sufficient, condition of a
+right answer, so the word-problem base accuracy is an upper bound of exact-match accuracy.
+
+Outputs (atomic): transfer.csv (one row per source x target), transfer.png (effect and random-rank drop
+heatmaps), metadata.json last.
+
+Usage
+    >>> cfg = TransferConfig(sources=("runs/demo",), targets=("multiplication", "svamp"))
+    >>> result = transfer(handle, cfg, "runs/demo-transfer")
+    >>> result.rows[0].effect_drop
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.analysis.accuracy import predict_at_end
+from arithmech.analysis.shared_prefix import EndValues, common_prefix_length, end_knockout_scores, end_states
+from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
+from arithmech.data.target_sets import (
+    TargetOptions,
+    TargetSpec,
+    build_target_pairs,
+    resolve_word_problems,
+    target_set,
+)
+from arithmech.errors import ConfigError, DataError
+from arithmech.knockout.ablation import ABLATION_MODES, AblationSources, ablation_sources, alignment_groups
+from arithmech.knockout.batched import knockout_scores
+from arithmech.models.load import ModelHandle
+from arithmech.models.sites import Component, all_components
+from arithmech.patching.path import PatchingBatch
+from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.stages.identify_run import IdentifyRun, read_identify_run
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "addition", "subtraction", "multiplication", "division", "addition-qa", "multidigit-addition",
+    "decimals-addition", "svamp", "gsm8k",
+)
+K_CAP = 32
+TOKEN_BUDGET = 4096
+"""Tokens per forward pass (rows x width): the logits of long word-problem prompts are large."""
+
+CSV_COLUMNS: tuple[str, ...] = (
+    "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "base_accuracy", "k",
+    "unablated_accuracy", "effect_accuracy", "effect_drop", "effect_drop_abs", "random_accuracy_mean",
+    "random_accuracy_std", "random_drop", "random_drop_abs", "unablated_prob", "effect_prob",
+    "random_prob_mean", "components", "note",
+)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Settings of the transfer stage; every field is also a CLI option."""
+
+    sources: tuple[str, ...] = field(default=(), metadata={"help": "identify run folders (components)"})
+    targets: tuple[str, ...] = field(default=DEFAULT_TARGETS, metadata={"help": "target sets to knock out on"})
+    k: int | None = field(
+        default=None, metadata={"help": "components knocked out (default: the source's key heads, 1-32)"}
+    )
+    include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
+    ablation: str = field(default="mean", metadata={"help": "mean, zero or resample"})
+    end_only: bool = field(default=False, metadata={"help": "ablate at the last token only"})
+    n_random: int = field(default=5, metadata={"help": "random-rank control seeds"})
+    max_prompts: int = field(default=32, metadata={"help": "kept prompts used per target"})
+    limit: int = field(default=200, metadata={"help": "word-problem rows considered per target"})
+    n_per_template: int = field(default=8, metadata={"help": "prompt pairs per template (generated sets)"})
+    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
+    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
+    data_dir: str | None = field(default=None, metadata={"help": "folder holding svamp/ and gsm8k/"})
+    batch_size: int = field(default=32, metadata={"help": "rows (configuration x prompt) per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed of generation, sampling and random draws"})
+
+    def __post_init__(self) -> None:
+        for name in ("sources", "targets"):
+            value = getattr(self, name)
+            if isinstance(value, list | str):
+                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+            value = getattr(self, name)
+            if not value:
+                raise ConfigError(f"no {name} given; list at least one (--{name} a,b)")
+            repeated = sorted({v for v in value if value.count(v) > 1})
+            if repeated:
+                raise ConfigError(f"{name} {', '.join(repeated)} given twice; list each once")
+        for name in self.targets:
+            target_set(name)
+        if self.ablation not in ABLATION_MODES:
+            raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(ABLATION_MODES)}")
+        for name in ("max_prompts", "limit", "n_per_template", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.k is not None and self.k < 1:
+            raise ConfigError(f"k must be at least 1 (got {self.k})")
+        if self.n_random < 0 or self.few_shot < 0:
+            raise ConfigError("n_random and few_shot must be 0 or more")
+
+    def target_options(self) -> TargetOptions:
+        return TargetOptions(self.n_per_template, self.few_shot, self.limit, self.seed, self.data_dir)
+
+
+@dataclass(frozen=True)
+class TransferRow:
+    """One cell of the matrix: source components knocked out on a target set."""
+
+    source: str
+    source_set: str
+    target: str
+    n_prompts: int
+    n_total: int
+    n_answered: int
+    base_accuracy: float
+    k: int
+    unablated_accuracy: float
+    effect_accuracy: float
+    effect_drop: float
+    effect_drop_abs: float
+    random_accuracy_mean: float
+    random_accuracy_std: float
+    random_drop: float
+    random_drop_abs: float
+    unablated_prob: float
+    effect_prob: float
+    random_prob_mean: float
+    components: str
+    note: str
+
+
+@dataclass
+class TransferResult:
+    rows: list[TransferRow]
+    out_dir: Path
+    metadata: dict[str, Any]
+
+    def matrix(self, column: str) -> tuple[list[str], list[str], list[list[float]]]:
+        """(sources, targets, values[source][target]) of one numeric column."""
+        sources = list(dict.fromkeys(r.source for r in self.rows))
+        targets = list(dict.fromkeys(r.target for r in self.rows))
+        cell = {(r.source, r.target): float(getattr(r, column)) for r in self.rows}
+        return sources, targets, [[cell[s, t] for t in targets] for s in sources]
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What one source knocks out."""
+
+    label: str
+    source_set: str
+    effect: list[Component]
+    randoms: list[list[Component]]
+
+
+@dataclass
+class PreparedTarget:
+    """A target's kept prompts and ablation values, or why there are none."""
+
+    name: str
+    spec: TargetSpec
+    n_total: int
+    n_answered: int
+    base_accuracy: float
+    batch: PatchingBatch | None = None
+    note: str = ""
+    groups: int = 0
+    prefix_len: int = 0
+    """Tokens shared by every prompt, run once (word problems with END-only ablation); 0 = plain passes."""
+    sources: AblationSources | None = None
+    end_values: EndValues | None = None
+    ablation: str = ""
+
+
+def describe_source(run: IdentifyRun) -> str:
+    """The prompt set a run was identified on, e.g. "addition (equation+qa)"."""
+    config = run.metadata.get("config", {})
+    if config.get("prompts_file"):
+        return f"prompts file {Path(config['prompts_file']).name}"
+    return f"{'+'.join(config.get('operations', ['?']))} ({'+'.join(config.get('formations', ['?']))})"
+
+
+def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
+    """Effect-rank top-k and the random draws of every source run."""
+    pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
+    plans = []
+    for path in cfg.sources:
+        run = read_identify_run(path, handle)
+        ranked = run.ranked(None if cfg.include_mlps else "head")
+        n_key = len(run.key.get("key_heads", [])) + (len(run.key.get("key_mlps", [])) if cfg.include_mlps else 0)
+        k = cfg.k if cfg.k is not None else min(max(n_key, 1), K_CAP, len(ranked))
+        if k > min(len(pool), len(ranked)):
+            raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
+        randoms = [random.Random(f"{cfg.seed}-{k}-{s}").sample(pool, k) for s in range(cfg.n_random)]
+        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms))
+    return plans
+
+
+def _take(t: TokenizedPairs, indices: list[int]) -> tuple[PatchingBatch, list[PromptPair]]:
+    idx = torch.tensor(indices, dtype=torch.long)
+    width = int(t.end[idx].max()) + 1
+    batch = PatchingBatch(t.ref_ids[idx, :width], t.ref_mask[idx, :width], t.cf_ids[idx, :width],
+                          t.cf_mask[idx, :width], t.end[idx], t.answer_ids[idx])
+    return batch, [t.pairs[i] for i in indices]
+
+
+def rows_per_pass(width: int, batch_size: int) -> int:
+    """Rows per forward pass: `batch_size`, fewer for long prompts (TOKEN_BUDGET)."""
+    return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
+
+
+def _context_length(handle: ModelHandle) -> int | None:
+    config = getattr(handle.model, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> PreparedTarget:
+    """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above)."""
+    spec = target_set(name)
+    pairs = build_target_pairs(spec, cfg.target_options())
+    try:
+        t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    except DataError as exc:
+        return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
+    limit = _context_length(handle)
+    fits = [i for i, end in enumerate(t.end.tolist()) if limit is None or end < limit]
+    notes = [f"{len(t.pairs) - len(fits)} prompts longer than the context dropped"] if len(fits) < len(t.pairs) else []
+    if not fits:
+        return PreparedTarget(name, spec, 0, 0, math.nan, note="; ".join(notes))
+    whole, _ = _take(t, fits)
+    end_only = spec.kind == "word" and (cfg.ablation != "zero" or cfg.end_only)
+    prefix = common_prefix_length(whole.ref_ids, whole.end) if end_only else 0
+    values = None
+    if end_only:  # word problems: END values of every prompt; shared solved examples run once
+        size = rows_per_pass(whole.ref_ids.shape[1] - prefix, cfg.batch_size)
+        predictions, values = end_states(handle.view, whole, prefix, size)
+    else:
+        predictions = predict_at_end(handle.view, whole.ref_ids, whole.ref_mask, whole.end, whole.answer_ids,
+                                     rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
+    correct = predictions.correct.tolist()
+    n_answered = sum(correct)
+    base = n_answered / len(fits)
+    keep = [i for i in range(len(fits)) if not cfg.filter_correct or correct[i]]  # positions in `whole`
+    if not keep:
+        notes.append(f"the model answered none of the {len(fits)} prompts")
+        return PreparedTarget(name, spec, len(fits), 0, base, note="; ".join(notes))
+    random.Random(cfg.seed).shuffle(keep)
+    chosen = sorted(keep[: cfg.max_prompts])
+    batch, kept = _take(t, [fits[i] for i in chosen])
+    groups = alignment_groups([p.template_id for p in kept], batch.end + 1)
+    prepared = PreparedTarget(name, spec, len(fits), n_answered, base, batch, note="; ".join(notes),
+                              groups=len(set(groups)), prefix_len=prefix)
+    if values is not None:
+        prepared.end_values, prepared.ablation = end_ablation(values.take(chosen), cfg.ablation, cfg.seed)
+    else:
+        prepared.sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)
+        where = "at END" if cfg.end_only else "per position"
+        prepared.ablation = {
+            "mean": f"mean over the target's counterfactual prompts of the same template and length, {where}",
+            "zero": f"zero, {where}",
+            "resample": f"another prompt of the same template and length, {where}",
+        }[cfg.ablation]
+    return prepared
+
+
+def end_ablation(values: EndValues, mode: str, seed: int) -> tuple[EndValues, str]:
+    """Word problems: what replaces a knocked-out component at END, from the kept prompts' own END values."""
+    if mode == "mean":
+        return values.mean(), "mean over the data set (its kept prompts), at END"
+    if mode == "zero":
+        return values.zeros(), "zero, at END"
+    n = len(values.z[0])
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    other = [0] * n
+    for j, row in enumerate(order):  # a derangement when n > 1: every prompt takes another's END value
+        other[row] = order[(j + 1) % n]
+    return values.take(other), "another prompt's END value (resample), at END"
+
+
+def _key(config: list[Component]) -> tuple[Component, ...]:
+    return tuple(sorted(config))
+
+
+def score_target(
+    handle: ModelHandle, target: PreparedTarget, plans: list[SourcePlan], cfg: TransferConfig
+) -> list[TransferRow]:
+    """Every source's row on one prepared target, from one batched knockout call (step 4 above)."""
+    configs: list[list[Component]] = [[]]
+    index: dict[tuple[Component, ...], int] = {(): 0}
+    for plan in plans:
+        for config in (plan.effect, *plan.randoms):
+            if _key(config) not in index:
+                index[_key(config)] = len(configs)
+                configs.append(config)
+    acc: list[float] = []
+    prob: list[float] = []
+    batch = target.batch
+    if batch is not None:
+        size = rows_per_pass(batch.ref_ids.shape[1] - target.prefix_len, cfg.batch_size)
+        if target.end_values is not None:
+            scores = end_knockout_scores(handle.view, batch, target.end_values, configs, target.prefix_len, size)
+        else:
+            assert target.sources is not None
+            scores = knockout_scores(handle.view, batch, target.sources, configs, size)
+        acc, prob = scores.accuracy.tolist(), scores.mean_prob.tolist()
+    return [
+        _row(plan, target, acc, prob, index[_key(plan.effect)], [index[_key(r)] for r in plan.randoms],
+             cfg.filter_correct)
+        for plan in plans
+    ]
+
+
+def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[float], effect: int,
+         randoms: list[int], filter_correct: bool) -> TransferRow:
+    """Accuracies [config] -> one row; config 0 is the unablated run."""
+    nan = math.nan
+    n = len(target.batch) if target.batch is not None else 0
+    base = target.base_accuracy
+    unablated, effect_acc = (acc[0], acc[effect]) if acc else (nan, nan)
+    rand = [acc[i] for i in randoms] if acc else []
+    rand_mean = statistics.fmean(rand) if rand else nan
+
+    def drops(value: float) -> tuple[float, float]:
+        relative = (unablated - value) / unablated if unablated > 0 else nan
+        return relative, (base * relative if filter_correct else unablated - value)
+
+    effect_drop, effect_abs = drops(effect_acc)
+    random_drop, random_abs = drops(rand_mean)
+    return TransferRow(
+        source=plan.label, source_set=plan.source_set, target=target.name, n_prompts=n, n_total=target.n_total,
+        n_answered=target.n_answered, base_accuracy=base, k=len(plan.effect), unablated_accuracy=unablated,
+        effect_accuracy=effect_acc, effect_drop=effect_drop, effect_drop_abs=effect_abs,
+        random_accuracy_mean=rand_mean, random_accuracy_std=statistics.pstdev(rand) if len(rand) > 1 else nan,
+        random_drop=random_drop, random_drop_abs=random_abs, unablated_prob=prob[0] if prob else nan,
+        effect_prob=prob[effect] if prob else nan,
+        random_prob_mean=statistics.fmean(prob[i] for i in randoms) if prob and randoms else nan,
+        components=" ".join(c.name for c in plan.effect), note=target.note,
+    )
+
+
+def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quiet: bool = False) -> TransferResult:
+    """Knock out each source's key components on each target set and write the matrix."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    if any(out.resolve() == Path(s).resolve() for s in cfg.sources):
+        raise ConfigError(f"output folder {str(out)!r} is a source run folder; write the transfer to its own folder")
+    if (out / "metadata.json").is_file() and json.loads((out / "metadata.json").read_text()).get("stage") != "transfer":
+        raise ConfigError(f"output folder {str(out)!r} holds another stage's run; write the transfer to its own folder")
+    for name in cfg.targets:  # missing data fail now, not after an hour of other targets
+        spec = target_set(name)
+        if spec.kind == "word" and spec.source is not None:
+            resolve_word_problems(spec.source, "test", cfg.data_dir)
+    start = time.perf_counter()
+    plans = plan_sources(handle, cfg)
+    rows: list[TransferRow] = []
+    targets_meta: dict[str, Any] = {}
+    for name in tqdm(cfg.targets, desc="transfer", unit="target", disable=quiet):
+        began = time.perf_counter()
+        target = prepare_target(handle, name, cfg)
+        rows += score_target(handle, target, plans, cfg)
+        targets_meta[name] = {
+            "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
+            "used": len(target.batch) if target.batch is not None else 0, "base_accuracy": target.base_accuracy,
+            "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
+            "note": target.note,
+            "seconds": time.perf_counter() - began,
+        }
+        logger.info("%s: %d of %d prompts answered, %d used", name, target.n_answered, target.n_total,
+                    targets_meta[name]["used"])
+    metadata = {
+        "stage": "transfer",
+        "model": handle.source,
+        "dims": asdict(handle.dims),
+        "config": asdict(cfg),
+        "seed": cfg.seed,
+        "sources": [{"path": p.label, "source_set": p.source_set, "k": len(p.effect),
+                     "components": [c.name for c in p.effect]} for p in plans],
+        "targets": targets_meta,
+        "timings": {"transfer_s": time.perf_counter() - start},
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    result = TransferResult(rows, out, metadata)
+    write_transfer_outputs(result, handle.source.get("model", "?"), cfg)
+    return result
+
+
+def transfer_csv(rows: list[TransferRow]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        values = asdict(row)
+        writer.writerow([f"{v:.6f}" if isinstance(v, float) else v for v in (values[c] for c in CSV_COLUMNS)])
+    return buffer.getvalue()
+
+
+def write_transfer_outputs(result: TransferResult, model: str, cfg: TransferConfig) -> None:
+    """transfer.csv, transfer.png, then metadata.json (its presence means the folder is complete)."""
+    from arithmech.report.transfer_plots import transfer_heatmap
+
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    atomic_write_text(out / "transfer.csv", transfer_csv(result.rows))
+    sources, targets, effect = result.matrix("effect_drop")
+    _, _, rand = result.matrix("random_drop")
+    by_source = {r.source: r for r in result.rows}
+    by_target = {r.target: r for r in result.rows}  # base accuracy and prompts are the same for every source
+    labels = [f"{s}\n{by_source[s].source_set}, k={by_source[s].k}" for s in sources]
+    columns = [f"{t}\nbase {by_target[t].base_accuracy:.0%}, n={by_target[t].n_prompts}" for t in targets]
+    title = f"transfer: {cfg.ablation} ablation of each source's top-k, {model}"
+    transfer_heatmap(labels, columns, effect, rand, out / "transfer.png", title)
+    atomic_write_json(out / "metadata.json", result.metadata)
