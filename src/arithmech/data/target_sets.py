@@ -138,7 +138,7 @@ def _registry() -> dict[str, TargetSpec]:
             if op in DECIMAL_OPERATIONS:
                 specs.append(TargetSpec(f"decimals-{op}{suffix}", "decimals",
                                         f"{op} of one-decimal operands, answer below 10{where}", op, formations))
-    specs += [TargetSpec(name, "word", f"{name} word problems, 3-shot", source=name) for name in WORD_PROBLEM_SETS]
+    specs += [TargetSpec(name, "word", f"{name} word problems, few-shot", source=name) for name in WORD_PROBLEM_SETS]
     for spec in specs:
         if spec.name in _REGISTRY:
             raise ConfigError(f"built-in target set {spec.name!r} is defined twice")
