@@ -22,7 +22,7 @@ from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.patching.path import PatchingBatch
 from arithmech.stages.identify import IdentifyConfig, identify
 from arithmech.stages.identify_run import read_identify_run
-from arithmech.stages.transfer import CSV_COLUMNS, TransferConfig, TransferResult, transfer
+from arithmech.stages.transfer import CSV_COLUMNS, TransferConfig, TransferResult, read_transfer_csv, transfer
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 TARGETS = ("addition-equation", "decimals-addition-equation")
@@ -75,6 +75,10 @@ def test_writes_matrix_figure_and_metadata(tiny: tuple[ModelHandle, list[Path]],
     by_source = {s: [r for r in rows if r["source"] == str(s)] for s in sources}
     effect = {s: [r["effect_accuracy"] for r in by_source[s]] for s in sources}
     assert effect[sources[0]] == effect[sources[1]]
+    again = read_transfer_csv(out / "transfer.csv")
+    for read, kept in zip(again, result.rows, strict=True):
+        assert (read.source, read.target, read.k, read.note) == (kept.source, kept.target, kept.k, kept.note)
+        assert read.effect_prob == pytest.approx(kept.effect_prob, abs=1e-6, nan_ok=True)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["stage"] == "transfer" and meta["sources"][0]["k"] == 2
     assert meta["targets"]["addition-equation"]["ablation"].startswith("mean over the target's counterfactual")

@@ -451,6 +451,14 @@ def transfer_csv(rows: list[TransferRow]) -> str:
     return buffer.getvalue()
 
 
+def read_transfer_csv(path: str | Path) -> list[TransferRow]:
+    """The rows of a transfer.csv, typed again (for reports that only read artefacts)."""
+    types = {f: t for f, t in TransferRow.__annotations__.items()}
+    convert = {"int": int, "float": float, "str": str}
+    with Path(path).open() as handle:
+        return [TransferRow(**{k: convert[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(handle)]
+
+
 def write_transfer_outputs(result: TransferResult, model: str, cfg: TransferConfig) -> None:
     """transfer.csv, transfer.png, then metadata.json (its presence means the folder is complete)."""
     from arithmech.report.transfer_plots import transfer_heatmap
