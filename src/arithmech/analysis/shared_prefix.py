@@ -28,7 +28,6 @@ Usage
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,7 @@ from arithmech.knockout.ablation import config_masks
 from arithmech.knockout.batched import KnockoutScores
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.sites import Component
-from arithmech.models.view import ModelView
+from arithmech.models.view import ModelView, cache_kwarg
 from arithmech.patching.path import PatchingBatch
 
 
@@ -78,8 +77,7 @@ class _Prefix:
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
         self.view, self.batch, self.p = view, batch, prefix_len
         self.device = view.o_proj(0).weight.device
-        # transformers 5.x names the cache argument `cache`; 4.x `past_key_values`
-        self.arg = "cache" if "cache" in inspect.signature(view.model.forward).parameters else "past_key_values"
+        self.arg = cache_kwarg(view.model)
         self.cache = None  # no shared prefix: whole prompts
         if prefix_len:
             out = view.model(input_ids=batch.ref_ids[:1, :prefix_len].to(self.device), use_cache=True)

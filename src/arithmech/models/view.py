@@ -14,6 +14,7 @@ d_head is read from the weights (o_proj input width / heads), never assumed to b
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +59,11 @@ class WeightSlice:
     def bias(self) -> torch.Tensor | None:
         b = getattr(self.module, "bias", None)
         return b[self.index] if (b is not None and self.has_bias) else None
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """Name of the key/value cache argument of `model.forward`: `cache` in transformers 5.x, else `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _first_attr(config: object, names: tuple[str, ...]) -> int | None:

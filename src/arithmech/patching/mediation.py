@@ -58,7 +58,6 @@ sec. 4 (specificity: number retrieval, factual knowledge; neuron overlap); METHO
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +68,7 @@ from torch import nn
 from arithmech.data.mediation_prompts import POSITION_CLASSES, TokenizedMediationPair
 from arithmech.errors import ConfigError, SpecError
 from arithmech.models.hooks import first_tensor, hooks
-from arithmech.models.view import ModelView
+from arithmech.models.view import ModelView, cache_kwarg
 
 COMPONENTS: tuple[str, ...] = ("mlp", "attn")
 DOWN_PROJ: dict[str, str] = {
@@ -265,15 +264,10 @@ def _device(view: ModelView) -> torch.device:
     return view.o_proj(0).weight.device
 
 
-def _cache_kwarg(model: nn.Module) -> str:
-    """transformers >= 5.2x calls the key/value cache argument `cache`; earlier, `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def _end_logits(view: ModelView, ids: torch.Tensor, cache: Any = None) -> torch.Tensor:
     """Full-vocabulary logits [row, d_vocab] (float32) at the last position of `ids` [row, pos]."""
     base = view.model.base_model
-    kwargs = {_cache_kwarg(base): cache} if cache is not None else {}
+    kwargs = {cache_kwarg(base): cache} if cache is not None else {}
     hidden = base(input_ids=ids.to(_device(view)), use_cache=cache is not None, **kwargs).last_hidden_state
     logits = view.unembed(hidden[:, -1].to(view.unembed.weight.device)).float()  # [row, d_vocab]
     if view.logit_softcap is not None:
@@ -295,7 +289,7 @@ class _BasePrefix:
         if pos <= self.pos:
             return
         base = self.view.model.base_model
-        kwargs = {_cache_kwarg(base): self.cache} if self.cache is not None else {}
+        kwargs = {cache_kwarg(base): self.cache} if self.cache is not None else {}
         ids = self.base_ids[None, self.pos : pos].to(_device(self.view))  # [1, pos - self.pos]
         out = base(input_ids=ids, use_cache=True, **kwargs)
         self.cache = getattr(out, "cache", None) or out.past_key_values

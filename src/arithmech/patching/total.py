@@ -9,13 +9,12 @@ decoding steps, `max_rows` at a time; prompts are grouped by length so their cac
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from arithmech.models.hooks import first_tensor, hooks
-from arithmech.models.view import ModelView
+from arithmech.models.view import ModelView, cache_kwarg
 from arithmech.patching.states import EndStates
 
 if TYPE_CHECKING:
@@ -51,17 +50,12 @@ def total_patched_logits(
                 step_cache = copy.deepcopy(cache)
                 step_cache.batch_select_indices(local.to(device))
             with hooks(**_replace_hooks(view, senders, prompts[local], cf)):
-                kwargs = {_cache_kwarg(view.model): step_cache} if step_cache is not None else {}
+                kwargs = {cache_kwarg(view.model): step_cache} if step_cache is not None else {}
                 logits = view.model(input_ids=last[local][:, None], use_cache=cache is not None, **kwargs)
                 logits = logits.logits[:, -1]  # [row, d_vocab]
             answers = batch.answer_ids[prompts[local]].to(logits.device)
             out[senders, prompts[local]] = logits.gather(1, answers[:, None])[:, 0].float().to(out.device)
     return out
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    """transformers >= 5.2x calls the key/value cache argument `cache`; earlier, `past_key_values`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _replace_hooks(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from arithmech.runs import atomic_open
+from arithmech.report.plots import save_figure
 
 ROLE_COLOURS: dict[str, str] = {
     "A": "#D55E00",  # vermillion
@@ -21,15 +21,6 @@ ROLE_COLOURS: dict[str, str] = {
     "prefix": "#56B4E9",  # sky blue
     "other": "#BBBBBB",  # grey
 }
-
-
-def _save(fig: Any, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
 
 
 def role_bar_chart(
@@ -70,7 +61,7 @@ def role_bar_chart(
     ax.set_title(f"{title}\noperand: A+B >= {tau:g} and > operator; operator: operator >= {tau:g} and > A+B",
                  fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def attention_examples(
@@ -109,4 +100,4 @@ def attention_examples(
         fig.colorbar(image, ax=ax, shrink=0.9, pad=0.01, label="attention")
     axes[0, 0].set_title(title, fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)

@@ -9,18 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from arithmech.runs import atomic_open
+from arithmech.report.plots import save_figure
 
 _BLUE, _ORANGE, _GREEN, _VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
-
-
-def _save(fig: object, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png")  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
 
 
 def mlp_cosine_curves(
@@ -67,7 +58,7 @@ def mlp_cosine_curves(
         ax.grid(alpha=0.25, linewidth=0.5)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def _rank_text(rank: int) -> str:
@@ -122,4 +113,4 @@ def update_rank_heatmap(
     fig.colorbar(image, ax=ax, shrink=0.8, label="log10(rank + 1) in the vocabulary")
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from arithmech.runs import atomic_open
+
+
+def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> None:
+    """Write a figure atomically in the format its suffix names (png, svg, pdf), then close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    with atomic_open(path, "wb") as handle:
+        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
+    plt.close(fig)
 
 
 def effect_heatmap(
@@ -46,10 +57,7 @@ def effect_heatmap(
     ax_mlp.set_xticks([0], ["MLP"], fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def knockout_curves(
@@ -85,7 +93,4 @@ def knockout_curves(
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
+    save_figure(fig, path)

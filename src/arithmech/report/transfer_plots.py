@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arithmech.runs import atomic_open
+from arithmech.report.plots import save_figure
 
 
 def transfer_heatmap(
@@ -53,7 +53,4 @@ def transfer_heatmap(
     assert image is not None
     fig.colorbar(image, ax=list(axes[0]), fraction=0.03, pad=0.02, label="accuracy drop (relative)")
     fig.suptitle(title, fontsize=9)
-    path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, bbox_inches="tight")
