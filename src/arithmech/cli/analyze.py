@@ -1,0 +1,84 @@
+"""`arithmech analyze attention|mlp`: what the key heads attend to and what the MLPs read and write."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.cli.app import analyze_app
+from arithmech.cli.options import QuietOpt, ints, model_options, setup_logging, split
+
+
+@analyze_app.command("attention")
+@model_options
+def analyze_attention(
+    from_run: Annotated[Path, typer.Option("--from", help="Identify run folder (reference prompts, key heads).")],
+    heads: Annotated[str | None, typer.Option(help="Heads to analyse, e.g. 14.2,18.5; default the key heads.")] = None,
+    top_k: Annotated[int, typer.Option(help="Heads taken by effect when the run has no key heads.")] = 10,
+    tau: Annotated[float, typer.Option(help="Attention mass from END that makes an operand/operator head.")] = 0.3,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over.")] = 64,
+    n_examples: Annotated[int, typer.Option(help="Single prompts shown in attention_examples.png.")] = 3,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <run>/attention.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Where each key head looks from the last token: operand A, operand B, operator, prefix (Figures 5, 7)."""
+    setup_logging(quiet)
+    from arithmech.stages.analyze_attention import AttentionConfig
+    from arithmech.stages.analyze_attention import analyze_attention as run_attention
+
+    cfg = AttentionConfig(
+        heads=split(heads) if heads else None,
+        top_k=top_k,
+        tau=tau,
+        max_prompts=max_prompts,
+        n_examples=n_examples,
+        batch_size=batch_size,
+    )
+    handle = load()
+    result = run_attention(handle, cfg, from_run, out or from_run / "attention", quiet=quiet)  # type: ignore[arg-type]
+    typer.echo("head    A     B     op    prefix other  label")
+    for head, row, label in zip(result.heads, result.scores.tolist(), result.labels, strict=True):
+        typer.echo(f"{head.name:6s} " + " ".join(f"{v:5.2f}" for v in row) + f"  {label}")
+    typer.echo(f"results in {result.out_dir}")
+
+
+@analyze_app.command("mlp")
+@model_options
+def analyze_mlp(
+    from_run: Annotated[Path, typer.Option("--from", help="Identify run folder (its reference prompts).")],
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over.")] = 256,
+    example_prompt: Annotated[int, typer.Option(help="Index of the prompt drawn in mlp_update_ranks.png.")] = 0,
+    layers: Annotated[str | None, typer.Option(help="Comma list of layers; default all.")] = None,
+    max_number: Annotated[
+        int | None, typer.Option(help="Candidate numbers are 0..max_number; default from the prompts (>= 9).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <run>/mlp.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer (Figure 6)?"""
+    setup_logging(quiet)
+    from arithmech.stages.analyze_mlp import AnalyzeMlpConfig
+    from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
+
+    cfg = AnalyzeMlpConfig(
+        max_prompts=max_prompts,
+        example_prompt=example_prompt,
+        batch_size=batch_size,
+        layers=ints(layers, "--layers") if layers else None,
+        max_number=max_number,
+    )
+    handle = load()
+    result = run_mlp(handle, cfg, from_run, out or from_run / "mlp", quiet=quiet)  # type: ignore[arg-type]
+    gap = result.mean["cos_update_C"] - result.mean["cos_update_C_wrong"]
+    best = sorted(range(len(result.layers)), key=lambda i: -gap[i])[:5]
+    typer.echo(
+        "layers whose MLP update points most at the answer C (cos C - mean cos of other numbers): "
+        + ", ".join(f"{result.layers[i]} ({gap[i]:+.3f})" for i in best)
+    )
+    typer.echo(f"results in {result.out_dir}")

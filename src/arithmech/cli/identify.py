@@ -1,0 +1,116 @@
+"""`arithmech identify`: path-patch every head and MLP and write the key components."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.cli.app import app
+from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+
+
+@app.command()
+@model_options
+def identify(
+    load: Any = None,
+    operations: Annotated[
+        str, typer.Option(help="Comma list of addition, subtraction, multiplication, division.")
+    ] = "addition",
+    formations: Annotated[str, typer.Option(help="Comma list of equation, statement, qa.")] = "equation,statement,qa",
+    n_per_template: Annotated[int, typer.Option(help="Prompt pairs generated per template.")] = 16,
+    few_shot: Annotated[int, typer.Option(help="Solved examples of the same template before each query.")] = 3,
+    operand_min: Annotated[int, typer.Option(help="Smallest operand.")] = 0,
+    operand_max: Annotated[int, typer.Option(help="Largest operand (default single digits).")] = 9,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help='Your own prompt pairs: JSONL of {"reference", "counterfactual", "answer"}.'),
+    ] = None,
+    templates: Annotated[
+        Path | None, typer.Option(help="Your own templates (JSON list, same fields as the built-in ones).")
+    ] = None,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts used for patching (sampled by seed).")] = 64,
+    keep_incorrect: Annotated[
+        bool, typer.Option("--keep-incorrect", help="Also patch prompts the model gets wrong.")
+    ] = False,
+    variant: Annotated[
+        str,
+        typer.Option(help="path (MLPs recomputed, heads frozen), direct (all frozen) or total (nothing frozen)."),
+    ] = "path",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="exact (path patching), attribution (first-order estimate from one forward and one backward "
+            "pass), or both (and their agreement: Spearman, top-k overlap)."
+        ),
+    ] = "exact",
+    threshold: Annotated[float, typer.Option(help="Key component if effect < threshold (-0.05 = -5%).")] = -0.05,
+    fraction_threshold: Annotated[
+        float | None,
+        typer.Option(help="Instead: key if effect >= this fraction of the whole-prompt counterfactual effect."),
+    ] = None,
+    top_k: Annotated[int, typer.Option(help="Number of components listed as top-k.")] = 10,
+    batch_size: Annotated[int, typer.Option(help="Prompts per forward pass (lower it if memory is short).")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed for prompt generation and sampling.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/identify-<time>.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Path-patch every attention head and MLP at the last token and write the key components."""
+    setup_logging(quiet)
+    from arithmech.stages.identify import IdentifyConfig
+    from arithmech.stages.identify import identify as run_identify
+
+    cfg = IdentifyConfig(
+        operations=split(operations),
+        formations=split(formations),
+        n_per_template=n_per_template,
+        few_shot=few_shot,
+        operand_min=operand_min,
+        operand_max=operand_max,
+        prompts_file=str(prompts) if prompts else None,
+        templates_file=str(templates) if templates else None,
+        max_prompts=max_prompts,
+        filter_correct=not keep_incorrect,
+        variant=variant,
+        method=method,
+        threshold=threshold,
+        fraction_threshold=fraction_threshold,
+        top_k=top_k,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    if cfg.prompts_file is None:
+        cfg.generation()  # validate before the model loads
+        if cfg.templates_file:
+            from arithmech.data import load_templates
+
+            load_templates(cfg.templates_file)
+    handle = load()
+    out_dir = out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S")
+    result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    _print_identify_summary(result)
+
+
+def _print_identify_summary(result: object) -> None:
+    key = result.key  # type: ignore[attr-defined]
+    heads = [r for r in key.ranked if r.component.head is not None][:10]
+    mlps = [r for r in key.ranked if r.component.head is None][:5]
+    counts = result.metadata["counts"]  # type: ignore[attr-defined]
+    typer.echo(
+        f"reference set: {counts['used']} prompts ({counts['answered_correctly']} of "
+        f"{counts['pairs'] - counts['rejected_length_mismatch']} answered correctly); "
+        f"whole-prompt counterfactual effect {key.total_effect:+.1%}"
+    )
+    typer.echo("top heads:  " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in heads))
+    typer.echo("top MLPs:   " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in mlps))
+    typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")
+    agreement = result.metadata.get("agreement")  # type: ignore[attr-defined]
+    if agreement:
+        typer.echo(
+            f"attribution vs exact: Spearman {agreement['spearman_all']:.2f} (heads {agreement['spearman_heads']:.2f},"
+            f" MLPs {agreement['spearman_mlps']:.2f})"
+            + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
+        )
+    typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]

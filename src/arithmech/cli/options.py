@@ -1,0 +1,93 @@
+"""Options shared by every command: the model to load, logging, and comma-separated lists.
+
+`model_options` adds --model, --gguf-file, --device, --dtype and --revision to a command and hands the
+command one `load` function instead, so the five options are declared once.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import sys
+import time
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.errors import ConfigError
+
+logger = logging.getLogger("arithmech")
+
+QuietOpt = Annotated[bool, typer.Option("--quiet", help="No progress bars or log lines, only results.")]
+
+_MODEL_PARAMS: list[tuple[str, Any, Any]] = [
+    (
+        "model",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--model", help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct."
+            ),
+        ],
+        None,
+    ),
+    (
+        "gguf_file",
+        Annotated[str | None, typer.Option("--gguf-file", help="GGUF file name inside the --model folder.")],
+        None,
+    ),
+    ("device", Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, or auto (all GPUs).")], "cpu"),
+    ("dtype", Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or auto.")], "float32"),
+    ("revision", Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag, commit).")], None),
+]
+
+
+def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `command` the model options; it receives `load`, a function returning the loaded ModelHandle."""
+    hints = typing.get_type_hints(command, include_extras=True)  # resolved in the command's own module
+    signature = inspect.signature(command)
+    kept = [p.replace(annotation=hints[name]) for name, p in signature.parameters.items() if name != "load"]
+    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=t) for n, t, d in _MODEL_PARAMS]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        chosen = {name: kwargs.pop(name) for name, _, _ in _MODEL_PARAMS}
+        return command(load=functools.partial(load_handle, **chosen), **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**{p.name: p.annotation for p in kept}, **{n: t for n, t, _ in _MODEL_PARAMS}}
+    del wrapper.__wrapped__  # typer must see the new signature, not the command's
+    return wrapper
+
+
+def load_handle(model: str | None, gguf_file: str | None, device: str, dtype: str, revision: str | None) -> Any:
+    """Load the model named by the options, logging where it came from and how long it took."""
+    from arithmech.models.load import ModelConfig, load_model
+
+    cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
+    start = time.perf_counter()
+    handle = load_model(cfg)
+    logger.info("loaded %s in %.1f s", handle.source.get("model"), time.perf_counter() - start)
+    return handle
+
+
+def split(text: str) -> tuple[str, ...]:
+    """'a, b,c' -> ('a', 'b', 'c')."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def ints(text: str, option: str) -> tuple[int, ...]:
+    """'20,21' -> (20, 21), or one sentence naming the option."""
+    try:
+        return tuple(int(part) for part in split(text))
+    except ValueError:
+        raise ConfigError(f"{option} takes whole numbers separated by commas, e.g. 20,21,22 (got {text!r})") from None
+
+
+def setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    for noisy in ("transformers", "accelerate", "huggingface_hub", "urllib3", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)

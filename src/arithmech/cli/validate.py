@@ -1,0 +1,125 @@
+"""`arithmech knockout` and `arithmech transfer`: do the key components matter, and elsewhere too?"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.cli.app import app
+from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+
+
+@app.command()
+@model_options
+def knockout(
+    from_run: Annotated[
+        Path | None, typer.Option("--from", help="Identify run folder: its ranking and reference prompts.")
+    ] = None,
+    components: Annotated[
+        str | None, typer.Option(help="Ranked components to knock out instead, e.g. 14.2,18.5,mlp.20.")
+    ] = None,
+    ablation: Annotated[str, typer.Option(help="mean (over the counterfactual set), zero or resample.")] = "mean",
+    end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
+    max_k: Annotated[int, typer.Option(help="Largest number of components knocked out (k = 1, 2, 4, ...).")] = 16,
+    n_random: Annotated[int, typer.Option(help="Random-rank draws (seeds) per k.")] = 5,
+    include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs as well as heads.")] = False,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts used.")] = 64,
+    batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the random-rank draws.")] = 0,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/knockout-<time>.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
+    setup_logging(quiet)
+    from arithmech.stages.knockout import KnockoutConfig, summarize
+    from arithmech.stages.knockout import knockout as run_knockout
+
+    cfg = KnockoutConfig(
+        from_run=str(from_run) if from_run else None,
+        components=split(components) if components else None,
+        ablation=ablation,
+        end_only=end_only,
+        max_k=max_k,
+        n_random=n_random,
+        include_mlps=include_mlps,
+        max_prompts=max_prompts,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    handle = load()
+    out_dir = out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S")
+    result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    base = next(r for r in result.rows if r.ranking == "none")
+    typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}")
+    typer.echo("   k  effect-rank  random-rank (mean ± sd)")
+    for row in summarize(result.rows):
+        typer.echo(
+            f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  "
+            f"{row['random_accuracy_mean']:10.1%} ± {row['random_accuracy_std']:.1%}"
+        )
+    typer.echo(f"results in {result.out_dir}")
+
+
+@app.command()
+@model_options
+def transfer(
+    from_runs: Annotated[
+        list[Path], typer.Option("--from", help="Identify run folder(s) whose components are knocked out; repeat.")
+    ],
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of target sets: addition, subtraction-qa, multidigit-addition, decimals-addition, "
+            "svamp, gsm8k, ... (default: the four operations, a formation change, multi-digit, decimals, SVAMP, "
+            "GSM8K)."
+        ),
+    ] = None,
+    k: Annotated[int | None, typer.Option(help="Components knocked out; default the source's key heads.")] = None,
+    include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs too.")] = False,
+    ablation: Annotated[str, typer.Option(help="mean, zero or resample.")] = "mean",
+    end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
+    n_random: Annotated[int, typer.Option(help="Random-rank control seeds.")] = 5,
+    max_prompts: Annotated[int, typer.Option(help="Answered prompts used per target set.")] = 32,
+    limit: Annotated[int, typer.Option(help="Word-problem rows considered per target set.")] = 200,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA or ../shared/data).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 32,
+    seed: Annotated[int, typer.Option(help="Seed of generation, sampling and random draws.")] = 0,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/transfer-<time>.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
+    setup_logging(quiet)
+    from arithmech.stages.transfer import DEFAULT_TARGETS, TransferConfig
+    from arithmech.stages.transfer import transfer as run_transfer
+
+    cfg = TransferConfig(
+        sources=tuple(str(p) for p in from_runs),
+        targets=split(targets) if targets else DEFAULT_TARGETS,
+        k=k,
+        include_mlps=include_mlps,
+        ablation=ablation,
+        end_only=end_only,
+        n_random=n_random,
+        max_prompts=max_prompts,
+        limit=limit,
+        data_dir=str(data_dir) if data_dir else None,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    handle = load()
+    out_dir = out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S")
+    result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")
+    for row in result.rows:
+        typer.echo(
+            f"{row.source} -> {row.target}: n={row.n_prompts}, {row.effect_drop:.0%} vs {row.random_drop:.0%}"
+            + (f" ({row.note})" if row.note else "")
+        )
+    typer.echo(f"results in {result.out_dir}")
