@@ -62,9 +62,7 @@ def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation of two equal-length vectors (ties: average ranks); nan if one is constant."""
     a, b = _as_vector(x), _as_vector(y)
     if len(a) != len(b):
-        raise ConfigError(
-            f"cannot correlate {len(a)} values with {len(b)}; pass effects of the same components"
-        )
+        raise ConfigError(f"cannot correlate {len(a)} values with {len(b)}; pass effects of the same components")
     if len(a) < 2:
         raise ConfigError(f"a rank correlation needs at least 2 values, got {len(a)}")
     ra, rb = average_ranks(a), average_ranks(b)
@@ -87,15 +85,11 @@ def top_k_overlap(a_effects: ArrayLike, b_effects: ArrayLike, k: int) -> float:
     """Share of the k most negative components of `a` that are also among the k most negative of `b`."""
     a, b = _as_vector(a_effects), _as_vector(b_effects)
     if len(a) != len(b):
-        raise ConfigError(
-            f"cannot compare {len(a)} effects with {len(b)}; pass effects of the same components"
-        )
+        raise ConfigError(f"cannot compare {len(a)} effects with {len(b)}; pass effects of the same components")
     return len(set(top_k(a, k)) & set(top_k(b, k))) / k
 
 
-def compare_methods(
-    exact: PatchResult, approx: PatchResult, ks: Sequence[int] = (5, 10, 20)
-) -> dict[str, float]:
+def compare_methods(exact: PatchResult, approx: PatchResult, ks: Sequence[int] = (5, 10, 20)) -> dict[str, float]:
     """Agreement of an approximate scan with the exact one on the same components and prompts.
 
     Keys: spearman_all, spearman_heads, spearman_mlps (nan where a group has fewer than 2 components),
@@ -117,3 +111,28 @@ def compare_methods(
         if k <= len(x):
             out[f"top{k}_overlap"] = top_k_overlap(x, y, k)
     return out
+
+
+def agreement_table(importance: dict[str, ArrayLike], ks: Sequence[int] = (5, 10, 20)) -> list[dict[str, float | str]]:
+    """Pairwise agreement of several methods scoring the same sites, higher = more important.
+
+    One row per pair of methods (in the order given): method_a, method_b, spearman, and top{k}_overlap for each
+    k up to the number of sites. Scores may hold NaN only where a method does not score that site at all; such
+    sites are left out of that pair's comparison (n_sites says how many remain).
+    """
+    names = list(importance)
+    vectors = {name: _as_vector(importance[name]) for name in names}
+    lengths = {len(v) for v in vectors.values()}
+    if len(lengths) > 1:
+        raise ConfigError(f"the methods score different numbers of sites ({sorted(lengths)}); score the same sites")
+    rows: list[dict[str, float | str]] = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            keep = ~(np.isnan(vectors[a]) | np.isnan(vectors[b]))
+            x, y = vectors[a][keep], vectors[b][keep]
+            row: dict[str, float | str] = {"method_a": a, "method_b": b, "n_sites": float(keep.sum())}
+            row["spearman"] = spearman(x, y) if len(x) >= 2 else float("nan")
+            for k in ks:
+                row[f"top{k}_overlap"] = top_k_overlap(-x, -y, k) if k <= len(x) else float("nan")
+            rows.append(row)
+    return rows

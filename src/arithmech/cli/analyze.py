@@ -82,3 +82,36 @@ def analyze_mlp(
         + ", ".join(f"{result.layers[i]} ({gap[i]:+.3f})" for i in best)
     )
     typer.echo(f"results in {result.out_dir}")
+
+
+@analyze_app.command("agreement")
+@model_options
+def analyze_agreement(
+    from_run: Annotated[Path, typer.Option("--from", help="Identify run folder (reference prompts, variant).")],
+    methods: Annotated[
+        str, typer.Option(help="Comma list of path, attribution, zero-ablation, mediation (at least two).")
+    ] = "path,attribution,zero-ablation,mediation",
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts every method uses.")] = 16,
+    ks: Annotated[str, typer.Option(help="Top-k sizes for the overlap columns.")] = "5,10,20",
+    batch_size: Annotated[int, typer.Option(help="Rows per forward pass.")] = 16,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <run>/agreement.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap)."""
+    setup_logging(quiet)
+    from arithmech.stages.agreement import AgreementConfig, method_agreement
+
+    cfg = AgreementConfig(
+        from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
+        batch_size=batch_size,
+    )  # fmt: skip
+    handle = load()
+    result = method_agreement(handle, cfg, out or from_run / "agreement", quiet=quiet)
+    typer.echo("level  method A       method B       Spearman  top-10 overlap")
+    for row in result.rows:
+        overlap = row.get("top10_overlap", float("nan"))
+        typer.echo(
+            f"{row['level']:6s} {row['method_a']:14s} {row['method_b']:14s} {row['spearman']:8.2f}  {overlap:8.0%}"
+        )
+    typer.echo(f"results in {result.out_dir}")

@@ -1,0 +1,232 @@
+"""The method-agreement stage: do path patching, attribution patching, zero ablation and mediation agree?
+
+Each method answers "which components carry the arithmetic?" in its own way; a conclusion that only one of
+them supports is fragile. On the same prompts (the reference set of an identify run) this stage scores
+
+    path            path patching (METHODS.md sec. 2) with the identify run's variant; importance = -effect
+    attribution     its first-order estimate (patching/attribution.py); importance = -effect
+    zero-ablation   zeroing a component's output at every position (Yu & Ananiadou); importance = drop of the
+                    answer's probability, mean over prompts
+    mediation       causal mediation (Stolfo et al.) with the counterfactual prompt as the alternative; r' is
+                    the model's own answer to the counterfactual (its template swaps the operator for an
+                    unrelated symbol, so it has no true result); importance = median over pairs of the IE at
+                    the last token (medians, since a pair with a tiny P*(r) can dominate a mean)
+
+at two levels: heads (path, attribution, zero-ablation; mediation acts on whole layers, so it has no head
+score) and layers, one site per attention layer and per MLP (attention layer = sum of its heads' effects for
+the patching methods, all its heads zeroed together for zero-ablation). For every pair of methods it reports
+the Spearman correlation and the top-k overlap (analysis/agreement.py).
+
+Writes agreement.csv, importance.csv, agreement.png and metadata.json (last) into the output folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from arithmech.analysis.agreement import agreement_table
+from arithmech.data import tokenize_pairs
+from arithmech.data.mediation_prompts import POSITION_CLASSES, MediationPair, TokenizedMediationPair
+from arithmech.errors import ConfigError
+from arithmech.knockout.ablation import ablation_sources
+from arithmech.knockout.batched import knockout_scores
+from arithmech.models.load import ModelHandle
+from arithmech.models.sites import Component, all_components
+from arithmech.patching.attribution import attribution_patch
+from arithmech.patching.mediation import mediation_effects
+from arithmech.patching.path import PatchingBatch, path_patch
+from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.stages.identify_run import read_identify_run
+
+logger = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("path", "attribution", "zero-ablation", "mediation")
+LEVELS: tuple[str, ...] = ("head", "layer")
+
+
+@dataclass(frozen=True)
+class AgreementConfig:
+    """Settings of the method-agreement stage."""
+
+    from_run: str = field(metadata={"help": "identify run folder: its reference prompts and patching variant"})
+    methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods compared (at least two)"})
+    max_prompts: int = field(default=16, metadata={"help": "reference prompts used by every method"})
+    ks: tuple[int, ...] = field(default=(5, 10, 20), metadata={"help": "top-k sizes of the overlap columns"})
+    batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "ks", tuple(self.ks))
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ConfigError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+        if len(set(self.methods)) < 2:
+            raise ConfigError(f"agreement needs at least two different methods; got {list(self.methods)}")
+        if self.max_prompts < 2 or self.batch_size < 1:
+            raise ConfigError("max_prompts must be at least 2 and batch_size at least 1")
+        if not self.ks or min(self.ks) < 1:
+            raise ConfigError(f"ks must be positive whole numbers, e.g. 5,10; got {list(self.ks)}")
+
+
+@dataclass
+class AgreementResult:
+    """Importance of every site by every method, and their pairwise agreement, per level."""
+
+    sites: dict[str, list[str]]  # level -> site names
+    importance: dict[str, dict[str, np.ndarray]]  # level -> method -> [site], NaN where a method has no score
+    rows: list[dict[str, Any]]  # agreement_table rows with a "level" key
+    out_dir: Path
+    metadata: dict[str, Any]
+
+
+def method_agreement(
+    handle: ModelHandle, cfg: AgreementConfig, out_dir: str | Path, quiet: bool = False
+) -> AgreementResult:
+    """Score every head and layer by each method on the identify run's prompts and compare the rankings."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    run = read_identify_run(cfg.from_run, handle)
+    variant = run.metadata.get("config", {}).get("variant", "path")
+    t, _ = tokenize_pairs(handle.tokenizer, run.pairs[: cfg.max_prompts])
+    if len(t.pairs) < 2:
+        raise ConfigError(f"the identify run {cfg.from_run!r} has fewer than 2 usable prompts; identify on more")
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    view, dims = handle.view, handle.dims
+    components = all_components(dims)
+    timings: dict[str, float] = {}
+    mediation_pairs = 0
+    scores: dict[str, torch.Tensor] = {}  # method -> [component] importance (heads and MLPs)
+    layer_scores: dict[str, torch.Tensor] = {}  # method -> [2 * n_layers]: attention layers, then MLPs
+    with tqdm(total=len(cfg.methods), desc="methods", unit="method", disable=quiet) as bar:
+        for method in cfg.methods:
+            start = time.perf_counter()
+            bar.set_postfix_str(method)
+            if method in ("path", "attribution"):
+                patch = path_patch if method == "path" else attribution_patch
+                scores[method] = -patch(view, batch, variant, batch_size=cfg.batch_size).effects
+                layer_scores[method] = _layers_from_components(scores[method], dims.n_layers, dims.n_heads)
+            elif method == "zero-ablation":
+                scores[method], layer_scores[method] = _zero_ablation(handle, batch, components, cfg.batch_size)
+            else:
+                layer_scores[method], mediation_pairs = _mediation_at_end(handle, batch)
+            timings[f"{method}_s"] = time.perf_counter() - start
+            bar.update(1)
+    head_sites = [c.name for c in components if c.head is not None]
+    is_head = torch.tensor([c.head is not None for c in components])
+    layer_sites = [f"attn.{layer}" for layer in range(dims.n_layers)] + [
+        f"mlp.{layer}" for layer in range(dims.n_layers)
+    ]
+    nan_heads = np.full(len(head_sites), np.nan)
+    importance = {
+        "head": {m: scores[m][is_head].numpy() if m in scores else nan_heads for m in cfg.methods},
+        "layer": {m: layer_scores[m].numpy() for m in cfg.methods},
+    }
+    rows = []
+    for level in LEVELS:
+        scored = {m: v for m, v in importance[level].items() if not np.isnan(v).all()}
+        if len(scored) >= 2:
+            rows += [{"level": level, **row} for row in agreement_table(scored, cfg.ks)]
+    metadata = {
+        "stage": "agreement",
+        "model": handle.source,
+        "dims": asdict(dims),
+        "config": asdict(cfg),
+        "from_run": str(run.path),
+        "variant": variant,
+        "counts": {"prompts": len(batch), "mediation_pairs": mediation_pairs},
+        "timings": timings,
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    sites = {"head": head_sites, "layer": layer_sites}
+    result = AgreementResult(sites, importance, rows, out, metadata)
+    write_agreement_outputs(result, handle.source.get("model", "?"))
+    return result
+
+
+def _layers_from_components(importance: torch.Tensor, n_layers: int, n_heads: int) -> torch.Tensor:
+    """[2 * n_layers] from [component] in all_components order (per layer: its heads, then its MLP)."""
+    per_layer = importance.reshape(n_layers, n_heads + 1)  # [layer, heads + mlp]
+    return torch.cat([per_layer[:, :n_heads].sum(1), per_layer[:, n_heads]])
+
+
+def _zero_ablation(
+    handle: ModelHandle, batch: PatchingBatch, components: list[Component], batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop of the answer probability with each component, and each whole attention layer, zeroed."""
+    dims = handle.dims
+    heads_of = [[c for c in components if c.layer == layer and c.head is not None] for layer in range(dims.n_layers)]
+    configs = [[], *([c] for c in components), *heads_of]  # baseline, each component, each attention layer
+    sources = ablation_sources(handle.view, batch, "zero", groups=[0] * len(batch))
+    prob = knockout_scores(handle.view, batch, sources, configs, batch_size).mean_prob  # [config]
+    drop = prob[0] - prob[1:]
+    per_component, per_attention_layer = drop[: len(components)], drop[len(components) :]
+    mlps = per_component.reshape(dims.n_layers, dims.n_heads + 1)[:, dims.n_heads]
+    return per_component, torch.cat([per_attention_layer, mlps])
+
+
+def _mediation_at_end(handle: ModelHandle, batch: PatchingBatch) -> tuple[torch.Tensor, int]:
+    """Median over pairs of the IE of each attention layer and MLP at the last token [2 * n_layers], and the
+    number of pairs (those whose counterfactual moves the model's answer)."""
+    view = handle.view
+    cf_answer = view.end_logits(batch.cf_ids, batch.cf_mask, batch.end).argmax(-1).cpu()  # [batch]
+    items, ends = [], []
+    for i in range(len(batch)):
+        end = int(batch.end[i])
+        if int(cf_answer[i]) == int(batch.answer_ids[i]):
+            continue  # the counterfactual does not move the answer: IE's r' is undefined
+        position_class = torch.zeros(end + 1, dtype=torch.long)
+        position_class[end] = POSITION_CLASSES.index("last")
+        pair = MediationPair("", "", "", "", "identify", "counterfactual", "", "")
+        base, alt = batch.ref_ids[i, : end + 1], batch.cf_ids[i, : end + 1]
+        items.append(
+            TokenizedMediationPair(pair, base, alt, int(batch.answer_ids[i]), int(cf_answer[i]), position_class, None)
+        )
+        ends.append(end)
+    if not items:
+        logger.warning("mediation skipped: on every prompt the model answers the counterfactual as the reference")
+        return torch.full((2 * view.dims.n_layers,), float("nan")), 0
+    result = mediation_effects(view, items)  # ie [pair, component, layer, pos], components ("mlp", "attn")
+    at_end = torch.stack([result.ie[i, :, :, end] for i, end in enumerate(ends)])  # [pair, component, layer]
+    median = at_end.nanmedian(0).values  # [component, layer]
+    attn, mlp = median[result.components.index("attn")], median[result.components.index("mlp")]
+    return torch.cat([attn, mlp]), len(items)
+
+
+def write_agreement_outputs(result: AgreementResult, model: str) -> None:
+    """agreement.csv, importance.csv, agreement.png, then metadata.json."""
+    from arithmech.report.agreement_plots import agreement_matrices
+
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    methods = list(result.metadata["config"]["methods"])
+    atomic_write_text(out / "agreement.csv", _csv(result.rows))
+    importance_rows = [
+        {"level": level, "site": site, **{m: f"{result.importance[level][m][i]:.6g}" for m in methods}}
+        for level in LEVELS
+        for i, site in enumerate(result.sites[level])
+    ]
+    atomic_write_text(out / "importance.csv", _csv(importance_rows))
+    title = f"{result.metadata['counts']['prompts']} prompts: {model}"
+    agreement_matrices(result.rows, methods, out / "agreement.png", title)
+    atomic_write_json(out / "metadata.json", result.metadata)
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["level"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows([{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows])
+    return buffer.getvalue()
