@@ -1,0 +1,34 @@
+"""Evaluation: math word problems by greedy generation, multiple choice by log-likelihood, general text by KL."""
+
+from arithmech.evaluate.answers import extract_choice, extract_number, format_number, numbers_match
+from arithmech.evaluate.benchmarks import Benchmark, benchmark, benchmark_names, build_prompts, register_benchmark
+from arithmech.evaluate.choice import ChoiceScore, score_choices
+from arithmech.evaluate.general import GeneralResult, general_scores, load_general_texts
+from arithmech.evaluate.generation import Generation, generate_greedy
+from arithmech.evaluate.loading import EvalItem
+from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate, evaluate_benchmark
+
+__all__ = [
+    "Benchmark",
+    "BenchmarkResult",
+    "ChoiceScore",
+    "EvalItem",
+    "EvalOptions",
+    "EvalResult",
+    "GeneralResult",
+    "Generation",
+    "benchmark",
+    "benchmark_names",
+    "build_prompts",
+    "evaluate",
+    "evaluate_benchmark",
+    "extract_choice",
+    "extract_number",
+    "format_number",
+    "general_scores",
+    "generate_greedy",
+    "load_general_texts",
+    "numbers_match",
+    "register_benchmark",
+    "score_choices",
+]

@@ -1,0 +1,258 @@
+"""The evaluate stage: math and general benchmarks of Zhang et al. (2024, Table 1), with per-example records.
+
+Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomically, into the run folder:
+
+    examples/<benchmark>.jsonl         one record per example (question, generated text, extracted answer, gold,
+                                       correct; choice log-likelihoods; per-text NLL and KL) -- see runner.py
+    examples/<benchmark>.summary.json  the benchmark's score, how its rows were chosen (data file and sha256,
+                                       rows excluded for train overlap, n_shot, a full example prompt) and the
+                                       fingerprint of the config and model that produced it
+    results.csv                        one row per benchmark: n, correct, accuracy, accuracy_norm (choice),
+                                       perplexity, base_perplexity, kl (general), excluded rows, seconds
+    metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
+                                       written last
+
+Resuming: a benchmark whose summary holds the same fingerprint (every config field that changes its numbers,
+the benchmark name, and the model's identity: its source and a checksum of its weights) is read back instead
+of being run again, so an interrupted or extended run (more benchmarks) redoes only what is missing. Data files
+are taken as unchanged between runs (their sha256 is recorded in the summary, not compared).
+
+Usage
+    >>> cfg = EvaluateConfig(benchmarks=("gsm8k", "mmlu"), limit=100)
+    >>> result = evaluate_stage(handle, cfg, "runs/eval")
+    >>> result.benchmarks["gsm8k"].accuracy
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.errors import ConfigError
+from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_names
+from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate_benchmark
+from arithmech.models.load import ModelConfig, ModelHandle, load_model
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "mmlu", "csqa")
+_NOT_IN_FINGERPRINT = ("benchmarks", "base_model")  # the base model enters through its own fingerprint
+RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
+                  "base_perplexity", "kl", "excluded", "seconds")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Settings of the evaluate stage."""
+
+    benchmarks: tuple[str, ...] = field(
+        default=DEFAULT_BENCHMARKS,
+        metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
+                          "or a .jsonl file"},
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the subsets (same seed = same rows)"})
+    batch_size: int = field(default=8, metadata={"help": "prompts (or choice rows) per forward pass"})
+    max_new_tokens: int = field(default=256, metadata={"help": "longest generated solution (math benchmarks)"})
+    n_shot: int | None = field(
+        default=None, metadata={"help": "solved examples per prompt; default each benchmark's (math 8, mmlu 5, csqa 0)"}
+    )
+    choice_format: str | None = field(
+        default=None, metadata={"help": "letter or text scoring of choices; default mmlu letter, csqa text"}
+    )
+    chat_template: bool = field(
+        default=False, metadata={"help": "wrap each prompt in the tokenizer's chat template (default: plain few-shot)"}
+    )
+    exclude_train_overlap: bool = field(
+        default=False,
+        metadata={"help": "drop math rows seen in training (orig_id or question text of the train file)"},
+    )
+    train_file: str | None = field(
+        default=None, metadata={"help": "training JSONL for the overlap rule; default llm_adapters_math_v1/train"}
+    )
+    data_dir: str | None = field(
+        default=None, metadata={"help": "data folder (default $ARITHMECH_DATA, then ../shared/data)"}
+    )
+    general_text: str | None = field(
+        default=None, metadata={"help": "text file (paragraphs) or JSONL with text for the general check"}
+    )
+    general_max_tokens: int = field(default=512, metadata={"help": "tokens kept per general text"})
+    base_model: str | None = field(
+        default=None,
+        metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
+    )
+
+    def __post_init__(self) -> None:
+        names = self.benchmarks
+        if isinstance(names, str):
+            names = tuple(n.strip() for n in names.split(",") if n.strip())
+        object.__setattr__(self, "benchmarks", tuple(names))
+        if not self.benchmarks:
+            raise ConfigError("no benchmark given; name at least one, e.g. gsm8k,mmlu")
+        known = benchmark_names()
+        for name in self.benchmarks:
+            if name not in known and not name.endswith(".jsonl"):
+                raise ConfigError(f"unknown benchmark {name!r}; use one of {', '.join(known)} or a .jsonl path")
+        if len(set(self.benchmarks)) != len(self.benchmarks):
+            raise ConfigError(f"benchmark list {', '.join(self.benchmarks)} names one benchmark twice; name it once")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be at least 1, or unset for all rows (got {self.limit})")
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.general_max_tokens < 2:
+            raise ConfigError(f"general_max_tokens must be at least 2 (got {self.general_max_tokens})")
+        if self.n_shot is not None and self.n_shot < 0:
+            raise ConfigError(f"n_shot must be 0 or more (got {self.n_shot})")
+        if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
+            raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
+
+    def options(self) -> EvalOptions:
+        """The runner's options (every field but the benchmark list and the base model)."""
+        names = {f.name for f in fields(EvalOptions)}
+        return EvalOptions(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+def model_fingerprint(model: Any) -> str:
+    """A checksum of a model's weights (name, shape, sum and sum of |w| per tensor), to tell checkpoints apart."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            t = tensor.detach()
+            stats = (float(t.double().sum()), float(t.double().abs().sum())) if t.is_floating_point() else (0.0, 0.0)
+            digest.update(f"{name}{tuple(t.shape)}{stats[0]:.10e}{stats[1]:.10e}".encode())
+    return digest.hexdigest()
+
+
+def file_stem(name: str) -> str:
+    """A file name for a benchmark: the name itself, or for a .jsonl path its stem plus a short hash."""
+    if not name.endswith(".jsonl"):
+        return name
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem)
+    return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _fingerprint(name: str, cfg: EvaluateConfig, model: dict[str, Any], base: dict[str, Any] | None) -> str:
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_FINGERPRINT}
+    payload = {"benchmark": name, "config": settings, "model": model, "base_model": base if name == GENERAL else None}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _identity(handle: ModelHandle) -> dict[str, Any]:
+    keys = ("model", "gguf_sha256", "revision", "dtype", "device")
+    return {**{k: handle.source.get(k) for k in keys}, "weights": model_fingerprint(handle.model)}
+
+
+def _summary(result: BenchmarkResult) -> dict[str, Any]:
+    return {k: v for k, v in asdict(result).items() if k != "records"}
+
+
+def _reuse(examples: Path, stem: str, fingerprint: str) -> BenchmarkResult | None:
+    """A finished benchmark's result, if its files exist and were made with the same fingerprint."""
+    summary_path, records_path = examples / f"{stem}.summary.json", examples / f"{stem}.jsonl"
+    if not (summary_path.is_file() and records_path.is_file()):
+        return None
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        if summary.get("fingerprint") != fingerprint:
+            return None
+        records = [json.loads(line) for line in records_path.read_text(encoding="utf-8").splitlines() if line]
+        result = BenchmarkResult(**summary["result"], records=records)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return result if len(records) == result.n else None
+
+
+def _write_benchmark(examples: Path, stem: str, fingerprint: str, result: BenchmarkResult) -> None:
+    """Records first, then the summary that marks the benchmark finished."""
+    with atomic_open(examples / f"{stem}.jsonl") as handle:
+        for record in result.records:
+            handle.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    atomic_write_json(examples / f"{stem}.summary.json", {"fingerprint": fingerprint, "result": _summary(result)})
+
+
+def _load_base(handle: ModelHandle, name: str) -> ModelHandle:
+    model = None if name == "default" else name
+    return load_model(ModelConfig(model=model, device=handle.source.get("device", "cpu"),
+                                  dtype=handle.source.get("dtype", "float32")))
+
+
+def evaluate_stage(
+    handle: ModelHandle,
+    cfg: EvaluateConfig,
+    out_dir: str | Path,
+    quiet: bool = False,
+    base_handle: ModelHandle | None = None,
+) -> EvalResult:
+    """Score every benchmark of `cfg` and write the run folder (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    examples = out / "examples"
+    start = time.perf_counter()
+    if base_handle is None and cfg.base_model and GENERAL in cfg.benchmarks:
+        base_handle = _load_base(handle, cfg.base_model)
+    identity = _identity(handle)
+    base_identity = _identity(base_handle) if base_handle is not None else None
+    options = cfg.options()
+    results: dict[str, BenchmarkResult] = {}
+    reused: list[str] = []
+    (out / "metadata.json").unlink(missing_ok=True)
+    for name in cfg.benchmarks:
+        stem = file_stem(name)
+        fingerprint = _fingerprint(name, cfg, identity, base_identity)
+        previous = _reuse(examples, stem, fingerprint)
+        if previous is not None:
+            logger.info("reusing the finished %s results in %s", name, examples)
+            results[name] = previous
+            reused.append(name)
+            continue
+        with tqdm(desc=name, unit="row", disable=quiet) as bar:
+            result = evaluate_benchmark(handle, name, options, base_handle, bar.update)
+        _write_benchmark(examples, stem, fingerprint, result)
+        results[name] = result
+    atomic_write_text(out / "results.csv", results_csv(results.values()))
+    metadata = {
+        "stage": "evaluate",
+        "model": handle.source,
+        "model_weights_sha256": identity["weights"],
+        "base_model": base_handle.source if base_handle is not None else None,
+        "dims": asdict(handle.dims),
+        "config": asdict(cfg),
+        "seed": cfg.seed,
+        "benchmarks": {name: {**_summary(r), "file": f"examples/{file_stem(name)}.jsonl", "reused": name in reused}
+                       for name, r in results.items()},
+        "timings": {"evaluate_s": time.perf_counter() - start,
+                    **{f"{name}_s": r.seconds for name, r in results.items()}},
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_json(out / "metadata.json", metadata)
+    return EvalResult(results)
+
+
+def results_csv(results: Any) -> str:
+    """results.csv text: one row per benchmark (empty cells where a column does not apply)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(RESULT_COLUMNS)
+    for r in results:
+        excluded = len(r.info.get("excluded_by_id", [])) + len(r.info.get("excluded_by_text", []))
+        cells = [r.name, r.kind, r.n, r.correct, r.accuracy, r.accuracy_norm, r.info.get("perplexity"),
+                 r.info.get("base_perplexity"), r.info.get("kl"), excluded, r.seconds]
+        writer.writerow(["" if c is None else (f"{c:.6f}" if isinstance(c, float) else c) for c in cells])
+    return buffer.getvalue()
