@@ -1,0 +1,108 @@
+"""Two CPU processes (DDP over gloo, as `accelerate launch --num_processes 2 --cpu` starts them) train the same
+parameters to the same values as one process with the same global batch.
+
+Each process gets the environment accelerate's launcher would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT) and runs the finetune stage for precise and then full SFT; each takes half of every global batch,
+in two micro-batches, while the single process takes the whole batch in one.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from arithmech.models.load import ModelHandle
+from arithmech.stages.finetune import FinetuneConfig, finetune
+
+METHODS = ("precise", "full")
+WORKER = """
+import json, sys, torch
+torch.set_num_threads(1)
+from arithmech.models.load import ModelConfig, load_model
+from arithmech.stages.finetune import FinetuneConfig, finetune
+for settings, out in json.loads(sys.argv[2]):
+    handle = load_model(ModelConfig(model=sys.argv[1]))
+    result = finetune(handle, FinetuneConfig(**settings), out, quiet=True)
+    assert result.train.world_size == 2, result.train.world_size
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings_for(method: str, data: Path) -> dict[str, Any]:
+    return {
+        "method": method,
+        "components": ["0.1", "1.2", "2.0"],
+        "mlps": ["1"],
+        "data": str(data),
+        "target": "answer",
+        "batch_size": 8,
+        "micro_batch_size": 2,  # per process: 2 micro-batches of 2 examples in each of the 2 processes
+        "max_steps": 3,
+        "lr": 1e-4,  # small: Adam scales near-zero gradients up, so their rounding differences grow with lr
+        "warmup_ratio": 0.0,
+    }
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(tiny_model_dir, handle_of, sft_jsonl, tmp_path: Path) -> None:
+    jobs = [(settings_for(m, sft_jsonl), str(tmp_path / "two" / m)) for m in METHODS]
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+        }  # fmt: skip
+        cmd = [sys.executable, "-c", WORKER, str(tiny_model_dir("llama")), json.dumps(jobs)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for method in METHODS:  # the single-process runs, while the two processes work
+        settings = {**settings_for(method, sft_jsonl), "micro_batch_size": 8}
+        finetune(handle_of("llama"), FinetuneConfig(**settings), tmp_path / "one" / method, quiet=True)
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+
+    for method in METHODS:
+        one, two = tmp_path / "one" / method, tmp_path / "two" / method
+        meta = json.loads((two / "metadata.json").read_text())
+        assert meta["distributed"] == {"type": "MULTI_CPU", "processes": 2}
+        a, b = load_file(one / "delta.safetensors"), load_file(two / "delta.safetensors")
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+        base = _base_entries(handle_of("llama"), one)
+        assert any(not torch.equal(a[k], base[k]) for k in a)  # training moved something
+        assert _losses(one) == pytest.approx(_losses(two), rel=1e-6)
+
+
+def _losses(folder: Path) -> list[float]:
+    return [float(row["loss"]) for row in csv.DictReader((folder / "train_log.csv").open())]
+
+
+def _base_entries(handle: ModelHandle, folder: Path) -> dict[str, torch.Tensor]:
+    """The base model's values of every delta entry."""
+    manifest = json.loads((folder / "delta.json").read_text())
+    out = {}
+    for entry in manifest["entries"]:
+        param = handle.model.get_parameter(entry["parameter"]).detach()
+        if entry["ranges"] is None:
+            out[entry["tensor"]] = param
+        else:
+            index = torch.tensor([i for start, stop in entry["ranges"] for i in range(start, stop)])
+            out[entry["tensor"]] = param.index_select(entry["dim"], index)
+    return out
