@@ -13,7 +13,10 @@ from arithmech.analysis.agreement import agreement_table, spearman
 from arithmech.cli import main
 from arithmech.data import tokenize_pairs
 from arithmech.errors import ConfigError
+from arithmech.knockout.ablation import ablation_sources
+from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelConfig, load_model
+from arithmech.models.sites import all_components
 from arithmech.patching.path import PatchingBatch, path_patch
 from arithmech.stages.agreement import AgreementConfig, method_agreement
 from arithmech.stages.identify_run import read_identify_run
@@ -45,7 +48,7 @@ def run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
 def test_scores_are_what_each_method_computes(run: tuple[Path, Path], tmp_path: Path) -> None:
     model, identify_dir = run
     handle = load_model(ModelConfig(model=str(model)))
-    cfg = AgreementConfig(from_run=str(identify_dir), max_prompts=6, ks=(3,))
+    cfg = AgreementConfig(from_run=str(identify_dir), max_prompts=6, ks=(3,), zero_positions="all")
     result = method_agreement(handle, cfg, tmp_path / "agreement", quiet=True)
     dims = handle.dims
 
@@ -85,6 +88,25 @@ def test_scores_are_what_each_method_computes(run: tuple[Path, Path], tmp_path: 
         assert -1.0 <= float(r["spearman"]) <= 1.0 and 0.0 <= float(r["top3_overlap"]) <= 1.0
     assert (tmp_path / "agreement" / "agreement.png").stat().st_size > 0
     assert (tmp_path / "agreement" / "metadata.json").is_file()
+
+
+def test_end_only_zero_ablation_matches_a_full_forward_knockout(run: tuple[Path, Path], tmp_path: Path) -> None:
+    """Zeroing at END by one decoding step on the cache == the knockout machinery's END-only zero ablation."""
+    model, identify_dir = run
+    handle = load_model(ModelConfig(model=str(model)))
+    cfg = AgreementConfig(from_run=str(identify_dir), methods=("path", "zero-ablation"), max_prompts=5)
+    result = method_agreement(handle, cfg, tmp_path / "a", quiet=True)
+    pairs = read_identify_run(identify_dir, handle).pairs[:5]
+    t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    sources = ablation_sources(handle.view, batch, "zero", groups=[0] * 5, end_only=True)
+    components = all_components(handle.dims)
+    prob = knockout_scores(handle.view, batch, sources, [[], *([c] for c in components)]).mean_prob
+    expected = (prob[0] - prob[1:]).reshape(handle.dims.n_layers, -1)  # [layer, heads + mlp]
+    heads = result.importance["head"]["zero-ablation"]
+    np.testing.assert_allclose(heads, expected[:, :-1].reshape(-1).numpy(), atol=1e-5)
+    mlps = result.importance["layer"]["zero-ablation"][handle.dims.n_layers :]
+    np.testing.assert_allclose(mlps, expected[:, -1].numpy(), atol=1e-5)
 
 
 def test_mediation_score_matches_a_two_run_computation(run: tuple[Path, Path], tmp_path: Path) -> None:

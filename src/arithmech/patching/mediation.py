@@ -132,8 +132,12 @@ def mediation_effects(
     layers: Sequence[int] | None = None,
     components: Sequence[str] = COMPONENTS,
     max_rows: int = 256,
+    progress: Callable[[int], None] | None = None,
 ) -> MediationResult:
-    """IE of each component in `components` at each layer in `layers` (default all) and every position."""
+    """IE of each component in `components` at each layer in `layers` (default all) and every position.
+
+    progress: called with 1 after each pair (e.g. a tqdm bar's update).
+    """
     layers = tuple(range(view.dims.n_layers)) if layers is None else tuple(layers)
     components = tuple(components)
     _check(view, items, layers, components, max_rows)
@@ -167,6 +171,8 @@ def mediation_effects(
                 effect = indirect_effect(probs[i, 0], probs[i, 1], p_star[:, 0], p_star[:, 1])
                 site_ids = torch.tensor(block)  # site s = component index * len(layers) + layer index
                 ie[i, site_ids // len(layers), site_ids % len(layers), p] = effect
+        if progress is not None:
+            progress(1)
     total = indirect_effect(probs[:, 0], probs[:, 1], probs[:, 2], probs[:, 3])
     return MediationResult(ie, position_class, total, probs, correct, layers, components)
 
@@ -178,10 +184,12 @@ def neuron_effects(
     layer: int,
     neurons: Sequence[int] | None = None,
     max_rows: int = 512,
+    progress: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """IE [pair, neuron] of setting each MLP neuron of `layer` at END to its value on the alternative.
 
     A neuron's activation is the input of the MLP's down projection (`DOWN_PROJ`); `neurons` defaults to all.
+    progress: called with 1 after each pair.
     """
     _check(view, items, (layer,), COMPONENTS, max_rows)
     module = down_proj(view, layer)
@@ -195,6 +203,8 @@ def neuron_effects(
         logits, (alt_act,) = _base_and_alt(view, item, [module], lambda inputs, output: inputs[0], pre=True)
         p = _probs(logits[0], item)
         if _first_difference(item) > end:
+            if progress is not None:
+                progress(1)
             continue  # identical prompts: every IE is 0
         prefix = _BasePrefix(view, item.base_ids)
         for start in range(0, len(chosen), max_rows):
@@ -205,6 +215,8 @@ def neuron_effects(
                 star = _run_from(view, item.base_ids, end, cache, len(block))  # [row, d_vocab]
             p_star = _probs_rows(star, item)  # [row, 2]
             out[i, start : start + len(block)] = indirect_effect(p[0], p[1], p_star[:, 0], p_star[:, 1])
+        if progress is not None:
+            progress(1)
     return out
 
 

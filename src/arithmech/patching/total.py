@@ -9,6 +9,7 @@ decoding steps, `max_rows` at a time; prompts are grouped by length so their cac
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,9 +24,18 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def total_patched_logits(
-    view: ModelView, batch: PatchingBatch, ref: EndStates, cf: EndStates, max_rows: int = 512
+    view: ModelView,
+    batch: PatchingBatch,
+    ref: EndStates,
+    cf: EndStates,
+    max_rows: int = 512,
+    read: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Answer logits [component, batch] with one sender's END output from the counterfactual at a time."""
+    """Answer logits [component, batch] with one sender's END output from `cf` at a time.
+
+    `read(logits [row, d_vocab], answers [row]) -> [row]` reads something else instead (e.g. the answer's
+    probability); `cf` may hold any replacement values (zeros give END-only zero ablation).
+    """
     dims = view.dims
     n_senders = dims.n_layers * (dims.n_heads + 1)
     out = torch.empty(n_senders, len(batch), device=ref.resid_pre.device)
@@ -54,7 +64,8 @@ def total_patched_logits(
                 logits = view.model(input_ids=last[local][:, None], use_cache=cache is not None, **kwargs)
                 logits = logits.logits[:, -1]  # [row, d_vocab]
             answers = batch.answer_ids[prompts[local]].to(logits.device)
-            out[senders, prompts[local]] = logits.gather(1, answers[:, None])[:, 0].float().to(out.device)
+            value = logits.gather(1, answers[:, None])[:, 0] if read is None else read(logits, answers)
+            out[senders, prompts[local]] = value.float().to(out.device)
     return out
 
 

@@ -5,8 +5,11 @@ them supports is fragile. On the same prompts (the reference set of an identify 
 
     path            path patching (METHODS.md sec. 2) with the identify run's variant; importance = -effect
     attribution     its first-order estimate (patching/attribution.py); importance = -effect
-    zero-ablation   zeroing a component's output at every position (Yu & Ananiadou); importance = drop of the
-                    answer's probability, mean over prompts
+    zero-ablation   zeroing a component's output (Yu & Ananiadou); importance = drop of the answer's
+                    probability, mean over prompts. By default at the last token only (zero_positions "end"),
+                    like the other three methods, which act at END; that is one decoding step per component on
+                    the cached prompt. zero_positions "all" zeroes every position, as the neurons stage does
+                    (one full forward pass per component and prompt: an hour for a 135M model on 2 CPU cores)
     mediation       causal mediation (Stolfo et al.) with the counterfactual prompt as the alternative; r' is
                     the model's own answer to the counterfactual (its template swaps the operator for an
                     unrelated symbol, so it has no true result); importance = median over pairs of the IE at
@@ -23,6 +26,7 @@ Writes agreement.csv, importance.csv, agreement.png and metadata.json (last) int
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import logging
 import time
@@ -44,6 +48,8 @@ from arithmech.models.sites import Component, all_components
 from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.mediation import mediation_effects
 from arithmech.patching.path import PatchingBatch, path_patch
+from arithmech.patching.states import collect_end_states
+from arithmech.patching.total import total_patched_logits
 from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
 
@@ -62,6 +68,7 @@ class AgreementConfig:
     max_prompts: int = field(default=16, metadata={"help": "reference prompts used by every method"})
     ks: tuple[int, ...] = field(default=(5, 10, 20), metadata={"help": "top-k sizes of the overlap columns"})
     batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
+    zero_positions: str = field(default="end", metadata={"help": "zero-ablation at the last token (end) or all"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
@@ -73,6 +80,8 @@ class AgreementConfig:
             raise ConfigError(f"agreement needs at least two different methods; got {list(self.methods)}")
         if self.max_prompts < 2 or self.batch_size < 1:
             raise ConfigError("max_prompts must be at least 2 and batch_size at least 1")
+        if self.zero_positions not in ("end", "all"):
+            raise ConfigError(f"zero_positions must be end or all; got {self.zero_positions!r}")
         if not self.ks or min(self.ks) < 1:
             raise ConfigError(f"ks must be positive whole numbers, e.g. 5,10; got {list(self.ks)}")
 
@@ -116,7 +125,9 @@ def method_agreement(
                 scores[method] = -patch(view, batch, variant, batch_size=cfg.batch_size).effects
                 layer_scores[method] = _layers_from_components(scores[method], dims.n_layers, dims.n_heads)
             elif method == "zero-ablation":
-                scores[method], layer_scores[method] = _zero_ablation(handle, batch, components, cfg.batch_size)
+                scores[method], layer_scores[method] = _zero_ablation(
+                    handle, batch, components, cfg.batch_size, cfg.zero_positions == "end"
+                )
             else:
                 layer_scores[method], mediation_pairs = _mediation_at_end(handle, batch)
             timings[f"{method}_s"] = time.perf_counter() - start
@@ -162,18 +173,29 @@ def _layers_from_components(importance: torch.Tensor, n_layers: int, n_heads: in
 
 
 def _zero_ablation(
-    handle: ModelHandle, batch: PatchingBatch, components: list[Component], batch_size: int
+    handle: ModelHandle, batch: PatchingBatch, components: list[Component], batch_size: int, end_only: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop of the answer probability with each component, and each whole attention layer, zeroed."""
-    dims = handle.dims
+    dims, view = handle.dims, handle.view
     heads_of = [[c for c in components if c.layer == layer and c.head is not None] for layer in range(dims.n_layers)]
-    configs = [[], *([c] for c in components), *heads_of]  # baseline, each component, each attention layer
-    sources = ablation_sources(handle.view, batch, "zero", groups=[0] * len(batch))
-    prob = knockout_scores(handle.view, batch, sources, configs, batch_size).mean_prob  # [config]
-    drop = prob[0] - prob[1:]
-    per_component, per_attention_layer = drop[: len(components)], drop[len(components) :]
+    sources = ablation_sources(view, batch, "zero", groups=[0] * len(batch), end_only=end_only)
+    if end_only:  # single components: one decoding step each on the cached prompt (patching/total.py)
+        ref = collect_end_states(view, batch.ref_ids, batch.ref_mask, batch.end)
+        zeros = dataclasses.replace(ref, z=torch.zeros_like(ref.z), mlp_out=torch.zeros_like(ref.mlp_out))
+        prob = total_patched_logits(view, batch, ref, zeros, read=_answer_prob).mean(1)  # [component]
+        layers = knockout_scores(view, batch, sources, [[], *heads_of], batch_size).mean_prob  # [1 + layer]
+        per_component, per_attention_layer = layers[0] - prob, layers[0] - layers[1:]
+    else:
+        configs = [[], *([c] for c in components), *heads_of]  # baseline, each component, each attention layer
+        prob = knockout_scores(view, batch, sources, configs, batch_size).mean_prob  # [config]
+        drop = prob[0] - prob[1:]
+        per_component, per_attention_layer = drop[: len(components)], drop[len(components) :]
     mlps = per_component.reshape(dims.n_layers, dims.n_heads + 1)[:, dims.n_heads]
     return per_component, torch.cat([per_attention_layer, mlps])
+
+
+def _answer_prob(logits: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    return logits.float().softmax(-1).gather(1, answers[:, None])[:, 0]
 
 
 def _mediation_at_end(handle: ModelHandle, batch: PatchingBatch) -> tuple[torch.Tensor, int]:

@@ -1,0 +1,7 @@
+"""`python -m arithmech.cli ...` (for `accelerate launch -m arithmech.cli finetune ...`)."""
+
+import sys
+
+from arithmech.cli import main
+
+sys.exit(main())

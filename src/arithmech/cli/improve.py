@@ -1,0 +1,82 @@
+"""`arithmech finetune` and `arithmech evaluate`: train the key heads, and measure math and general ability.
+
+Their options are generated from FinetuneConfig and EvaluateConfig (cli/config_options.py). Under
+`accelerate launch -m arithmech.cli finetune ...` each process loads the model onto its own device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.cli.app import app
+from arithmech.cli.config_options import config_command
+from arithmech.cli.options import QuietOpt, model_options, setup_logging
+from arithmech.stages.evaluate import EvaluateConfig
+from arithmech.stages.finetune import FinetuneConfig
+
+
+def _local_device(load: Any) -> Any:
+    """Under a multi-process GPU launch, put each process's model on its own GPU (LOCAL_RANK)."""
+    rank = os.environ.get("LOCAL_RANK")
+    if rank is not None and load.keywords.get("device") in ("cuda", "auto"):
+        return lambda: load.func(**{**load.keywords, "device": f"cuda:{rank}"})
+    return load
+
+
+@app.command()
+@model_options
+@config_command(FinetuneConfig, flags={"from_run": "--from"})
+def finetune(
+    cfg: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/finetune-<method>-<time>.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines."""
+    setup_logging(quiet)
+    from arithmech.stages.finetune import finetune as run_finetune
+
+    handle = _local_device(load)()
+    out_dir = out or Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
+    result = run_finetune(handle, cfg, out_dir, quiet=quiet)
+    meta = result.metadata
+    typer.echo(
+        f"{cfg.method}: trained {meta['trainable_parameters']:,} of {meta['total_parameters']:,} parameters, "
+        f"{meta['samples_per_second']:.2f} samples/s, final loss {meta['final_loss']}"
+    )
+    typer.echo(f"results in {result.out_dir}")
+
+
+@app.command()
+@model_options
+@config_command(EvaluateConfig)
+def evaluate(
+    cfg: Any = None,
+    delta: Annotated[
+        Path | None, typer.Option(help="Apply a finetune output folder's delta to the model before evaluating.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/evaluate-<time>.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """Math (GSM8K, SVAMP, AddSub, SingleEq) and general (MMLU, CommonsenseQA, perplexity/KL) benchmarks."""
+    setup_logging(quiet)
+    from arithmech.stages.evaluate import evaluate_stage
+
+    handle = load()
+    if delta is not None:
+        from arithmech.finetune.delta import apply_delta
+
+        apply_delta(handle.model, delta)
+    out_dir = out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S")
+    result = evaluate_stage(handle, cfg, out_dir, quiet=quiet)
+    for name, bench in result.benchmarks.items():
+        score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
+        counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"
+        typer.echo(f"{name:14s} {score}{counts}, {bench.seconds:.0f} s")
+    typer.echo(f"results in {out_dir}")

@@ -1,0 +1,242 @@
+"""The whole study in one run folder: identify -> knockout -> transfer -> analysis -> mediation -> ... -> evaluate.
+
+A run is described by one YAML file (or the same keys given as flags), for example:
+
+    model: {model: null, device: cpu, dtype: float32}   # ModelConfig fields; null = built-in default model
+    out: runs/demo
+    seed: 0                                             # given to every stage that has a seed
+    stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES except finetune
+    identify: {operations: [addition], fraction_threshold: 0.1}
+    knockout: {max_k: 16, n_random: 3}
+
+Each stage writes into <out>/<stage>/ and its own metadata.json last. After a stage finishes, its fingerprint
+(a hash of its settings, the model settings, the fingerprints of the stages it reads and the arithmech
+version) is recorded in <out>/pipeline.json; a later run skips a stage whose fingerprint is unchanged and whose
+folder is complete, reruns it otherwise, and so resumes an interrupted run where it stopped (stages that scan
+for long also resume inside themselves from <stage>/.partial). A stage whose code is not in this version is
+reported as unavailable, never faked.
+
+Python API: `load_run_config(path, overrides)` -> RunConfig, `run_pipeline(cfg)` -> {stage: result}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import importlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arithmech.errors import ConfigError
+from arithmech.runs import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: where its code lives and which earlier stages' folders it reads."""
+
+    name: str
+    config: str  # "module:ConfigClass"
+    run: Callable[[Any, Any, Path, Path, bool], Any]  # (handle, cfg, out_dir, run_dir, quiet) -> result
+    needs: tuple[str, ...] = ()
+    default_on: bool = True
+
+
+def _call(target: str, *args: Any, **kwargs: Any) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+def _with(cfg: Any, **changes: Any) -> Any:
+    return dataclasses.replace(cfg, **changes)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("identify", "arithmech.stages.identify:IdentifyConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.identify:identify", h, c, o, quiet=q)),
+    Stage("knockout", "arithmech.stages.knockout:KnockoutConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.knockout:knockout", h,
+                                      _with(c, from_run=str(r / "identify")), o, quiet=q),
+          needs=("identify",)),
+    Stage("transfer", "arithmech.stages.transfer:TransferConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.transfer:transfer", h,
+                                      _with(c, sources=(str(r / "identify"),)), o, quiet=q),
+          needs=("identify",)),
+    Stage("attention", "arithmech.stages.analyze_attention:AttentionConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.analyze_attention:analyze_attention", h, c,
+                                      r / "identify", o, quiet=q),
+          needs=("identify",)),
+    Stage("mlp", "arithmech.stages.analyze_mlp:AnalyzeMlpConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.analyze_mlp:analyze_mlp", h, c, r / "identify", o, quiet=q),
+          needs=("identify",)),
+    Stage("mediation", "arithmech.stages.mediate:MediateConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.mediate:mediate", h, c, o, quiet=q)),
+    Stage("agreement", "arithmech.stages.agreement:AgreementConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.agreement:method_agreement", h,
+                                      _with(c, from_run=str(r / "identify")), o, quiet=q),
+          needs=("identify",)),
+)  # fmt: skip
+"""Every stage in run order. neurons, finetune and evaluate join when their code lands (issues 4 and 5)."""
+
+PLANNED: tuple[str, ...] = ("neurons", "finetune", "evaluate")
+"""Stages a user may name that this version does not have yet."""
+
+_PLACEHOLDER = "<from the pipeline>"
+_INJECTED = {"from_run", "sources"}  # config fields the pipeline fills with upstream folders
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run: the model, the output folder, which stages, and each stage's settings."""
+
+    out: str = field(default="runs/pipeline", metadata={"help": "run folder; each stage gets a subfolder"})
+    model: dict[str, Any] = field(default_factory=dict, metadata={"help": "ModelConfig fields"})
+    seed: int = field(default=0, metadata={"help": "seed given to every stage that has one"})
+    stages: tuple[str, ...] = field(default=(), metadata={"help": "stages to run; default every default-on stage"})
+    settings: dict[str, Any] = field(default_factory=dict, metadata={"help": "stage name -> its config object"})
+
+
+def stage_by_name(name: str) -> Stage:
+    for stage in STAGES:
+        if stage.name == name:
+            return stage
+    if name in PLANNED:
+        raise ConfigError(f"stage {name!r} is not available in this version of arithmech; leave it out of stages")
+    raise ConfigError(f"unknown stage {name!r}{_suggest(name, [s.name for s in STAGES])}")
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; choose from {', '.join(choices)}"
+
+
+def _config_class(stage: Stage) -> type:
+    module, name = stage.config.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _tuples(value: Any) -> Any:
+    """YAML lists -> tuples, since stage configs are frozen dataclasses with tuple fields."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
+def build_stage_config(stage: Stage, values: dict[str, Any], seed: int) -> Any:
+    """The stage's config object from YAML values; an unknown key is named with the closest real one."""
+    cls = _config_class(stage)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in names:
+            raise ConfigError(f"{stage.name} has no setting {key!r}{_suggest(key, names)}")
+    values = _tuples(dict(values))
+    if "seed" in names:
+        values.setdefault("seed", seed)
+    for name in _INJECTED & set(names):
+        values.setdefault(name, _PLACEHOLDER if name == "from_run" else (_PLACEHOLDER,))
+    return cls(**values)
+
+
+def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run description (optional) and apply `overrides` ("identify.max_prompts" -> 32, "out" -> ...)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        source = Path(path)
+        if not source.is_file():
+            raise ConfigError(f"config file {str(source)!r} does not exist; give the path of a YAML file")
+        try:
+            data = yaml.safe_load(source.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(source)!r} is not valid YAML ({err.__class__.__name__})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {str(source)!r} must be a mapping of settings, e.g. 'out: runs/x'")
+    for key, value in (overrides or {}).items():
+        target = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    top = {"out", "model", "seed", "stages"}
+    stage_names = [s.name for s in STAGES] + list(PLANNED)
+    for key in data:
+        if key not in top and key not in stage_names:
+            raise ConfigError(f"unknown config key {key!r}{_suggest(key, sorted(top) + stage_names)}")
+    chosen = data.get("stages") or [s.name for s in STAGES if s.default_on]
+    if isinstance(chosen, str):
+        chosen = chosen.split(",")
+    stages = tuple(str(name).strip() for name in chosen if str(name).strip())
+    for name in stages:
+        stage_by_name(name)
+    model = dict(data.get("model") or {})
+    from arithmech.models.load import ModelConfig
+
+    known = [f.name for f in dataclasses.fields(ModelConfig)]
+    for key in model:
+        if key not in known:
+            raise ConfigError(f"model has no setting {key!r}{_suggest(key, known)}")
+    seed = int(data.get("seed", 0))
+    settings = {s.name: build_stage_config(s, data.get(s.name) or {}, seed) for s in STAGES if s.name in stages}
+    out = str(data.get("out", "runs/pipeline"))
+    return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings)
+
+
+def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[str, str]) -> str:
+    """What decides a stage's result: its settings, the model, the stages it reads, and the code version."""
+    from arithmech import __version__
+
+    payload = {"stage": stage.name, "config": dataclasses.asdict(cfg), "model": model, "upstream": upstream,
+               "version": __version__}  # fmt: skip
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dict[str, Any]:
+    """Run the chosen stages in order into cfg.out, skipping those already done with the same fingerprint.
+
+    Returns {stage: result} for the stages that ran; skipped stages map to their folder's Path. The model is
+    loaded only when a stage has to run (or `handle` is used if given).
+    """
+    run_dir = Path(cfg.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record_path = run_dir / "pipeline.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    done: dict[str, Any] = record.get("stages", {})
+    prints: dict[str, str] = {}
+    results: dict[str, Any] = {}
+    for stage in STAGES:
+        if stage.name not in cfg.stages:
+            continue
+        missing = [n for n in stage.needs if n not in prints and not (run_dir / n / "metadata.json").is_file()]
+        if missing:
+            raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
+        upstream = {n: prints.get(n) or done.get(n, {}).get("fingerprint", "") for n in stage.needs}
+        stage_cfg = cfg.settings[stage.name]
+        mark = fingerprint(stage, stage_cfg, cfg.model, upstream)
+        prints[stage.name] = mark
+        out = run_dir / stage.name
+        if done.get(stage.name, {}).get("fingerprint") == mark and (out / "metadata.json").is_file():
+            logger.info("%s: unchanged since the last run, kept %s", stage.name, out)
+            results[stage.name] = out
+            continue
+        if handle is None:
+            from arithmech.models.load import ModelConfig, load_model
+
+            handle = load_model(ModelConfig(**cfg.model))
+        logger.info("%s: running into %s", stage.name, out)
+        start = time.perf_counter()
+        results[stage.name] = stage.run(handle, stage_cfg, out, run_dir, quiet)
+        done[stage.name] = {"fingerprint": mark, "seconds": round(time.perf_counter() - start, 1),
+                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+        atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})
+    return results

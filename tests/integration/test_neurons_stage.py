@@ -1,0 +1,94 @@
+"""The neurons stage on a tiny model: every table and figure, numbers that match the engines, resume, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithmech.cli import main
+from arithmech.errors import ConfigError
+from arithmech.models.load import ModelConfig, load_model
+from arithmech.stages import neurons as stage
+from arithmech.stages.neurons import NeuronsConfig, neurons
+
+SMALL = {
+    "operations": ("addition", "subtraction"), "max_prompts": 3, "filter_correct": False, "few_shot": 1,
+    "top_heads": 2, "top_neurons": 4, "keep_sizes": (0, 8), "n_random": 2, "lora_steps": 2, "lora_rank": 2,
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_stage_writes_everything(tiny_model_dir, tmp_path: Path) -> None:
+    handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))
+    out = tmp_path / "neurons"
+    result = neurons(handle, NeuronsConfig(**SMALL), out, quiet=True)
+    files = ("head_importance.csv", "specialisation.json", "head_importance.png", "attention_li.csv",
+             "cna_neurons.csv", "pruning.csv", "pruning.png", "lora_coefficients.csv", "metadata.json")  # fmt: skip
+    for name in files:
+        assert (out / name).is_file(), name
+    assert (out / "lora_adapter" / "adapter_config.json").is_file()
+    assert not (out / ".partial").exists()
+    dims = handle.dims
+    importance = list(csv.DictReader((out / "head_importance.csv").open()))
+    assert len(importance) == 2 * dims.n_layers * dims.n_heads
+    row = importance[dims.n_heads + 1]  # addition, head 1.1
+    assert float(row["prob_drop"]) == pytest.approx(float(result.importance.prob_drop[0, dims.n_heads + 1]), abs=1e-5)
+    spec = json.loads((out / "specialisation.json").read_text())
+    assert set(spec["top"]) == {"addition", "subtraction"} and all(len(v) == 2 for v in spec["top"].values())
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["head"] == spec["top"]["addition"][0]  # default key head: the most important on the first op
+    assert meta["layers"] == list(range(dims.n_layers - 1, dims.n_layers))  # the last third of 3 layers
+    pruning = list(csv.DictReader((out / "pruning.csv").open()))
+    assert [int(r["keep"]) for r in pruning] == [0, 8]
+    cna = list(csv.DictReader((out / "cna_neurons.csv").open()))
+    assert len(cna) == 4 and float(cna[0]["cna"]) >= float(cna[-1]["cna"])
+    assert float(cna[0]["cna"]) == pytest.approx(float(cna[0]["li_intact"]) - float(cna[0]["li_zeroed"]), abs=1e-4)
+
+
+def test_a_finished_step_is_not_recomputed(tiny_model_dir, tmp_path: Path, monkeypatch) -> None:
+    handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))
+    out = tmp_path / "n"
+    cfg = NeuronsConfig(**{**SMALL, "lora": False})
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    import arithmech.neurons as engines
+
+    monkeypatch.setattr(engines, "pruning_sweep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        neurons(handle, cfg, out, quiet=True)
+    assert len(list((out / ".partial").glob("*-importance.pt"))) == 1
+    monkeypatch.undo()
+
+    def no_rescan(*_a, **_k):
+        raise AssertionError("head importance was recomputed")
+
+    monkeypatch.setattr(engines, "head_importance", no_rescan)
+    neurons(handle, cfg, out, quiet=True)
+    assert (out / "metadata.json").is_file() and not (out / "lora_coefficients.csv").exists()
+
+
+def test_bad_settings(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    with pytest.raises(ConfigError, match="prune_by"):
+        NeuronsConfig(prune_by="magic")
+    with pytest.raises(ConfigError, match="operations"):
+        NeuronsConfig(operations=("modulo",))
+    handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))
+    with pytest.raises(ConfigError, match="does not exist"):
+        neurons(handle, NeuronsConfig(**{**SMALL, "layers": (7,)}), tmp_path / "x", quiet=True)
+    model = str(tiny_model_dir("llama"))
+    assert main(["neurons", "--model", model, "--head", "mlp.1", "--no-filter-correct", "--quiet"]) == 2
+    assert "not 'mlp.1'" in capsys.readouterr().err
+    assert stage.PRUNE_SCORES == ("cna", "li")
