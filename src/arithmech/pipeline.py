@@ -50,6 +50,8 @@ class Stage:
     run: Callable[[Any, Any, Path, Path, bool], Any]  # (handle, cfg, out_dir, run_dir, quiet) -> result
     needs: tuple[str, ...] = ()
     default_on: bool = True
+    reads: tuple[str, ...] = ()
+    """Stages whose results are used when present (part of the fingerprint then), but not required."""
 
 
 def _call(target: str, *args: Any, **kwargs: Any) -> Any:
@@ -85,11 +87,52 @@ STAGES: tuple[Stage, ...] = (
           lambda h, c, o, r, q: _call("arithmech.stages.agreement:method_agreement", h,
                                       _with(c, from_run=str(r / "identify")), o, quiet=q),
           needs=("identify",)),
+    Stage("neurons", "arithmech.stages.neurons:NeuronsConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.neurons:neurons", h, c, o, quiet=q)),
+    Stage("finetune", "arithmech.stages.finetune:FinetuneConfig",
+          lambda h, c, o, r, q: _finetune(h, c, o, r, q), needs=("identify",), default_on=False),
+    Stage("evaluate", "arithmech.stages.evaluate:EvaluateConfig",
+          lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
-"""Every stage in run order. neurons, finetune and evaluate join when their code lands (issues 4 and 5)."""
+"""Every stage in run order. finetune is off unless named in `stages` (it is the slow one)."""
 
-PLANNED: tuple[str, ...] = ("neurons", "finetune", "evaluate")
+PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
+
+
+def _finetune(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:
+    """Train into <run>/finetune on a copy of the model, so later stages still see the base model."""
+    import copy
+
+    from arithmech.models.load import ModelHandle
+
+    tuned = copy.deepcopy(handle.model)
+    copy_handle = ModelHandle(tuned, handle.tokenizer, type(handle.view)(tuned, handle.view.spec), handle.source)
+    changes = {"from_run": str(run_dir / "identify")} if not cfg.components else {}
+    return _call("arithmech.stages.finetune:finetune", copy_handle, _with(cfg, **changes), out, quiet=quiet)
+
+
+def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:
+    """The base model into <run>/evaluate/base; with a finetune result, also the tuned model into
+    <run>/evaluate/tuned (its delta applied to a copy; general-text KL measured against the base model)."""
+    import copy
+
+    from arithmech.models.load import ModelHandle
+
+    results = {"base": _call("arithmech.stages.evaluate:evaluate_stage", handle, cfg, out / "base", quiet=quiet)}
+    delta = run_dir / "finetune"
+    if (delta / "delta.json").is_file():
+        from arithmech.finetune.delta import apply_delta
+
+        tuned = apply_delta(copy.deepcopy(handle.model), delta)
+        tuned_handle = ModelHandle(tuned, handle.tokenizer, type(handle.view)(tuned, handle.view.spec), handle.source)
+        results["tuned"] = _call("arithmech.stages.evaluate:evaluate_stage", tuned_handle, cfg, out / "tuned",
+                                 quiet=quiet, base_handle=handle)  # fmt: skip
+    from arithmech.runs import atomic_write_json
+
+    atomic_write_json(out / "metadata.json", {"stage": "evaluate", "models": sorted(results)})
+    return results
+
 
 _PLACEHOLDER = "<from the pipeline>"
 _INJECTED = {"from_run", "sources"}  # config fields the pipeline fills with upstream folders
@@ -220,7 +263,8 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
         missing = [n for n in stage.needs if n not in prints and not (run_dir / n / "metadata.json").is_file()]
         if missing:
             raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
-        upstream = {n: prints.get(n) or done.get(n, {}).get("fingerprint", "") for n in stage.needs}
+        used = [*stage.needs, *(n for n in stage.reads if n in prints or (run_dir / n / "metadata.json").is_file())]
+        upstream = {n: prints.get(n) or done.get(n, {}).get("fingerprint", "") for n in used}
         stage_cfg = cfg.settings[stage.name]
         mark = fingerprint(stage, stage_cfg, cfg.model, upstream)
         prints[stage.name] = mark

@@ -82,7 +82,6 @@ def test_interrupted_run_resumes_at_the_stage_that_stopped(tiny_model_dir, tmp_p
         ({"knockout": {"max_kk": 3}}, "knockout has no setting 'max_kk'; did you mean 'max_k'?"),
         ({"knockot": {}}, "unknown config key 'knockot'; did you mean 'knockout'?"),
         ({"stages": ["identify", "knockoutt"]}, "unknown stage 'knockoutt'; did you mean 'knockout'?"),
-        ({"stages": ["identify", "finetune"]}, "stage 'finetune' is not available in this version"),
         ({"model": {"modle": "x"}}, "model has no setting 'modle'; did you mean 'model'?"),
     ],
 )
@@ -115,3 +114,32 @@ def test_a_stage_needs_its_inputs(tiny_model_dir, tmp_path: Path) -> None:
 def test_shipped_configs_are_valid(name: str) -> None:
     cfg = load_run_config(Path(__file__).parents[2] / "configs" / name)
     assert cfg.stages and set(cfg.stages) == set(cfg.settings)
+
+
+def test_finetune_then_evaluate_in_one_run(tiny_model_dir, tmp_path: Path) -> None:
+    """finetune trains a copy (the base model is untouched for later stages); evaluate scores base and tuned."""
+    model = tiny_model_dir("llama")
+    data = tmp_path / "train.jsonl"
+    bench = tmp_path / "bench.jsonl"
+    rows = [{"id": f"t{i}", "question": f"What is {i} plus 1?", "answer": str(i + 1), "rationale": f"{i} + 1."}
+            for i in range(8)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    settings = {
+        "identify": SETTINGS["identify"],
+        "finetune": {"top_k": 2, "data": str(data), "batch_size": 4, "micro_batch_size": 4, "max_steps": 1,
+                     "target": "answer", "chat_template": False, "lr": 0.01},
+        "evaluate": {"benchmarks": [str(bench)], "n_shot": 0, "max_new_tokens": 3},
+    }  # fmt: skip
+    cfg = load_run_config(None, {"out": str(tmp_path / "run"), "model": {"model": str(model)},
+                                 "stages": "identify,finetune,evaluate", **settings})  # fmt: skip
+    results = run_pipeline(cfg, quiet=True)
+    run = tmp_path / "run"
+    assert (run / "finetune" / "delta.json").is_file()
+    assert set(results["evaluate"]) == {"base", "tuned"}
+    for which in ("base", "tuned"):
+        assert (run / "evaluate" / which / "results.csv").is_file()
+    stamp = (run / "evaluate" / "metadata.json").stat().st_mtime_ns
+    again = run_pipeline(cfg, quiet=True)
+    assert all(isinstance(v, Path) for v in again.values())
+    assert (run / "evaluate" / "metadata.json").stat().st_mtime_ns == stamp

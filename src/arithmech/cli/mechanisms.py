@@ -14,7 +14,38 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
+from arithmech.stages.mediate import MediateConfig
 from arithmech.stages.neurons import NeuronsConfig
+
+
+@app.command("mediate")
+@model_options
+@config_command(MediateConfig)
+def mediate_command(
+    cfg: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/mediate-<time>.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """Causal mediation: indirect effect of every MLP and attention output per layer and position (Stolfo et al.)."""
+    setup_logging(quiet)
+    from arithmech.data.mediation_prompts import POSITION_CLASSES
+    from arithmech.stages.mediate import mediate
+
+    handle = load()
+    result = mediate(handle, cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), quiet=quiet)
+    last = POSITION_CLASSES.index("last")
+    for task, res in result.results.items():
+        table = res.by_class("median")  # [component, layer, class]
+        peaks = []
+        for c, name in enumerate(res.components):
+            layer = int(table[c, :, last].nan_to_num(float("-inf")).argmax())
+            peaks.append(f"{name} layer {res.layers[layer]} ({float(table[c, layer, last]):.2f})")
+        typer.echo(f"{task:15s} last-token median IE peaks: {', '.join(peaks)}; TE {res.total_effect.median():.2f}")
+    for (a, b), overlap in result.overlaps.items():
+        if a < b:
+            typer.echo(f"top-{cfg.neuron_k} neuron overlap at layer {result.neuron_layer}: {a} vs {b} {overlap:.0%}")
+    typer.echo(f"results in {result.out_dir}")
 
 
 @app.command("neurons")

@@ -6,6 +6,11 @@ whether the cells that carry the arithmetic result (typically late-layer MLPs at
 for the comparison tasks. Rows are components (MLP, attention), each with its own symmetric colour scale
 shared by every task in the row, since MLP and attention effects can differ by orders of magnitude.
 
+The scale is symmetric-logarithmic (linear within ±`linthresh`, default 0.01): IE is a ratio of
+probabilities and has heavy tails. On SmolLM2-135M with 4 pairs per task, most cells lie within ±1 while a
+few reach 1e3-1e5 (a base prompt giving r' a probability near 0 makes (P*(r') - P(r')) / P(r') explode, above
+all for facts), so a linear scale shows one dark cell and white elsewhere.
+
 The colour map is ColorBrewer's RdBu (reversed): diverging, safe under the common colour-vision deficiencies,
 white at IE = 0, red where the intervention moves probability from r to r' (the component carries the
 result), blue for the opposite. Grey cells have no value (a class absent from a task, e.g. operand2 in facts).
@@ -34,6 +39,7 @@ def mediation_heatmaps(
     n_pairs: Mapping[str, int] | None = None,
     label: str = "indirect effect",
     classes: Sequence[str] = POSITION_CLASSES,
+    linthresh: float = 0.01,
 ) -> None:
     """Write a grid of heatmaps: one row per component, one column per task (in the order of `tables`).
 
@@ -44,6 +50,7 @@ def mediation_heatmaps(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize, SymLogNorm
 
     tasks = list(tables)
     n_rows, n_cols = len(components), len(tasks)
@@ -63,15 +70,18 @@ def mediation_heatmaps(
         grids = [np.asarray(tables[task], dtype=float)[row] for task in tasks]  # each [layer, class]
         finite = np.concatenate([grid[np.isfinite(grid)] for grid in grids])
         limit = float(np.abs(finite).max()) if finite.size else 0.0
-        limit = limit or 1.0  # an all-zero row still gets a valid scale
+        if limit > 10 * linthresh:  # heavy tails: log beyond ±linthresh
+            norm: Normalize = SymLogNorm(linthresh, vmin=-limit, vmax=limit, base=10)
+            scale = f" (log scale beyond ±{linthresh:g})"
+        else:
+            norm, scale = Normalize(-(limit or 1.0), limit or 1.0), ""  # an all-zero row still gets a scale
         image = None
         for col, (task, grid) in enumerate(zip(tasks, grids, strict=True)):
             ax = axes[row, col]
             image = ax.imshow(
                 np.ma.masked_invalid(grid),
                 cmap=cmap,
-                vmin=-limit,
-                vmax=limit,
+                norm=norm,
                 aspect="auto",
                 origin="lower",
                 interpolation="nearest",
@@ -85,7 +95,7 @@ def mediation_heatmaps(
             if col == 0:
                 ax.set_ylabel(f"{COMPONENT_LABELS.get(component, component)}: layer", fontsize=7)
         colorbar = fig.colorbar(image, ax=list(axes[row]), shrink=0.9)
-        colorbar.set_label(label, fontsize=7)
+        colorbar.set_label(label + scale, fontsize=7)
         colorbar.ax.tick_params(labelsize=6)
     fig.suptitle(title, fontsize=9)
     save_figure(fig, path)

@@ -155,4 +155,3 @@ def read_mediation_run(run_dir: str | Path) -> MediationRun:
     with (path / "neuron_overlap.csv").open() as handle:
         overlaps = {(r["task_a"], r["task_b"]): float(r["overlap"]) for r in csv.DictReader(handle)}
     return MediationRun(path, tasks, components, layers, mean, median, n_pairs, totals, overlaps, metadata)
-
