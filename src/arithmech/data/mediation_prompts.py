@@ -61,7 +61,7 @@ TASKS: tuple[str, ...] = (*OPERATIONS, "retrieval", "factual")
 FORMATS: tuple[str, ...] = ("qa", "statement", "equation")
 INTERVENTIONS: tuple[str, ...] = ("operands-and-result", "operands-same-result", "operator")
 POSITION_CLASSES: tuple[str, ...] = ("early", "operand1", "middle", "operand2", "late", "last")
-_APPLICABLE = {
+APPLICABLE = {
     **{op: INTERVENTIONS for op in OPERATIONS},
     "retrieval": ("operands-and-result", "operands-same-result"),
     "factual": ("operands-and-result",),
@@ -203,7 +203,7 @@ def generate_mediation_pairs(
     pairs: list[MediationPair] = []
     skipped: list[str] = []
     for task in cfg.tasks:
-        for intervention in (i for i in cfg.interventions if i in _APPLICABLE[task]):
+        for intervention in (i for i in cfg.interventions if i in APPLICABLE[task]):
             for tid, fmt, make in _sources(task, cfg, templates, facts):
                 rng = random.Random(f"{cfg.seed}:{tid}:{intervention}")
                 try:

@@ -54,8 +54,8 @@ from typing import Any
 
 import torch
 
-from arithmech.data.mediation_prompts import _APPLICABLE as APPLICABLE
 from arithmech.data.mediation_prompts import (
+    APPLICABLE,
     FORMATS,
     INTERVENTIONS,
     POSITION_CLASSES,
