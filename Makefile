@@ -38,14 +38,14 @@ demo: venv
 	@echo "demo results in $(DEMO)/ (identify), $(DEMO)/knockout, $(DEMO)/attention, $(DEMO)/mlp"
 
 test: venv
-	$(VENV)/bin/ruff check src tests benchmarks experiments
+	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 	$(PY) -m pytest -q
 
 bench: venv
 	$(PY) benchmarks/path_patching.py
 
 lint: venv
-	$(VENV)/bin/ruff check src tests benchmarks experiments
+	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 
 clean-venv:
 	rm -rf $(VENV)
