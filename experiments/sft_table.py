@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--eval-limit", type=int, default=10, help="rows per math benchmark")
     parser.add_argument("--general-limit", type=int, default=40, help="rows of MMLU and CommonsenseQA")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--n-shot", type=int, default=8, help="chain-of-thought exemplars before each math question")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     out = Path(args.out)
@@ -61,7 +62,8 @@ def main() -> None:
             target = folder / f"eval-{group}"
             if not (target / "metadata.json").is_file():
                 delta = ["--delta", str(folder)] if how else []
-                _run(["evaluate", *delta, "--benchmarks", ",".join(benches), "--limit", str(limit),
+                shots = ["--n-shot", str(args.n_shot)] if group == "math" else []
+                _run(["evaluate", *delta, *shots, "--benchmarks", ",".join(benches), "--limit", str(limit),
                       "--max-new-tokens", str(args.max_new_tokens), "--base-model", "default", "--device",
                       args.device, "--out", str(target)])  # fmt: skip
         rows.append(_row(name, folder))

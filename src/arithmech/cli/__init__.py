@@ -19,7 +19,7 @@ import sys
 
 import typer
 
-from arithmech.cli import analyze, identify, improve, mechanisms, pipeline, validate  # noqa: F401  (each registers its commands)
+from arithmech.cli import analyze, identify, improve, mechanisms, pipeline, report, validate  # noqa: F401  (each registers its commands)
 from arithmech.cli.app import app
 from arithmech.errors import ArithmechError
 

@@ -1,4 +1,8 @@
-"""`arithmech identify`: path-patch every head and MLP and write the key components."""
+"""`arithmech identify`: path-patch every head and MLP and write the key components.
+
+Under `accelerate launch --num_processes N -m arithmech.cli identify ...` the prompts are split over the
+processes (each on its own GPU with --device cuda) and rank 0 writes the run folder and prints the summary.
+"""
 
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def identify(
 ) -> None:
     """Path-patch every attention head and MLP at the last token and write the key components."""
     setup_logging(quiet)
+    from arithmech import distributed
     from arithmech.stages.identify import IdentifyConfig
     from arithmech.stages.identify import identify as run_identify
 
@@ -87,10 +92,11 @@ def identify(
             from arithmech.data import load_templates
 
             load_templates(cfg.templates_file)
-    handle = load()
+    handle = distributed.local_device(load)()
     out_dir = out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S")
     result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
-    _print_identify_summary(result)
+    if distributed.is_main():
+        _print_identify_summary(result)
 
 
 def _print_identify_summary(result: object) -> None:

@@ -6,7 +6,6 @@ Their options are generated from FinetuneConfig and EvaluateConfig (cli/config_o
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,14 +19,6 @@ from arithmech.stages.evaluate import EvaluateConfig
 from arithmech.stages.finetune import FinetuneConfig
 
 
-def _local_device(load: Any) -> Any:
-    """Under a multi-process GPU launch, put each process's model on its own GPU (LOCAL_RANK)."""
-    rank = os.environ.get("LOCAL_RANK")
-    if rank is not None and load.keywords.get("device") in ("cuda", "auto"):
-        return lambda: load.func(**{**load.keywords, "device": f"cuda:{rank}"})
-    return load
-
-
 @app.command()
 @model_options
 @config_command(FinetuneConfig, flags={"from_run": "--from"})
@@ -39,9 +30,10 @@ def finetune(
 ) -> None:
     """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines."""
     setup_logging(quiet)
+    from arithmech.distributed import local_device
     from arithmech.stages.finetune import finetune as run_finetune
 
-    handle = _local_device(load)()
+    handle = local_device(load)()
     out_dir = out or Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
     result = run_finetune(handle, cfg, out_dir, quiet=quiet)
     meta = result.metadata

@@ -1,6 +1,7 @@
 """`arithmech mediate` and `arithmech neurons`: the methods of Stolfo et al. and of Yu & Ananiadou.
 
-Options are generated from MediateConfig and NeuronsConfig (cli/config_options.py).
+Options are generated from MediateConfig and NeuronsConfig (cli/config_options.py). mediate splits its pairs
+over the processes of `accelerate launch`; rank 0 writes and prints.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ def mediate_command(
 ) -> None:
     """Causal mediation: indirect effect of every MLP and attention output per layer and position (Stolfo et al.)."""
     setup_logging(quiet)
+    from arithmech import distributed
     from arithmech.data.mediation_prompts import POSITION_CLASSES
     from arithmech.stages.mediate import mediate
 
-    handle = load()
+    handle = distributed.local_device(load)()
     result = mediate(handle, cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), quiet=quiet)
+    if not distributed.is_main():
+        return
     last = POSITION_CLASSES.index("last")
     for task, res in result.results.items():
         table = res.by_class("median")  # [component, layer, class]

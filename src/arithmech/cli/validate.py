@@ -1,4 +1,7 @@
-"""`arithmech knockout` and `arithmech transfer`: do the key components matter, and elsewhere too?"""
+"""`arithmech knockout` and `arithmech transfer`: do the key components matter, and elsewhere too?
+
+knockout splits its prompts over the processes of `accelerate launch`; rank 0 writes and prints.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ def knockout(
 ) -> None:
     """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
     setup_logging(quiet)
+    from arithmech import distributed
     from arithmech.stages.knockout import KnockoutConfig, summarize
     from arithmech.stages.knockout import knockout as run_knockout
 
@@ -50,9 +54,11 @@ def knockout(
         batch_size=batch_size,
         seed=seed,
     )
-    handle = load()
+    handle = distributed.local_device(load)()
     out_dir = out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S")
     result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    if not distributed.is_main():
+        return
     base = next(r for r in result.rows if r.ranking == "none")
     typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")

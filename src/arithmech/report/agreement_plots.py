@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 
+@styled
 def agreement_matrices(rows: list[dict[str, Any]], methods: list[str], path: Path, title: str) -> None:
     """One panel per level (heads, layers): Spearman of each pair of methods, annotated with top-10 overlap.
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 ROLE_COLOURS: dict[str, str] = {
     "A": "#D55E00",  # vermillion
@@ -23,6 +24,7 @@ ROLE_COLOURS: dict[str, str] = {
 }
 
 
+@styled
 def role_bar_chart(
     heads: Sequence[str],
     scores: np.ndarray,
@@ -64,6 +66,7 @@ def role_bar_chart(
     save_figure(fig, path)
 
 
+@styled
 def attention_examples(
     examples: Sequence[dict[str, Any]],
     heads: Sequence[str],

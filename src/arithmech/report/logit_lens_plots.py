@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 _BLUE, _ORANGE, _GREEN, _VERMILLION = "#0072B2", "#E69F00", "#009E73", "#D55E00"
 
 
+@styled
 def mlp_cosine_curves(
     layers: Sequence[int],
     mean: Mapping[str, np.ndarray],
@@ -67,6 +69,7 @@ def _rank_text(rank: int) -> str:
     return f"{rank // 1000}k"
 
 
+@styled
 def update_rank_heatmap(
     ranks: np.ndarray,
     layers: Sequence[int],

@@ -26,10 +26,12 @@ import numpy as np
 
 from arithmech.data.mediation_prompts import POSITION_CLASSES
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 COMPONENT_LABELS: dict[str, str] = {"mlp": "MLP", "attn": "attention"}
 
 
+@styled
 def mediation_heatmaps(
     tables: Mapping[str, np.ndarray],
     components: Sequence[str],

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 
+@styled
 def importance_heatmaps(importance: Any, dims: dict[str, Any], path: Path, title: str) -> None:
     """One layer x head panel per operation: drop of P(original top token) with the head zeroed.
 
@@ -43,6 +45,7 @@ def importance_heatmaps(importance: Any, dims: dict[str, Any], path: Path, title
     save_figure(fig, path, dpi=130, bbox_inches="tight")
 
 
+@styled
 def pruning_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Accuracy with only the top-scored neurons kept vs the same number of random ones (mean +- sd)."""
     import matplotlib

@@ -7,19 +7,32 @@ from typing import Any
 
 import numpy as np
 
+from arithmech.report.style import FILE_PARAMS, styled
 from arithmech.runs import atomic_open
 
 
 def save_figure(fig: Any, path: str | Path, **savefig_kwargs: Any) -> None:
-    """Write a figure atomically in the format its suffix names (png, svg, pdf), then close it."""
+    """Write a figure atomically in the format its suffix names (png, svg, pdf), then close it.
+
+    A .png path also gets the same figure as .svg beside it (for papers), drawn with the arithmech style's
+    file settings (report/style.py: text kept as text, fixed ids); each file is written atomically.
+    """
+    import matplotlib
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    with atomic_open(path, "wb") as handle:
-        fig.savefig(handle, format=path.suffix.lstrip(".") or "png", **savefig_kwargs)
-    plt.close(fig)
+    targets = [path, path.with_suffix(".svg")] if path.suffix.lower() == ".png" else [path]
+    try:
+        for target in targets:
+            fmt = target.suffix.lstrip(".").lower() or "png"
+            kwargs = {"metadata": {"Date": None}, **savefig_kwargs} if fmt == "svg" else savefig_kwargs
+            with matplotlib.rc_context(FILE_PARAMS), atomic_open(target, "wb") as handle:
+                fig.savefig(handle, format=fmt, **kwargs)
+    finally:
+        plt.close(fig)
 
 
+@styled
 def effect_heatmap(
     head_effects: np.ndarray, mlp_effects: np.ndarray, path: Path, title: str, annotate_top: int = 8
 ) -> None:
@@ -60,6 +73,7 @@ def effect_heatmap(
     save_figure(fig, path)
 
 
+@styled
 def knockout_curves(
     summary: list[dict[str, float]], base_accuracy: float, base_prob: float, path: Path, title: str
 ) -> None:

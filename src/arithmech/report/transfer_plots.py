@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from arithmech.report.plots import save_figure
+from arithmech.report.style import styled
 
 
+@styled
 def transfer_heatmap(
     sources: Sequence[str],
     targets: Sequence[str],

@@ -13,12 +13,14 @@ import logging
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from arithmech import distributed
 from arithmech.analysis.accuracy import predict_at_end
 from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
@@ -36,7 +38,7 @@ from arithmech.data import (
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
-from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch, resume_key
+from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, path_patch, resume_key
 from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
@@ -226,26 +228,44 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         "method": cfg.method,
         "agreement": agreement,
         "timings": timings,
+        "processes": distributed.world_size(),
         "versions": package_versions(),
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_identify_outputs(out, handle, patch, key, tokenized.pairs, accuracy, metadata, attribution if exact else None)
+    if distributed.is_main():
+        write_identify_outputs(
+            out, handle, patch, key, tokenized.pairs, accuracy, metadata, attribution if exact else None
+        )
+    distributed.barrier()  # the other processes return only once the folder is complete
     return IdentifyResult(patch, key, tokenized.pairs, accuracy, out, metadata)
 
 
 def _patch_with_progress(
     handle: ModelHandle, batch: PatchingBatch, cfg: IdentifyConfig, out: Path, quiet: bool
 ) -> PatchResult:
-    """Path patching with a progress bar; finished chunks are kept in out/.partial so a rerun resumes."""
+    """Path patching with a progress bar; finished chunks are kept in out/.partial so a rerun resumes.
+
+    Under a multi-process launch each process patches its own chunks (`distributed.shard_bounds`, cut at chunk
+    boundaries, so the numbers are those of one process) into its own resume folder, and gets everyone's.
+    """
     from tqdm.auto import tqdm
 
     identity = json.dumps(handle.source, sort_keys=True, default=str)
     partial = out / ".partial" / resume_key(batch, cfg.variant, cfg.batch_size, identity)
+    lo, hi = distributed.shard_bounds(len(batch), unit=cfg.batch_size)
+    if (lo, hi) != (0, len(batch)):
+        partial = partial / f"prompts-{lo}-{hi}"  # one folder per shard: processes never share a chunk file
     if partial.exists():
         logger.info("resuming from %d saved chunks in %s", len(list(partial.glob("chunk-*.pt"))), partial)
-    with tqdm(total=len(batch), desc=f"{cfg.variant} patching", unit="prompt", disable=quiet) as bar:
-        return path_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update, resume_dir=partial)  # type: ignore[arg-type]
+    variant = cast(Variant, cfg.variant)  # checked in IdentifyConfig.__post_init__
+    show = not quiet and distributed.is_main()
+    with tqdm(total=hi - lo, desc=f"{cfg.variant} patching", unit="prompt", disable=not show) as bar:
+
+        def scan(mine: PatchingBatch) -> PatchResult:
+            return path_patch(handle.view, mine, variant, cfg.batch_size, bar.update, resume_dir=partial)
+
+        return _sharded(batch, lo, hi, scan)
 
 
 def _attribute_with_progress(
@@ -253,8 +273,31 @@ def _attribute_with_progress(
 ) -> PatchResult:
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(batch), desc=f"attribution ({cfg.variant})", unit="prompt", disable=quiet) as bar:
-        return attribution_patch(handle.view, batch, cfg.variant, cfg.batch_size, bar.update)  # type: ignore[arg-type]
+    lo, hi = distributed.shard_bounds(len(batch), unit=cfg.batch_size)
+    variant = cast(Variant, cfg.variant)  # checked in IdentifyConfig.__post_init__
+    show = not quiet and distributed.is_main()
+    with tqdm(total=hi - lo, desc=f"attribution ({cfg.variant})", unit="prompt", disable=not show) as bar:
+
+        def scan(mine: PatchingBatch) -> PatchResult:
+            return attribution_patch(handle.view, mine, variant, cfg.batch_size, bar.update)
+
+        return _sharded(batch, lo, hi, scan)
+
+
+def _sharded(batch: PatchingBatch, lo: int, hi: int, scan: Callable[[PatchingBatch], PatchResult]) -> PatchResult:
+    """`scan` of prompts lo..hi and, under a multi-process launch, every process's results in prompt order."""
+    if distributed.world_size() == 1:
+        return scan(batch)
+    distributed.check_same("reference sets", batch.ref_ids, batch.cf_ids, batch.end, batch.answer_ids)
+    mine = [scan(batch.select(slice(lo, hi)))] if hi > lo else []  # a shard is empty with fewer chunks than ranks
+    parts: list[PatchResult] = distributed.gather(mine)  # rank order = prompt order
+    return PatchResult(
+        components=parts[0].components,
+        per_prompt=torch.cat([p.per_prompt for p in parts], dim=1),  # [component, batch]
+        ref_logit=torch.cat([p.ref_logit for p in parts]),
+        cf_logit=torch.cat([p.cf_logit for p in parts]),
+        variant=parts[0].variant,
+    )
 
 
 def effects_csv(patch: PatchResult, key: KeyComponents) -> str:

@@ -8,16 +8,21 @@ as identify does). Writes knockout.csv, knockout_summary.csv, knockout.png and m
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.errors import ConfigError
-from arithmech.knockout.ablation import ABLATION_MODES, ablation_sources, alignment_groups
+from arithmech.knockout.ablation import ABLATION_MODES, AblationSources, ablation_sources, alignment_groups
 from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
@@ -90,21 +95,23 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     groups = alignment_groups([p.template_id for p in t.pairs], t.end + 1)
-    sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)
+    sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)  # whole set
     n_configs = 1 + len(k_values(cfg.max_k)) * (1 + cfg.n_random)
-    with tqdm(total=n_configs * len(batch), desc="knockout", unit="row", disable=quiet) as bar:
-        rows = knockout_sweep(
-            handle.view,
-            batch,
-            sources,
-            ranked,
-            pool,
-            cfg.max_k,
-            cfg.n_random,
-            cfg.seed,
-            cfg.batch_size,
-            bar.update,
-        )
+    lo, hi = distributed.shard_bounds(len(batch))
+    show = not quiet and distributed.is_main()
+    with tqdm(total=n_configs * (hi - lo), desc="knockout", unit="row", disable=not show) as bar:
+
+        def sweep(mine: PatchingBatch, mine_sources: AblationSources) -> list[SweepRow]:
+            return knockout_sweep(
+                handle.view, mine, mine_sources, ranked, pool, cfg.max_k, cfg.n_random, cfg.seed, cfg.batch_size,
+                bar.update,
+            )  # fmt: skip
+
+        if distributed.world_size() == 1:
+            rows = sweep(batch, sources)
+        else:
+            distributed.check_same("knockout inputs", batch.ref_ids, batch.answer_ids, [c.name for c in ranked])
+            rows = _sharded_sweep(batch, sources, lo, hi, sweep)
     metadata = {
         "stage": "knockout",
         "model": handle.source,
@@ -113,12 +120,45 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "seed": cfg.seed,
         "counts": {"prompts": len(batch), "configurations": n_configs},
         "timings": {"knockout_s": time.perf_counter() - start},
+        "processes": distributed.world_size(),
         "versions": package_versions(),
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_knockout_outputs(out, rows, metadata, handle.source.get("model", "?"), cfg)
+    if distributed.is_main():
+        write_knockout_outputs(out, rows, metadata, handle.source.get("model", "?"), cfg)
+    distributed.barrier()  # the other processes return only once the folder is complete
     return KnockoutResult(rows, ranked, out, metadata)
+
+
+def _sharded_sweep(
+    batch: PatchingBatch,
+    sources: AblationSources,
+    lo: int,
+    hi: int,
+    sweep: Callable[[PatchingBatch, AblationSources], list[SweepRow]],
+) -> list[SweepRow]:
+    """The sweep over prompts lo..hi, merged over processes into the rows of the whole set.
+
+    Per configuration each process contributes its prompt count n_r, answered count (accuracy_r * n_r, an
+    integer) and answer-probability sum (mean_prob_r * n_r); accuracy is their count over n, rounded to
+    float32 as one process does, and mean_prob their sum over n (within float32 rounding of one process).
+    """
+    mine = [] if hi == lo else [(hi - lo, sweep(batch.select(slice(lo, hi)), _prompts_of(sources, lo, hi)))]
+    parts: list[tuple[int, list[SweepRow]]] = distributed.gather(mine)
+    n = sum(count for count, _ in parts)
+    merged = []
+    for i, row in enumerate(parts[0][1]):
+        answered = sum(round(rows[i].accuracy * count) for count, rows in parts)
+        prob = sum(rows[i].mean_prob * count for count, rows in parts)
+        accuracy = float(torch.tensor(answered, dtype=torch.float32) / n)  # as correct.float().mean()
+        merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob / n))
+    return merged
+
+
+def _prompts_of(sources: AblationSources, lo: int, hi: int) -> AblationSources:
+    """The sources of prompts lo..hi (each tensor's first dimension is the prompt)."""
+    return AblationSources([t[lo:hi] for t in sources.z], [t[lo:hi] for t in sources.mlp], sources.positions[lo:hi])
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:

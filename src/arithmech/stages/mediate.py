@@ -32,6 +32,11 @@ Resume
     settings that change the numbers and the token ids); a rerun into the same folder reuses them, and the
     folder is removed when the run completes.
 
+Several processes (`accelerate launch`)
+    Every process builds all pairs; each measures a contiguous slice of every task's pairs (saved as
+    <task>-pairs<lo>-<hi>-<key>.pt), and the per-pair results are gathered in pair order, so every process
+    holds exactly what one process computes (pairs are independent forward passes). Rank 0 writes the folder.
+
 Usage
     >>> result = mediate(handle, MediateConfig(tasks=("addition", "retrieval", "factual")), "runs/mediate")
     >>> read_mediation_run("runs/mediate").mean["addition"]     # [component, layer, class]
@@ -54,6 +59,7 @@ from typing import Any
 
 import torch
 
+from arithmech import distributed
 from arithmech.data.mediation_prompts import (
     APPLICABLE,
     FORMATS,
@@ -239,16 +245,21 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
         items[task], counts[task] = mediation_items(handle.tokenizer, cfg, task)
     timings: dict[str, float] = {"pairs_s": time.perf_counter() - start}
     identity = json.dumps(handle.source, sort_keys=True, default=str)
-    n_items = sum(len(v) for v in items.values())
+    shards = {task: distributed.shard_bounds(len(task_items)) for task, task_items in items.items()}
+    n_mine = sum(hi - lo for lo, hi in shards.values())
+    if distributed.world_size() > 1:
+        distributed.check_same("mediation pairs", [item.pair.to_dict() for v in items.values() for item in v])
     results: dict[str, MediationResult] = {}
     neurons: dict[str, torch.Tensor] = {}
-    with tqdm(total=n_items * (2 if cfg.neuron_k else 1), desc="mediation", unit="pair", disable=quiet) as bar:
+    show = not quiet and distributed.is_main()
+    with tqdm(total=n_mine * (2 if cfg.neuron_k else 1), desc="mediation", unit="pair", disable=not show) as bar:
         saved = _Partial(out / ".partial", bar, timings)
         for task in cfg.tasks:
             bar.set_description(f"mediation: {task}")
             key = resume_key(identity, cfg, task, items[task])
-            run = partial(_mediation_dict, handle, items[task], layers, cfg, bar.update)
-            results[task] = _from_dict(saved.load_or_run(f"{task}-mediation", key, len(items[task]), run))
+            run = partial(_mediation_dict, handle, layers, cfg, bar.update)
+            parts = _sharded(saved, f"{task}-mediation", key, items[task], shards[task], run)
+            results[task] = _merge_mediation(parts)
         layer = cfg.neuron_layer
         if cfg.neuron_k and layer is None:
             first = next((t for t in cfg.tasks if t in OPERATIONS), cfg.tasks[0])
@@ -258,8 +269,9 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
             assert layer is not None
             bar.set_description(f"neurons: {task}")
             key = resume_key(identity, cfg, task, items[task])
-            run = partial(_neuron_dict, handle, items[task], layer, cfg, bar.update)
-            neurons[task] = saved.load_or_run(f"{task}-neurons{layer}", key, len(items[task]), run)["ie"]
+            run = partial(_neuron_dict, handle, layer, cfg, bar.update)
+            parts = _sharded(saved, f"{task}-neurons{layer}", key, items[task], shards[task], run)
+            neurons[task] = torch.cat([part["ie"] for part in parts])  # [pair, neuron]
     overlaps = {
         (a, b): neuron_overlap(neurons[a], neurons[b], cfg.neuron_k) for a in neurons for b in neurons
     }  # every ordered pair: the table is symmetric with 1.0 on the diagonal
@@ -275,12 +287,15 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
         "neuron_layer_rule": "config" if cfg.neuron_layer is not None else "largest last-token MLP median IE",
         "resumed": saved.resumed,
         "timings": timings,
+        "processes": distributed.world_size(),
         "versions": package_versions(),
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     result = MediateResult(results, neurons, layer if cfg.neuron_k else None, overlaps, counts, items, out, metadata)
-    write_mediate_outputs(result, cfg)
+    if distributed.is_main():
+        write_mediate_outputs(result, cfg)
+    distributed.barrier()  # the other processes return only once the folder is complete
     return result
 
 
@@ -300,16 +315,48 @@ def resume_key(identity: str, cfg: MediateConfig, task: str, items: list[Tokeniz
 
 
 def _mediation_dict(
-    handle: ModelHandle, items: list[TokenizedMediationPair], layers: tuple[int, ...], cfg: MediateConfig, progress: Any
+    handle: ModelHandle, layers: tuple[int, ...], cfg: MediateConfig, progress: Any, items: list[TokenizedMediationPair]
 ) -> dict[str, Any]:
     result = mediation_effects(handle.view, items, layers, cfg.components, cfg.max_rows, progress)
     return {f.name: getattr(result, f.name) for f in fields(result)}
 
 
 def _neuron_dict(
-    handle: ModelHandle, items: list[TokenizedMediationPair], layer: int, cfg: MediateConfig, progress: Any
+    handle: ModelHandle, layer: int, cfg: MediateConfig, progress: Any, items: list[TokenizedMediationPair]
 ) -> dict[str, Any]:
     return {"ie": neuron_effects(handle.view, items, layer, max_rows=cfg.max_rows, progress=progress)}  # [pair, neuron]
+
+
+def _sharded(
+    saved: _Partial,
+    name: str,
+    key: str,
+    items: list[TokenizedMediationPair],
+    shard: tuple[int, int],
+    run: Callable[[list[TokenizedMediationPair]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """`run` on this process's pairs lo..hi (saved for resume), then every process's result in pair order."""
+    lo, hi = shard
+    if distributed.world_size() == 1:
+        return [saved.load_or_run(name, key, len(items), partial(run, items))]
+    mine = [saved.load_or_run(f"{name}-pairs{lo}-{hi}", key, hi - lo, partial(run, items[lo:hi]))] if hi > lo else []
+    return distributed.gather(mine)
+
+
+def _merge_mediation(parts: list[dict[str, Any]]) -> MediationResult:
+    """One MediationResult from consecutive slices of pairs; per-position tensors padded to the longest pair."""
+    if len(parts) == 1:
+        return _from_dict(parts[0])
+    width = max(part["ie"].shape[-1] for part in parts)
+
+    def padded(name: str, fill: float) -> torch.Tensor:
+        tensors = [part[name] for part in parts]  # [pair, ..., pos]
+        return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=fill) for t in tensors])
+
+    merged = {name: torch.cat([part[name] for part in parts]) for name in ("total_effect", "probs", "number_correct")}
+    return _from_dict(
+        {**parts[0], **merged, "ie": padded("ie", float("nan")), "position_class": padded("position_class", -1)}
+    )
 
 
 def _from_dict(saved: dict[str, Any]) -> MediationResult:
