@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench lint clean-venv
+.PHONY: venv demo test bench lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -37,9 +37,20 @@ demo: venv
 	$(VENV)/bin/arithmech analyze mlp --from $(DEMO) --max-prompts 64 --out $(DEMO)/mlp
 	@echo "demo results in $(DEMO)/ (identify), $(DEMO)/knockout, $(DEMO)/attention, $(DEMO)/mlp"
 
-test: venv
+test: venv browser
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 	$(PY) -m pytest -q
+
+# Headless Chromium + chromedriver for the report's browser test (tests/integration/test_report.py); Debian
+# packages, installed only when missing and we are root with apt-get; otherwise that test is skipped.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null; } || \
+		echo "could not install chromium; the browser test will be skipped"; \
+	else echo "chromium is not installed (apt-get install chromium chromium-driver); the browser test will be skipped"; fi
 
 bench: venv
 	$(PY) benchmarks/path_patching.py

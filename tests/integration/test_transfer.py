@@ -59,7 +59,7 @@ def result(tiny: tuple[ModelHandle, list[Path]], tmp_path_factory: pytest.TempPa
 def test_writes_matrix_figure_and_metadata(tiny: tuple[ModelHandle, list[Path]], result: TransferResult) -> None:
     handle, sources = tiny
     out = result.out_dir
-    assert {p.name for p in out.iterdir()} == {"transfer.csv", "transfer.png", "metadata.json"}
+    assert {p.name for p in out.iterdir()} == {"transfer.csv", "transfer.png", "transfer.svg", "metadata.json"}
     assert count_hooks(handle.model) == 0
     rows = list(csv.DictReader((out / "transfer.csv").open()))
     targets = result.metadata["config"]["targets"]
