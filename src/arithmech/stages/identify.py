@@ -2,6 +2,9 @@
 
 Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
 template_accuracy.csv and metadata.json, each atomically; metadata.json is written last.
+
+Under `accelerate launch` every process builds the same reference set, patches its own chunks of it, and
+gathers everyone's per-prompt effects (bit-identical to one process); rank 0 writes the folder.
 """
 
 from __future__ import annotations

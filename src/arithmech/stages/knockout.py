@@ -3,6 +3,10 @@
 Reads the ranking and reference prompts of an identify run folder (`from_run`), or takes an explicit list of
 components (then the ranking is their order, and the prompts come from the run or are generated and filtered
 as identify does). Writes knockout.csv, knockout_summary.csv, knockout.png and metadata.json (last).
+
+Under `accelerate launch` every process computes the ablation sources on the whole prompt set (a mean over a
+template group must see all of its prompts), sweeps its own slice of the prompts, and the per-configuration
+counts are summed over processes (`_sharded_sweep`); rank 0 writes the folder.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ Resume
 
 Several processes (`accelerate launch`)
     Every process builds all pairs; each measures a contiguous slice of every task's pairs (saved as
-    <task>-pairs<lo>-<hi>-<key>.pt), and the per-pair results are gathered in pair order, so every process
-    holds exactly what one process computes (pairs are independent forward passes). Rank 0 writes the folder.
+    <task>-mediation-pairs<lo>-<hi>-<key>.pt), and the per-pair results are gathered in pair order, so every
+    process holds exactly what one process computes (pairs are independent forward passes). Rank 0 writes.
 
 Usage
     >>> result = mediate(handle, MediateConfig(tasks=("addition", "retrieval", "factual")), "runs/mediate")
