@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib
 import json
@@ -35,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from arithmech import distributed
 from arithmech.errors import ConfigError
 from arithmech.runs import atomic_write_json
 
@@ -50,6 +52,8 @@ class Stage:
     run: Callable[[Any, Any, Path, Path, bool], Any]  # (handle, cfg, out_dir, run_dir, quiet) -> result
     needs: tuple[str, ...] = ()
     default_on: bool = True
+    sharded: bool = False
+    """Splits its prompts over the processes of a multi-process launch; other stages run on rank 0 only."""
     reads: tuple[str, ...] = ()
     """Stages whose results are used when present (part of the fingerprint then), but not required."""
 
@@ -65,11 +69,11 @@ def _with(cfg: Any, **changes: Any) -> Any:
 
 STAGES: tuple[Stage, ...] = (
     Stage("identify", "arithmech.stages.identify:IdentifyConfig",
-          lambda h, c, o, r, q: _call("arithmech.stages.identify:identify", h, c, o, quiet=q)),
+          lambda h, c, o, r, q: _call("arithmech.stages.identify:identify", h, c, o, quiet=q), sharded=True),
     Stage("knockout", "arithmech.stages.knockout:KnockoutConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.knockout:knockout", h,
                                       _with(c, from_run=str(r / "identify")), o, quiet=q),
-          needs=("identify",)),
+          needs=("identify",), sharded=True),
     Stage("transfer", "arithmech.stages.transfer:TransferConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.transfer:transfer", h,
                                       _with(c, sources=(str(r / "identify"),)), o, quiet=q),
@@ -82,7 +86,7 @@ STAGES: tuple[Stage, ...] = (
           lambda h, c, o, r, q: _call("arithmech.stages.analyze_mlp:analyze_mlp", h, c, r / "identify", o, quiet=q),
           needs=("identify",)),
     Stage("mediation", "arithmech.stages.mediate:MediateConfig",
-          lambda h, c, o, r, q: _call("arithmech.stages.mediate:mediate", h, c, o, quiet=q)),
+          lambda h, c, o, r, q: _call("arithmech.stages.mediate:mediate", h, c, o, quiet=q), sharded=True),
     Stage("agreement", "arithmech.stages.agreement:AgreementConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.agreement:method_agreement", h,
                                       _with(c, from_run=str(r / "identify")), o, quiet=q),
@@ -235,6 +239,12 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings)
 
 
+def _load(**model: Any) -> Any:
+    from arithmech.models.load import ModelConfig, load_model
+
+    return load_model(ModelConfig(**model))
+
+
 def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[str, str]) -> str:
     """What decides a stage's result: its settings, the model, the stages it reads, and the code version."""
     from arithmech import __version__
@@ -274,13 +284,14 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
             results[stage.name] = out
             continue
         if handle is None:
-            from arithmech.models.load import ModelConfig, load_model
-
-            handle = load_model(ModelConfig(**cfg.model))
+            handle = distributed.local_device(functools.partial(_load, **cfg.model))()
         logger.info("%s: running into %s", stage.name, out)
         start = time.perf_counter()
-        results[stage.name] = stage.run(handle, stage_cfg, out, run_dir, quiet)
+        if stage.sharded or distributed.is_main():
+            results[stage.name] = stage.run(handle, stage_cfg, out, run_dir, quiet or not distributed.is_main())
+        distributed.barrier()  # under a launch, every process waits until the stage's folder is complete
         done[stage.name] = {"fingerprint": mark, "seconds": round(time.perf_counter() - start, 1),
                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
-        atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})
+        if distributed.is_main():
+            atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})
     return results
