@@ -31,11 +31,9 @@ $(STAMP): pyproject.toml Makefile
 DEMO := runs/demo
 
 demo: venv
-	$(VENV)/bin/arithmech identify --operations addition --fraction-threshold 0.1 --method both --out $(DEMO)
-	$(VENV)/bin/arithmech knockout --from $(DEMO) --max-k 16 --n-random 3 --max-prompts 32 --out $(DEMO)/knockout
-	$(VENV)/bin/arithmech analyze attention --from $(DEMO) --out $(DEMO)/attention
-	$(VENV)/bin/arithmech analyze mlp --from $(DEMO) --max-prompts 64 --out $(DEMO)/mlp
-	@echo "demo results in $(DEMO)/ (identify), $(DEMO)/knockout, $(DEMO)/attention, $(DEMO)/mlp"
+	$(VENV)/bin/arithmech run --config configs/default-model.yaml --out $(DEMO)
+	$(VENV)/bin/arithmech report $(DEMO)
+	@echo "demo results in $(DEMO)/ (one folder per stage); open $(DEMO)/report.html"
 
 test: venv browser
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
