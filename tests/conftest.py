@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import PreTrainedTokenizerFast
 
 _TESTS_DIR = str(Path(__file__).resolve().parent)
@@ -33,6 +34,20 @@ def device(pytestconfig: pytest.Config) -> str:
     return name
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models run far faster on one thread; on a busy machine OpenMP spinning slows them many times over.
+
+    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`; the thread count is restored after the module.
+    """
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.fixture
 def seed() -> Iterator[int]:
     """A fixed seed; torch (CPU+CUDA), random and numpy are seeded with it for the test, restored after."""
@@ -53,9 +68,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
 
     def get(arch: str) -> Path:
         if arch not in cache:
-            cache[arch] = save_tiny_model_dir(
-                arch, tmp_path_factory.mktemp(f"tiny-{arch}"), seed=DEFAULT_SEED
-            )
+            cache[arch] = save_tiny_model_dir(arch, tmp_path_factory.mktemp(f"tiny-{arch}"), seed=DEFAULT_SEED)
         return cache[arch]
 
     return get

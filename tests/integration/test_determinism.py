@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.stages.identify import IdentifyConfig, identify
 from arithmech.stages.knockout import KnockoutConfig, knockout
 from arithmech.stages.mediate import MediateConfig, mediate
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 IDENTIFY = IdentifyConfig(formations=("equation",), n_per_template=4, max_prompts=8, filter_correct=False, batch_size=4)
 MEDIATE = MediateConfig(tasks=("addition",), n_pairs=2, few_shot=1, neuron_k=3, components=("mlp",))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,8 @@ from arithmech.stages.mediate import (
     resume_key,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FILES = (
     "mediation_by_class.csv",
     "mediation_total.csv",
@@ -50,15 +51,6 @@ TOL = {"rtol": 1e-6, "atol": 1e-7}
 def rows(path: Path) -> list[dict[str, str]]:
     with path.open() as handle:
         return list(csv.DictReader(handle))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run ~10x faster on one thread than on two contended ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.models.sites import Component
 from arithmech.patching.mediation import mediation_effects
 from arithmech.patching.path import PatchingBatch, path_patch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CALLS, WARMUP = 20, 5
 RSS_SLACK = 2 * 2**20  # bytes; measured growth without a leak: < 0.1 MB
@@ -65,14 +67,6 @@ def growth(scan: Callable[[], Any]) -> tuple[int, int]:
             if call == WARMUP:
                 before = now
     return now[0] - before[0], now[1] - before[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from arithmech.cli import main
 from arithmech.errors import ConfigError
@@ -15,18 +14,12 @@ from arithmech.models.load import ModelConfig, load_model
 from arithmech.stages import neurons as stage
 from arithmech.stages.neurons import NeuronsConfig, neurons
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SMALL = {
     "operations": ("addition", "subtraction"), "max_prompts": 3, "filter_correct": False, "few_shot": 1,
     "top_heads": 2, "top_neurons": 4, "keep_sizes": (0, 8), "n_random": 2, "lora_steps": 2, "lora_rank": 2,
 }  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def test_stage_writes_everything(tiny_model_dir, tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ from arithmech.cli import main
 from arithmech.data import GenerationConfig, generate_pairs, tokenize_pairs, write_prompt_file
 from arithmech.models.load import ModelConfig, load_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 TOL = 1e-6
 
@@ -73,14 +75,6 @@ def assert_same_numbers(one: Path, two: Path) -> None:
                 assert (x != x and y != y) or abs(x - y) <= TOL, (one.name, row_a, row_b)  # NaN == NaN here
             else:
                 assert x == y, (one.name, key, row_a, row_b)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

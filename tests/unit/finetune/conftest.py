@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +15,8 @@ from arithmech.models.load import ModelConfig, ModelHandle, load_model
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny models run far faster on one thread, and do not fight other jobs for the cores."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
+def _single_thread(one_thread: None) -> None:
+    """Every finetune test runs on one thread (tests/conftest.py `one_thread`)."""
 
 
 @pytest.fixture(scope="session")

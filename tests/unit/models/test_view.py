@@ -19,6 +19,8 @@ from arithmech.models.view import ModelView, WeightSlice
 
 from tiny_models import TINY_ARCHS, TINY_VOCAB_SIZE, make_tiny_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ARCHS = sorted(TINY_ARCHS)
 ATOL = 1e-5
 
@@ -37,17 +39,6 @@ EXPECTED_DIMS: dict[str, tuple[int, int, int, int, int]] = {
     "phi3": (2, 4, 2, 64, 16),
     "qwen2": (2, 4, 2, 64, 16),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """Tiny forwards gain nothing from threads; on a busy machine OpenMP spinning makes them ~40x slower."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @cache
@@ -243,9 +234,7 @@ def test_o_slice_gives_head_output(arch: str, layer: int, head: int) -> None:
     dh = view.dims.d_head
     z_h = cap.z[layer][..., head * dh : (head + 1) * dh]
     got = z_h @ o.weight() if view.spec.conv1d else z_h @ o.weight().T
-    torch.testing.assert_close(
-        got, view.head_outputs(layer, cap.z[layer])[..., head, :], atol=ATOL, rtol=1e-5
-    )
+    torch.testing.assert_close(got, view.head_outputs(layer, cap.z[layer])[..., head, :], atol=ATOL, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -291,9 +280,7 @@ def test_slices_are_what_the_head_reads(arch: str) -> None:
     for name, readers in (("q", {head}), ("k", group)):
         with perturbed(slices[name]):
             cap = run_captured(view, ids)
-        pattern_changed = {
-            h for h in range(d.n_heads) if _changed(cap.pattern[layer][:, h], base.pattern[layer][:, h])
-        }
+        pattern_changed = {h for h in range(d.n_heads) if _changed(cap.pattern[layer][:, h], base.pattern[layer][:, h])}
         assert pattern_changed == readers, f"{name}: changed {pattern_changed}, expected {readers}"
     with perturbed(slices["v"]):
         cap = run_captured(view, ids)
@@ -385,9 +372,7 @@ def test_attn_and_mlp_resid_add_up_to_block_output(arch: str) -> None:
         if view.parallel_residual:  # MLP reads the block input
             torch.testing.assert_close(cap.mlp_read[layer], cap.attn_norm_in[layer], atol=0, rtol=0)
         else:  # MLP reads the residual after attention
-            torch.testing.assert_close(
-                cap.mlp_read[layer], cap.attn_norm_in[layer] + attn, atol=ATOL, rtol=1e-5
-            )
+            torch.testing.assert_close(cap.mlp_read[layer], cap.attn_norm_in[layer] + attn, atol=ATOL, rtol=1e-5)
         assert mlp.abs().max() > 1e-2 and attn.abs().max() > 1e-2
 
 
