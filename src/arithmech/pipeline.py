@@ -13,8 +13,9 @@ Each stage writes into <out>/<stage>/ and its own metadata.json last. After a st
 (a hash of its settings, the model settings, the fingerprints of the stages it reads and the arithmech
 version) is recorded in <out>/pipeline.json; a later run skips a stage whose fingerprint is unchanged and whose
 folder is complete, reruns it otherwise, and so resumes an interrupted run where it stopped (stages that scan
-for long also resume inside themselves from <stage>/.partial). A stage whose code is not in this version is
-reported as unavailable, never faked.
+for long also resume inside themselves from <stage>/.partial). A stage about to run again loses its record
+first, so a run stopped at any point (Ctrl-C, a full disk) never keeps a folder that holds a mix of old and
+new files. A stage whose code is not in this version is reported as unavailable, never faked.
 
 Python API: `load_run_config(path, overrides)` -> RunConfig, `run_pipeline(cfg)` -> {stage: result}.
 """
@@ -117,15 +118,16 @@ def _finetune(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
 
 
 def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:
-    """The base model into <run>/evaluate/base; with a finetune result, also the tuned model into
+    """The base model into <run>/evaluate/base; with a finished finetune stage, also the tuned model into
     <run>/evaluate/tuned (its delta applied to a copy; general-text KL measured against the base model)."""
     import copy
 
     from arithmech.models.load import ModelHandle
 
+    (out / "metadata.json").unlink(missing_ok=True)  # written last again, once base (and tuned) are done
     results = {"base": _call("arithmech.stages.evaluate:evaluate_stage", handle, cfg, out / "base", quiet=quiet)}
     delta = run_dir / "finetune"
-    if (delta / "delta.json").is_file():
+    if (delta / "metadata.json").is_file():  # a finished finetune; an interrupted one may leave delta files
         from arithmech.finetune.delta import apply_delta
 
         tuned = apply_delta(copy.deepcopy(handle.model), delta)
@@ -285,6 +287,9 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
             continue
         if handle is None:
             handle = distributed.local_device(functools.partial(_load, **cfg.model))()
+        if done.pop(stage.name, None) is not None and distributed.is_main():
+            # until its new record is written the folder may hold a mix of old and new files: never keep it
+            atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})
         logger.info("%s: running into %s", stage.name, out)
         start = time.perf_counter()
         if stage.sharded or distributed.is_main():

@@ -1,11 +1,13 @@
 """Run folders: where a stage writes its results, atomically, with provenance beside them.
 
 Every file is written to a temporary name in the same folder and renamed into place, so an interrupted run
-never leaves a half-written file: a reader sees the old file, the new file, or none.
+never leaves a half-written file: a reader sees the old file, the new file, or none. When the disk fills up
+meanwhile, the error names the file being written (not its temporary name), so the CLI can say which.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -14,10 +16,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+DISK_FULL_ERRNOS = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
+"""errno values of a full disk (ENOSPC) or an exhausted disk quota (EDQUOT)."""
+
+
+def disk_full_error(err: BaseException) -> OSError | None:
+    """The disk-full OSError behind `err`: itself, or one it was raised from or during (torch.save, for one,
+    turns a failed write into a RuntimeError raised while handling it); None if the disk is not the cause."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno in DISK_FULL_ERRNOS:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
 
 @contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a temporary file beside `path`; on success rename it to `path`, on any error delete it."""
+    """Open a temporary file beside `path`; on success rename it to `path`, on any error delete it.
+
+    `path` keeps its previous content (or stays absent) unless the whole write succeeds. A full disk while
+    writing is raised as OSError(ENOSPC or EDQUOT) whose filename is `path`.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -28,8 +50,11 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as err:
         Path(tmp_name).unlink(missing_ok=True)
+        full = disk_full_error(err)
+        if full is not None and full.filename in (None, tmp_name):  # a write of this file, not of another one
+            raise OSError(full.errno, full.strerror, str(target)) from err
         raise
 
 

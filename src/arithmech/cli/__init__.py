@@ -9,19 +9,22 @@ Examples:
     arithmech identify --model ./my-model-dir --gguf-file model.Q8_0.gguf
     arithmech identify --prompts my_prompts.jsonl --variant direct
 
-Every expected failure ends with one sentence on stderr and exit status 2; Ctrl-C ends with status 130 and
-leaves no half-written file.
+Every expected failure ends with one sentence on stderr and exit status 2, a full disk included; Ctrl-C ends
+with status 130. Neither leaves a half-written file, and a rerun resumes or restarts the stage.
 """
 
 from __future__ import annotations
 
+import errno
 import sys
+from pathlib import Path
 
 import typer
 
 from arithmech.cli import analyze, identify, improve, mechanisms, pipeline, report, validate  # noqa: F401  (each registers its commands)
 from arithmech.cli.app import app
 from arithmech.errors import ArithmechError
+from arithmech.runs import disk_full_error
 
 __all__ = ["app", "main"]
 
@@ -38,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as done:
         return int(done.exit_code or 0)
-    except Exception as err:  # usage errors of the (vendored) click inside typer
+    except Exception as err:  # a full disk, or a usage error of the (vendored) click inside typer
+        full = disk_full_error(err)
+        if full is not None:
+            typer.echo(f"error: {disk_full_message(full)}", err=True)
+            return 2
         if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             return err.exit_code
@@ -46,6 +53,25 @@ def main(argv: list[str] | None = None) -> int:
     if code == 130:
         typer.echo("interrupted; no half-written files were left", err=True)
     return code if isinstance(code, int) else 0
+
+
+def disk_full_message(err: OSError) -> str:
+    """One sentence for a full disk (or quota): the file being written and the folder whose finished work is kept."""
+    what = "disk quota exceeded" if err.errno == getattr(errno, "EDQUOT", None) else "disk full"
+    fix = "free some space (or choose --out on another disk) and rerun"
+    if not err.filename:
+        return f"{what} while writing results: {fix}; finished work is kept"
+    path = Path(str(err.filename))
+    return f"{what} while writing {path}: {fix}; finished work is kept in {_kept_folder(path)}"
+
+
+def _kept_folder(path: Path) -> Path:
+    """The folder a rerun resumes from: the file's, or the stage folder above .partial/ and staging folders."""
+    partial = next((p for p in path.parents if p.name == ".partial"), None)
+    folder = partial.parent if partial is not None else path.parent
+    while folder.name.startswith(".") and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""Checks of run folders after a failure, and the faults that cause one, for the reliability tests.
+
+`Faults` counts two kinds of events while a stage runs and can raise at the Nth of either:
+    forward   a forward pass reaching a decoder layer (a pre-hook on the layer given): the middle of the compute;
+    write     an fsync inside `runs.atomic_open`, i.e. a file about to be renamed into place (os.fsync is
+              patched; nothing else in a stage calls it): the middle of saving chunks or results.
+A first, fault-free run counts the events, so a test can choose N as "half way" without knowing the stage.
+
+`check_intact(folder)` asserts that nothing is half-written: no temporary file is left and every file parses
+(CSV rows as wide as their header, JSON, JSONL, PNG up to its IEND chunk, SVG as XML, torch and safetensors
+files load). `results(folder)` is what must be identical between two runs: every CSV, JSON and JSONL file
+parsed, with the keys that record when or how long (or whether a stage resumed) left out, and the bytes of
+tensor files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+VOLATILE = frozenset({
+    "timings", "created", "seconds", "finished", "resumed", "reused", "resumed_from_step", "samples_per_second",
+    "train_seconds", "peak_memory",
+})  # fmt: skip
+"""Keys (JSON) and columns (CSV) that say when, how fast, or whether reused: they may differ between runs."""
+
+_PNG_END = b"IEND\xaeB`\x82"
+
+
+class Faults:
+    """Counts forward passes and atomic writes; raises `error()` at the chosen one of either kind."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, layer: nn.Module | None = None) -> None:
+        self.counts = {"forward": 0, "write": 0}
+        self.fail_at: dict[str, int] = {}
+        self.error: Any = KeyboardInterrupt
+        self.fired: str | None = None
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            self._tick("write")
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        self._layer = layer
+
+    def _tick(self, kind: str) -> None:
+        self.counts[kind] += 1
+        if self.fail_at.get(kind) == self.counts[kind]:
+            self.fired = kind
+            raise self.error()
+
+    @contextmanager
+    def armed(self, kind: str | None = None, n: int = 0, error: Any = KeyboardInterrupt) -> Iterator[None]:
+        """Count (and with `kind`, raise `error()` at its nth event) inside the block."""
+        self.counts = {"forward": 0, "write": 0}
+        self.fail_at = {kind: n} if kind else {}
+        self.error, self.fired = error, None
+        hook = None if self._layer is None else self._layer.register_forward_pre_hook(lambda *_: self._tick("forward"))
+        try:
+            yield
+        finally:
+            if hook is not None:
+                hook.remove()
+            self.fail_at = {}
+
+
+def check_intact(folder: Path) -> list[Path]:
+    """Assert no temporary file is left under `folder` and every file parses; return the files."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    assert not [p for p in folder.rglob("*") if p.name.endswith(".tmp")], "temporary files left"
+    for path in files:
+        hidden = [part for part in path.relative_to(folder).parts if part.startswith(".")]
+        assert hidden in ([], [".partial"]), f"unexpected hidden file {path}"
+        _parse(path)
+    return files
+
+
+def _parse(path: Path) -> Any:
+    suffix = path.suffix
+    if suffix == ".csv":
+        with path.open(newline="") as handle:
+            rows = list(csv.reader(handle))
+        assert rows and all(len(row) == len(rows[0]) for row in rows), f"ragged or empty CSV {path}"
+        return rows
+    if suffix == ".json":
+        return json.loads(path.read_text())
+    if suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+    if suffix == ".png":
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG") and data.endswith(_PNG_END), f"truncated PNG {path}"
+        return None
+    if suffix == ".svg":
+        return ElementTree.parse(path)
+    if suffix == ".pt":
+        return torch.load(path, weights_only=False)
+    if suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return path.read_bytes()
+
+
+def _drop_volatile(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_volatile(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_drop_volatile(v) for v in value]
+    return value
+
+
+def results(folder: Path) -> dict[str, Any]:
+    """{relative path: content to compare} of every result file (figures are only checked to be intact)."""
+    out: dict[str, Any] = {}
+    for path in check_intact(folder):
+        name = str(path.relative_to(folder))
+        if path.suffix == ".csv":
+            with path.open(newline="") as handle:
+                out[name] = [_drop_volatile(row) for row in csv.DictReader(handle)]
+        elif path.suffix in (".json", ".jsonl"):
+            out[name] = _drop_volatile(_parse(path))
+        elif path.suffix in (".safetensors", ".pt"):
+            out[name] = path.read_bytes()
+        else:
+            out[name] = "figure" if path.suffix in (".png", ".svg") else path.read_bytes()
+    return out
+
+
+def assert_same_results(got: Path, expected: Path) -> None:
+    """The two folders hold the same files with the same numbers (see `results`)."""
+    a, b = results(got), results(expected)
+    assert sorted(a) == sorted(b)
+    for name in b:
+        assert a[name] == b[name], name

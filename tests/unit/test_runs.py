@@ -1,0 +1,101 @@
+"""atomic_open: a failed write leaves the target as it was, no temporary file, and a full disk names the target."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithmech.runs import atomic_open, atomic_write_json, disk_full_error
+
+DISK_FULL = [errno.ENOSPC, errno.EDQUOT]
+
+
+def _full(code: int = errno.ENOSPC) -> OSError:
+    return OSError(code, os.strerror(code))
+
+
+def _left(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("code", DISK_FULL)
+def test_previous_content_survives_a_full_disk(tmp_path: Path, code: int) -> None:
+    target = tmp_path / "effects.csv"
+    target.write_text("old\n")
+    with pytest.raises(OSError) as info, atomic_open(target) as handle:
+        handle.write("new, half of it")
+        raise _full(code)
+    assert target.read_text() == "old\n"
+    assert _left(tmp_path) == ["effects.csv"]
+    assert info.value.errno == code and info.value.filename == str(target)  # the target, not the temporary name
+
+
+def test_a_failed_fsync_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(_fd: int) -> None:
+        raise _full()
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as info:
+        atomic_write_json(tmp_path / "metadata.json", {"stage": "identify"})
+    assert _left(tmp_path) == []
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "metadata.json")
+
+
+class _FullDisk(io.BytesIO):
+    """A file whose third write finds the disk full."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.writes += 1
+        if self.writes > 2:
+            raise _full()
+        return super().write(data)
+
+
+def test_torch_save_on_a_full_disk_is_a_disk_full_error(tmp_path: Path) -> None:
+    """torch.save turns the failed write into a RuntimeError raised while handling it; the OSError is behind it."""
+    target = tmp_path / "chunk-00001.pt"
+    torch.save({"old": torch.zeros(2)}, target)
+    with pytest.raises(OSError) as info, atomic_open(target, "wb"):
+        torch.save({"per_prompt": torch.randn(64, 8)}, _FullDisk())
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(target)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert torch.equal(torch.load(target)["old"], torch.zeros(2)) and _left(tmp_path) == [target.name]
+
+
+def test_ctrl_c_and_other_errors_pass_through_unchanged(tmp_path: Path) -> None:
+    target = tmp_path / "key_components.json"
+    target.write_text("{}")
+    with pytest.raises(KeyboardInterrupt), atomic_open(target) as handle:
+        handle.write('{"key"')
+        raise KeyboardInterrupt
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    with pytest.raises(PermissionError) as info, atomic_open(target) as handle:
+        raise denied
+    assert info.value is denied and info.value.filename is None
+    elsewhere = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "other.csv"))
+    with pytest.raises(OSError) as info, atomic_open(target):
+        raise elsewhere
+    assert info.value is elsewhere  # a full disk while writing another file keeps that file's name
+    assert target.read_text() == "{}" and _left(tmp_path) == [target.name]
+
+
+def test_disk_full_error_finds_the_cause() -> None:
+    full = _full()
+    try:
+        try:
+            raise full
+        except OSError as err:
+            raise RuntimeError("file write failed") from err
+    except RuntimeError as wrapped:
+        assert disk_full_error(wrapped) is full
+    assert disk_full_error(OSError(errno.EIO, "I/O error")) is None
+    assert disk_full_error(ValueError("x")) is None
