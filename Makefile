@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench lint clean-venv browser
+.PHONY: venv demo test bench bench-update lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -50,8 +50,13 @@ browser:
 		echo "could not install chromium; the browser test will be skipped"; \
 	else echo "chromium is not installed (apt-get install chromium chromium-driver); the browser test will be skipped"; fi
 
+# Benchmarks at a quick size (10-20 min on 2 CPU cores), compared with benchmarks/results.json; fails on a
+# slowdown beyond noise. bench-update stores this run's results as the new previous ones (then commit them).
 bench: venv
-	$(PY) benchmarks/path_patching.py
+	$(PY) benchmarks/compare.py
+
+bench-update: venv
+	$(PY) benchmarks/compare.py --update
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples

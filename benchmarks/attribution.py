@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from record import record
 
 from arithmech.analysis.agreement import compare_methods, top_k
 from arithmech.models.load import ModelConfig, load_model
@@ -64,13 +65,18 @@ def main() -> None:
     print(f"exact path_patch, all {n} components:    {exact_s:.2f} s")
     print(f"attribution_patch, all {n} components:   {approx_s:.2f} s")
     print(f"time ratio exact / attribution: {exact_s / approx_s:.1f}x")
-    for key, value in compare_methods(exact, approx, ks=(5, 10, 20)).items():
+    agreement = compare_methods(exact, approx, ks=(5, 10, 20))
+    for key, value in agreement.items():
         print(f"{key:>16}: {value:.3f}")
     print(f"whole-prompt effect: {exact.total_effect:+.3f}")
     for name, result in (("exact", exact), ("attribution", approx)):
         effects = result.effects
         top = [f"{result.components[i].name} ({float(effects[i]):+.3f})" for i in top_k(effects, 10)]
         print(f"top-10 {name:>11}: {', '.join(top)}")
+    record("attribution", args, {
+        "speedup": exact_s / approx_s, "exact_s": exact_s, "attribution_s": approx_s,
+        "spearman_all": agreement["spearman_all"], "top10_overlap": agreement["top10_overlap"],
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from record import record
+
 DEMO_TOP_HEADS = "14.2,18.5,13.6,20.8,21.7,20.1,18.3,19.4,23.0,20.2"
 
 
@@ -91,9 +93,14 @@ def main() -> None:
             f"{r['total_parameters']:,}, peak memory {mib:.0f} MiB ({r['peak_memory']['kind']})"
         )
     print(f"heads: {','.join(precise['heads'] or [])}")
-    print(f"speedup precise / full: {precise['samples_per_second'] / full['samples_per_second']:.2f}x (paper: 3.3x)")
+    speedup = precise["samples_per_second"] / full["samples_per_second"]
+    print(f"speedup precise / full: {speedup:.2f}x (paper: 3.3x)")
     ratio = full["peak_memory"]["bytes"] / precise["peak_memory"]["bytes"]
     print(f"peak memory full / precise: {ratio:.2f}x")
+    record("finetune", args, {
+        "speedup": speedup, "memory_ratio": ratio,
+        "precise_samples_per_s": precise["samples_per_second"], "full_samples_per_s": full["samples_per_second"],
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

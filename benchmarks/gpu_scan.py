@@ -17,6 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from record import record  # noqa: E402
+
 from arithmech.models.archs import spec_for_model_type  # noqa: E402
 from arithmech.models.sites import Component  # noqa: E402
 from arithmech.models.view import ModelView  # noqa: E402
@@ -81,6 +83,9 @@ def main() -> None:
     per_component = (time.perf_counter() - start) / 4 * (args.prompts / args.batch_size)
     loop_s = per_component * n_components
     print(f"per-component loop (4 components timed, scaled): {loop_s:.1f} s; speedup {loop_s / fast_s:.1f}x")
+    record("gpu_scan", args, {
+        "speedup": loop_s / fast_s, "fast_s": fast_s, "prompts_per_s": args.prompts / fast_s, "peak_memory_gib": peak,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

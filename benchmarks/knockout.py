@@ -14,6 +14,7 @@ import random
 import time
 
 import torch
+from record import record
 
 from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores
@@ -64,6 +65,9 @@ def main() -> None:
     print(f"batched sweep: {batched_s:.1f} s; one configuration per pass: {loop_s:.1f} s")
     print(f"accuracies agree: {agree}")
     print(f"speedup: {loop_s / batched_s:.2f}x")
+    record("knockout", args, {
+        "speedup": loop_s / batched_s, "batched_s": batched_s, "loop_s": loop_s, "accuracies_agree": agree,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from record import record  # noqa: E402
+
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
 from arithmech.models.sites import all_components  # noqa: E402
 from arithmech.patching.path import PatchingBatch, path_patch  # noqa: E402
@@ -71,6 +73,9 @@ def main() -> None:
     print(f"per-component loop, {len(sample)} components timed, scaled to {len(components)}: {loop_s:.1f} s")
     print(f"max |fast - loop| on the sampled components: {worst:.2e}")
     print(f"speedup: {loop_s / fast_s:.1f}x")
+    record("path_patching", args, {
+        "speedup": loop_s / fast_s, "fast_s": fast_s, "loop_s": loop_s, "max_abs_diff": worst,
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,188 @@
+"""`make bench` comparison (benchmarks/compare.py) and recording (benchmarks/record.py), without any model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCH_DIR) not in sys.path:  # the benchmark scripts are not a package; they import each other by name
+    sys.path.insert(0, str(BENCH_DIR))
+
+import compare  # noqa: E402
+import record  # noqa: E402
+
+MACHINE = {"cpu": "Test CPU", "logical_cores": 2, "torch": "2.13.0", "device": "cpu"}
+OTHER_MACHINE = {**MACHINE, "cpu": "Other CPU"}
+ARGS = {"prompts": 32, "sample": 8, "model": None, "device": "cpu"}
+PATH_PATCHING = next(b for b in compare.BENCHMARKS if b.name == "path_patching")
+KNOCKOUT = next(b for b in compare.BENCHMARKS if b.name == "knockout")
+
+
+def entry(machine: dict[str, Any] = MACHINE, **metrics: Any) -> dict[str, Any]:
+    """A path_patching results entry: 100x speedup, 10 s fast, 1000 s loop, agreeing to 1e-6, unless overridden."""
+    base = {"speedup": 100.0, "fast_s": 10.0, "loop_s": 1000.0, "max_abs_diff": 1e-6}
+    return {"metrics": {**base, **metrics}, "args": ARGS, "machine": machine, "date": "2025-01-01", "git_sha": "abc"}
+
+
+def verdicts(previous: dict[str, Any], now: dict[str, Any], machine: dict[str, Any] = MACHINE) -> dict[str, str]:
+    rows = compare.compare(previous, now, [PATH_PATCHING], machine, tolerance=0.30)
+    return {row.metric: row.verdict for row in rows}
+
+
+def failed(previous: dict[str, Any], now: dict[str, Any], machine: dict[str, Any] = MACHINE) -> set[str]:
+    return {r.metric for r in compare.compare(previous, now, [PATH_PATCHING], machine, tolerance=0.30) if r.failed}
+
+
+def test_ratio_40_percent_lower_fails_10_percent_lower_passes() -> None:
+    previous = {"path_patching": entry()}
+    assert failed(previous, {"path_patching": entry(speedup=60.0)}) == {"speedup"}
+    assert verdicts(previous, {"path_patching": entry(speedup=60.0)})["speedup"] == "FAIL: slower"
+    assert failed(previous, {"path_patching": entry(speedup=90.0)}) == set()
+    assert verdicts(previous, {"path_patching": entry(speedup=90.0)})["speedup"] == "ok"
+
+
+def test_ratio_is_compared_across_machines() -> None:
+    previous = {"path_patching": entry(machine=OTHER_MACHINE)}
+    assert failed(previous, {"path_patching": entry(speedup=60.0)}) == {"speedup"}
+
+
+def test_absolute_time_is_compared_only_on_the_same_machine() -> None:
+    slower = {"path_patching": entry(fast_s=15.0)}  # 50% more time, same speedup
+    assert failed({"path_patching": entry()}, slower) == {"fast_s"}
+    other = verdicts({"path_patching": entry(machine=OTHER_MACHINE)}, slower)
+    assert other["fast_s"] == "not compared: other machine"
+    assert failed({"path_patching": entry(machine=OTHER_MACHINE)}, slower) == set()
+
+
+def test_correctness_break_fails_even_when_faster() -> None:
+    previous = {"path_patching": entry()}
+    now = {"path_patching": entry(speedup=500.0, fast_s=2.0, max_abs_diff=1e-2)}
+    rows = compare.compare(previous, now, [PATH_PATCHING], MACHINE, tolerance=0.30)
+    assert [(r.metric, r.broken) for r in rows if r.failed] == [("max_abs_diff", True)]
+    assert verdicts(previous, now)["speedup"] == "better"
+
+    agree = {"metrics": {"speedup": 3.0, "batched_s": 1.0, "loop_s": 3.0, "accuracies_agree": False}, "args": ARGS}
+    rows = compare.compare({}, {"knockout": agree}, [KNOCKOUT], MACHINE, tolerance=0.30)
+    assert [r.metric for r in rows if r.broken] == ["accuracies_agree"]
+
+
+def test_missing_previous_benchmark_or_metric_is_new_not_failed() -> None:
+    first_run = verdicts({}, {"path_patching": entry()})
+    assert set(first_run.values()) == {"new: no previous result", "ok (must be <= 0.0001)"}
+    assert failed({}, {"path_patching": entry()}) == set()
+    previous = entry()
+    del previous["metrics"]["loop_s"]
+    assert verdicts({"path_patching": previous}, {"path_patching": entry()})["loop_s"] == "new: no previous result"
+
+
+def test_other_arguments_are_not_compared() -> None:
+    previous = {"path_patching": {**entry(), "args": {**ARGS, "prompts": 64}}}
+    assert verdicts(previous, {"path_patching": entry(speedup=10.0)})["speedup"] == "not compared: other arguments"
+
+
+def test_a_metric_the_script_stopped_recording_fails() -> None:
+    now = entry()
+    del now["metrics"]["speedup"]
+    assert failed({"path_patching": entry()}, {"path_patching": now}) == {"speedup"}
+
+
+def test_table_and_sentence_name_the_regression() -> None:
+    rows = compare.compare({"path_patching": entry()}, {"path_patching": entry(speedup=60.0)}, [PATH_PATCHING],
+                           MACHINE, tolerance=0.30)  # fmt: skip
+    table = compare.format_table(rows).splitlines()
+    assert table[0].split() == ["benchmark", "metric", "previous", "now", "change", "verdict"]
+    assert table[1].split() == ["path_patching", "speedup", "100", "60", "-40.0%", "FAIL:", "slower"]
+    verdict_column = table[0].index("verdict")
+    assert all(line[verdict_column - 1] == " " and line[verdict_column] != " " for line in table)
+    sentence = compare.failure_sentence(rows, Path("benchmarks/results.json"), 30)
+    assert "path_patching speedup (slower)" in sentence and "make bench-update" in sentence
+
+
+@pytest.fixture
+def fake_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """main() with every script replaced by the entry in the returned dict (no process, no model)."""
+    runs = {"path_patching": {"metrics": entry()["metrics"], "args": ARGS, "wall_s": 1.0}}
+    monkeypatch.setattr(compare, "run_benchmark", lambda bench, device: runs[bench.name])
+    monkeypatch.setattr(compare, "machine_fingerprint", lambda device: MACHINE)
+    monkeypatch.setattr(compare, "git_sha", lambda: "abc")
+    return runs
+
+
+def test_update_writes_a_file_that_passes_against_itself(
+    fake_runs: dict[str, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results.json"
+    assert compare.main(["--only", "path_patching", "--results", str(results)]) == 0
+    assert "store these with `make bench-update`" in capsys.readouterr().out and not results.exists()
+
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 0
+    stored = json.loads(results.read_text())["benchmarks"]["path_patching"]
+    assert stored["machine"] == MACHINE and stored["args"] == ARGS and stored["git_sha"] == "abc" and stored["date"]
+    assert compare.main(["--only", "path_patching", "--results", str(results)]) == 0
+    assert "no measurement is worse" in capsys.readouterr().out
+
+    fake_runs["path_patching"] = {**fake_runs["path_patching"], "metrics": entry(speedup=60.0)["metrics"]}
+    assert compare.main(["--only", "path_patching", "--results", str(results)]) == 1
+    assert "path_patching speedup (slower)" in capsys.readouterr().out
+
+
+def test_update_keeps_other_benchmarks_and_refuses_a_correctness_break(fake_runs: dict[str, dict[str, Any]],
+                                                                       tmp_path: Path) -> None:  # fmt: skip
+    results = tmp_path / "results.json"
+    compare.write_results(results, {"knockout": {"metrics": {"speedup": 1.4}, "args": {}}})
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 0
+    assert set(compare.load_results(results) or {}) == {"knockout", "path_patching"}
+
+    fake_runs["path_patching"] = {**fake_runs["path_patching"], "metrics": entry(max_abs_diff=0.5)["metrics"]}
+    before = results.read_text()
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 1
+    assert results.read_text() == before
+
+
+def test_a_failing_script_is_reported_with_its_stderr(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("import sys\nsys.exit('model weights not found')\n")
+    bench = compare.Benchmark("broken", (), {})
+    with pytest.raises(compare.BenchmarkFailed, match="(?s)broken exited with status 1.*model weights not found"):
+        compare.run_benchmark(bench, "cpu", bench_dir=tmp_path)
+
+
+def test_run_benchmark_collects_what_the_script_records(tmp_path: Path) -> None:
+    script = f"""import argparse, sys
+sys.path.insert(0, {str(BENCH_DIR)!r})
+from record import record
+parser = argparse.ArgumentParser()
+parser.add_argument("--prompts", type=int)
+parser.add_argument("--device")
+args = parser.parse_args()
+print("speedup: 3.0x")
+record("fake", args, {{"speedup": 3.0}})
+"""
+    (tmp_path / "fake.py").write_text(script)
+    result = compare.run_benchmark(compare.Benchmark("fake", ("--prompts", "4"), {}), "cpu", bench_dir=tmp_path)
+    assert result["metrics"] == {"speedup": 3.0} and result["args"] == {"prompts": 4, "device": "cpu"}
+
+
+def test_record_appends_a_line_only_when_the_variable_names_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "record.jsonl"
+    args = argparse.Namespace(prompts=16)
+    monkeypatch.delenv(record.RECORD_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    record.record("knockout", args, {"speedup": 1.5})
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setenv(record.RECORD_ENV, str(target))
+    record.record("knockout", args, {"speedup": 1.5})
+    record.record("knockout", args, {"speedup": 1.6, "accuracies_agree": True})
+    lines = [json.loads(line) for line in target.read_text().splitlines()]
+    assert lines == [
+        {"benchmark": "knockout", "metrics": {"speedup": 1.5}, "args": {"prompts": 16}},
+        {"benchmark": "knockout", "metrics": {"speedup": 1.6, "accuracies_agree": True}, "args": {"prompts": 16}},
+    ]
