@@ -6,7 +6,8 @@ A checkpoint is a folder `<out>/checkpoints/step-NNNNNNNN/` holding
     rng-<rank>.pt           each process's torch (and CUDA) and Python RNG states
     state.json              step (= data position: the batch plan is a function of the step), log rows so far,
                             and the run's fingerprint; written last
-It is written in `.staging-NNNNNNNN/` and renamed into place, so a folder named step-* is always complete; older
+Tensors are whole even under FSDP2 (gathered from the shards; put back as shards on load). A checkpoint is
+written in `.staging-NNNNNNNN/` and renamed into place, so a folder named step-* is always complete; older
 checkpoints are then removed. Every process writes its own RNG file, the main process the rest. `--resume`
 loads the newest one, after checking that the fingerprint (config, model, data) is the same.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from arithmech.errors import ConfigError
+from arithmech.finetune.sharded import load_optimizer_state, load_whole_, optimizer_state, whole
 from arithmech.runs import atomic_open, atomic_write_json
 
 CHECKPOINTS = "checkpoints"
@@ -52,12 +54,16 @@ def save_checkpoint(
     accelerator: Any,
     out_dir: Path,
     step: int,
+    module: nn.Module,
     trainable: list[tuple[str, nn.Parameter]],
     optimizer: Any,
     scheduler: Any,
     state: dict[str, Any],
 ) -> Path:
-    """Write the checkpoint after `step` optimizer steps; every process must call this."""
+    """Write the checkpoint after `step` optimizer steps; every process must call this.
+
+    `module` is the trained module as prepared (its parameters may be FSDP2 shards: they are gathered whole).
+    """
     from safetensors.torch import save as save_tensors
 
     root = out_dir / CHECKPOINTS
@@ -68,13 +74,14 @@ def save_checkpoint(
         staging.mkdir(parents=True)
     accelerator.wait_for_everyone()
     torch.save(rng_state(), staging / f"rng-{accelerator.process_index}.pt")
+    tensors = {name: whole(p).detach().cpu().contiguous() for name, p in trainable}
+    optimizer_sd = optimizer_state(module, getattr(optimizer, "optimizer", optimizer))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        tensors = {name: p.detach().cpu().contiguous() for name, p in trainable}
         with atomic_open(staging / "trainable.safetensors", "wb") as handle:
             handle.write(save_tensors(tensors))
         with atomic_open(staging / "optimizer.pt", "wb") as handle:
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, handle)
+            torch.save({"optimizer": optimizer_sd, "scheduler": scheduler.state_dict()}, handle)
         atomic_write_json(staging / "state.json", {"step": step, **state})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
@@ -93,6 +100,7 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 
 def load_checkpoint(
     path: Path,
+    module: nn.Module,
     trainable: list[tuple[str, nn.Parameter]],
     optimizer: Any,
     scheduler: Any,
@@ -113,11 +121,10 @@ def load_checkpoint(
             "resume with the same settings, or start afresh in another --out folder"
         )
     tensors = load_file(str(path / "trainable.safetensors"))
-    with torch.no_grad():
-        for name, p in trainable:
-            p.copy_(tensors[name].to(p.device))
+    for name, p in trainable:
+        load_whole_(p, tensors[name])
     saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-    optimizer.load_state_dict(saved["optimizer"])
+    load_optimizer_state(module, getattr(optimizer, "optimizer", optimizer), saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     rng_path = path / f"rng-{process_index}.pt"
     if rng_path.is_file():

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 Anchor = Callable[[], torch.Tensor]
 SCHEDULES: tuple[str, ...] = ("linear", "cosine")
@@ -37,26 +38,43 @@ class AnchoredAdamW(torch.optim.AdamW):
     """torch AdamW, plus decoupled decay of `anchor() + param` for groups that set `anchored_decay`.
 
     Groups with `anchored_decay` must have `weight_decay` 0 (their decay is done here, on the effective weight).
-    `anchors` maps id(param) to a function returning the frozen entries the parameter is added to.
+    `anchors` maps id(param) to a function returning the frozen entries the parameter is added to. They are read
+    once, at the first step, and kept by position in the group, so the optimizer survives its parameters being
+    replaced by sharded ones (FSDP2 through accelerate); a sharded parameter gets its anchor sharded alike.
     """
 
     def __init__(self, params: Iterable[dict[str, Any]], anchors: Mapping[int, Anchor], **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        self._anchors = dict(anchors)
+        self._anchors: list[list[Anchor] | None] = []
         for group in self.param_groups:
-            if group.get("anchored_decay", 0.0):
-                assert group["weight_decay"] == 0.0, "an anchored group must not also decay the delta itself"
-                assert all(id(p) in self._anchors for p in group["params"]), "every anchored parameter needs an anchor"
+            if not group.get("anchored_decay", 0.0):
+                self._anchors.append(None)
+                continue
+            assert group["weight_decay"] == 0.0, "an anchored group must not also decay the delta itself"
+            assert all(id(p) in anchors for p in group["params"]), "every anchored parameter needs an anchor"
+            self._anchors.append([anchors[id(p)] for p in group["params"]])
+        self._anchor_values: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _anchor(self, group: int, position: int, param: torch.Tensor) -> torch.Tensor:
+        key = (group, position)
+        if key not in self._anchor_values:
+            anchors = self._anchors[group]
+            assert anchors is not None
+            value = anchors[position]().to(device=param.device, dtype=param.dtype)
+            if isinstance(param, DTensor):
+                value = distribute_tensor(value, param.device_mesh, param.placements, src_data_rank=None)
+            self._anchor_values[key] = value
+        return self._anchor_values[key]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        for group in self.param_groups:
+        for g, group in enumerate(self.param_groups):
             decay = group.get("anchored_decay", 0.0)
             if not decay:
                 continue
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 if p.grad is not None:  # as torch AdamW: a parameter without a gradient is left alone
-                    p.sub_(group["lr"] * decay * (self._anchors[id(p)]() + p))
+                    p.sub_(group["lr"] * decay * (self._anchor(g, i, p) + p))
         return super().step(closure)
 
 

@@ -19,8 +19,12 @@ The global batch, exactly
 Processes and devices
     `accelerator_for(device)` makes the Accelerator: DDP over processes started by `accelerate launch` (gloo on
     CPU with `--cpu`, NCCL on GPUs), mixed precision as configured there. Precise SFT replicates its tiny deltas
-    and optimizer state, which DDP suits. FSDP and DeepSpeed are refused for now: checkpoints, the delta and the
-    merge read whole (unsharded) parameters; supporting them means gathering state dicts through accelerate.
+    and optimizer state, which DDP suits. Full SFT of a 7B model needs its parameters, gradients and optimizer
+    state sharded: FSDP2 (accelerate config `fsdp_version: 2`). Under FSDP2 a copy of the trained module is
+    sharded and trained, while the caller's model stays whole (frozen; precise SFT's anchors read it); at the end
+    the trained values are gathered (finetune/sharded.py) into the caller's model, so writing the delta and the
+    merged model is the same as without FSDP. Checkpoints hold whole tensors too, so a run can resume on another
+    number of processes. FSDP version 1 and DeepSpeed are refused with one sentence.
 
 Checkpoints and resume (finetune/checkpoint.py)
     Every `checkpoint_every` steps; `resume` continues from the newest one to the same final weights as an
@@ -35,6 +39,7 @@ includes loading the model).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import resource
@@ -53,6 +58,7 @@ from arithmech.finetune.checkpoint import latest_checkpoint, load_checkpoint, sa
 from arithmech.finetune.data import BatchPlan, TokenizedExample, collate, rank_micro_batches
 from arithmech.finetune.methods import Trainable
 from arithmech.finetune.optim import SCHEDULES, AnchoredAdamW, build_scheduler
+from arithmech.finetune.sharded import whole
 
 logger = logging.getLogger(__name__)
 
@@ -177,19 +183,28 @@ def train(
             f"batch_size {cfg.batch_size} does not split into {world} processes x micro_batch_size "
             f"{cfg.micro_batch_size}; make batch_size a multiple of their product"
         )
-    if str(accelerator.distributed_type).split(".")[-1] in ("FSDP", "DEEPSPEED"):
+    kind = str(accelerator.distributed_type).split(".")[-1]
+    if kind == "DEEPSPEED" or (kind == "FSDP" and not accelerator.is_fsdp2):
+        engine = "DeepSpeed" if kind == "DEEPSPEED" else "FSDP version 1"
         raise ConfigError(
-            "finetune runs on plain data parallelism (DDP) for now, not FSDP or DeepSpeed; "
-            "launch with an accelerate config that uses neither"
+            f"finetune runs on DDP or FSDP version 2, not {engine}; "
+            "set fsdp_version: 2 in the accelerate config, or use one without FSDP or DeepSpeed"
         )
     plan = BatchPlan(len(data), cfg.batch_size, cfg.epochs, cfg.seed, cfg.max_steps)
     groups, anchors = trainable.optimizer_groups(cfg.weight_decay)
+    module, sharded = trainable.module, kind == "FSDP"
+    home = next(module.parameters()).device
+    if sharded:  # shard a copy (fully_shard moves it to the device); the caller's model stays whole, on the CPU
+        copies: dict[int, Any] = {}
+        module = copy.deepcopy(module.to("cpu"), copies)
+        anchors = {id(copies[id(p)]): anchors[id(p)] for g in groups for p in g["params"] if id(p) in anchors}
+        groups = [{**g, "params": [copies[id(p)] for p in g["params"]]} for g in groups]
     optimizer = AnchoredAdamW(
         groups, anchors, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=0.0
     )
     scheduler = build_scheduler(optimizer, cfg.lr_schedule, plan.total_steps, cfg.warmup_ratio)
     # The scheduler stays outside `prepare`: accelerate would step it once per process per step.
-    module, optimizer = accelerator.prepare(trainable.module, optimizer)
+    module, optimizer = accelerator.prepare(module, optimizer)
     device = accelerator.device
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
@@ -201,10 +216,16 @@ def train(
             path = latest_checkpoint(out_dir)
             if path is None:
                 raise ConfigError(f"there is no checkpoint to resume in {out_dir}; run without --resume")
-            state = load_checkpoint(path, loop.named, optimizer, scheduler, accelerator.process_index, fingerprint)
+            rank = accelerator.process_index
+            state = load_checkpoint(path, module, loop.named, optimizer, scheduler, rank, fingerprint)
             loop.start, loop.log = int(state["step"]), list(state["log"])
             logger.info("resuming from %s (step %d of %d)", path, loop.start, plan.total_steps)
         loop.run(out_dir, fingerprint, quiet)
+    if sharded:
+        _gather_into(trainable, loop.named)
+        del module, optimizer, loop.module, loop.optimizer, loop.named
+        accelerator.free_memory()  # drop accelerate's references to the sharded copy
+        trainable.module.to(home)
     steps_done = int(loop.log[-1]["step"]) if loop.log else loop.start
     return TrainResult(
         steps=steps_done,
@@ -215,9 +236,17 @@ def train(
         train_seconds=loop.seconds,
         peak_memory=peak_memory(device),
         world_size=world,
-        distributed_type=str(accelerator.distributed_type).split(".")[-1],
+        distributed_type=kind,
         resumed_from=loop.start if cfg.resume else None,
     )
+
+
+def _gather_into(trainable: Trainable, trained: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Copy the trained values, gathered whole from their shards, into the caller's model (collective)."""
+    targets = dict(trainable.trainable_named())
+    with torch.no_grad():
+        for name, p in trained:
+            targets[name].copy_(whole(p).to(targets[name].device))
 
 
 class _Loop:
@@ -238,7 +267,7 @@ class _Loop:
         self.accelerator, self.trainable, self.module = accelerator, trainable, module
         self.optimizer, self.scheduler, self.plan = optimizer, scheduler, plan
         self.data, self.pad_id, self.cfg = data, pad_id, cfg
-        self.named = trainable.trainable_named()
+        self.named = [(n, p) for n, p in accelerator.unwrap_model(module).named_parameters() if p.requires_grad]
         self.start, self.log = 0, []
         self.done, self.seconds = 0, 0.0
 
@@ -291,7 +320,7 @@ class _Loop:
             due = bool(cfg.checkpoint_every) and (step + 1) % cfg.checkpoint_every == 0 and not last
             if stopping or due:
                 state = {"log": self.log, "fingerprint": fingerprint, "total_steps": total}
-                save_checkpoint(acc, out_dir, step + 1, self.named, self.optimizer, self.scheduler, state)
+                save_checkpoint(acc, out_dir, step + 1, self.module, self.named, self.optimizer, self.scheduler, state)
             if stopping:
                 logger.info("stopped after %d steps as asked (stop_after); continue with --resume", self.done)
                 break
