@@ -49,20 +49,25 @@ def effect_heatmap(
     from matplotlib.colors import TwoSlopeNorm
 
     n_layers, n_heads = head_effects.shape
-    fig_w = max(5.0, 0.42 * n_heads + 3.2)
+    fig_w = max(5.0, 0.42 * n_heads + 3.6)
     fig_h = max(3.2, 0.21 * n_layers + 1.6)
-    fig, (ax_heads, ax_mlp) = plt.subplots(
-        1, 2, figsize=(fig_w, fig_h), dpi=150, gridspec_kw={"width_ratios": [n_heads, 1.6]}, sharey=True
+    # one grid row: heads, their colour bar, MLPs, theirs; thin bars of equal width and the panels' full height
+    fig, (ax_heads, bar_heads, ax_mlp, bar_mlp) = plt.subplots(
+        1, 4, figsize=(fig_w, fig_h), dpi=150, gridspec_kw={"width_ratios": [n_heads, 0.3, 1.6, 0.3]}
     )
-    panels = ((ax_heads, head_effects * 100, "heads"), (ax_mlp, mlp_effects[:, None] * 100, "MLP"))
-    for ax, grid, label in panels:
+    panels = (
+        (ax_heads, bar_heads, head_effects * 100, "heads"),
+        (ax_mlp, bar_mlp, mlp_effects[:, None] * 100, "MLP"),
+    )
+    for ax, bar, grid, label in panels:
         limit = float(np.nanmax(np.abs(grid))) or 1.0
         image = ax.imshow(grid, cmap="RdBu", norm=TwoSlopeNorm(0.0, -limit, limit), aspect="auto")
         for index in np.argsort(grid, axis=None)[:annotate_top]:
             row, col = divmod(int(index), grid.shape[1])
             if grid[row, col] < 0:
                 ax.text(col, row, f"{grid[row, col]:.1f}", ha="center", va="center", fontsize=5, color="white")
-        fig.colorbar(image, ax=ax, shrink=0.8, label=f"{label}: effect on answer logit (%)")
+        fig.colorbar(image, cax=bar, label=f"{label}: effect on answer logit (%)")
+    ax_mlp.set_yticks(range(n_layers), [""] * n_layers)
     ax_heads.set_xticks(range(n_heads), [str(h) for h in range(n_heads)], fontsize=7)
     ax_heads.set_yticks(range(n_layers), [str(layer) for layer in range(n_layers)], fontsize=6)
     ax_heads.set_xlabel("head")
