@@ -56,7 +56,8 @@ def evaluate(
     quiet: QuietOpt = False,
     load: Any = None,
 ) -> None:
-    """Math (GSM8K, SVAMP, AddSub, SingleEq) and general (MMLU, CommonsenseQA, perplexity/KL) benchmarks."""
+    """Math (GSM8K, SVAMP, AddSub, SingleEq) and general (MMLU, CommonsenseQA, perplexity/KL) benchmarks,
+    and lm-evaluation-harness tasks (--harness-tasks arc_easy,hellaswag)."""
     setup_logging(quiet)
     from arithmech.stages.evaluate import evaluate_stage
 
@@ -71,4 +72,8 @@ def evaluate(
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
         counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"
         typer.echo(f"{name:14s} {score}{counts}, {bench.seconds:.0f} s")
+    for harness in result.harness.values():
+        for s in harness.scores:
+            value = "n/a" if s.value is None else f"{s.value:.4f}"
+            typer.echo(f"harness:{s.task} {s.metric} {value} (n={s.n}), {harness.seconds:.0f} s")
     typer.echo(f"results in {out_dir}")

@@ -89,5 +89,5 @@ def ints(text: str, option: str) -> tuple[int, ...]:
 
 def setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
-    for noisy in ("transformers", "accelerate", "huggingface_hub", "urllib3", "httpx"):
+    for noisy in ("transformers", "accelerate", "huggingface_hub", "urllib3", "httpx", "lm_eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)

@@ -1,10 +1,12 @@
-"""Evaluation: math word problems by greedy generation, multiple choice by log-likelihood, general text by KL."""
+"""Evaluation: math word problems by greedy generation, multiple choice by log-likelihood, general text by KL,
+and lm-evaluation-harness tasks through a bridge (harness.py)."""
 
 from arithmech.evaluate.answers import extract_choice, extract_number, format_number, numbers_match
 from arithmech.evaluate.benchmarks import Benchmark, benchmark, benchmark_names, build_prompts, register_benchmark
 from arithmech.evaluate.choice import ChoiceScore, score_choices
 from arithmech.evaluate.general import GeneralResult, general_scores, load_general_texts
 from arithmech.evaluate.generation import Generation, generate_greedy
+from arithmech.evaluate.harness import HarnessOptions, HarnessResult, HarnessScore, run_harness
 from arithmech.evaluate.loading import EvalItem
 from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate, evaluate_benchmark
 
@@ -17,6 +19,9 @@ __all__ = [
     "EvalResult",
     "GeneralResult",
     "Generation",
+    "HarnessOptions",
+    "HarnessResult",
+    "HarnessScore",
     "benchmark",
     "benchmark_names",
     "build_prompts",
@@ -30,5 +35,6 @@ __all__ = [
     "load_general_texts",
     "numbers_match",
     "register_benchmark",
+    "run_harness",
     "score_choices",
 ]

@@ -37,6 +37,7 @@ from arithmech.evaluate.benchmarks import Benchmark, benchmark, build_prompts, r
 from arithmech.evaluate.choice import predict, score_choices
 from arithmech.evaluate.general import general_scores, load_general_texts
 from arithmech.evaluate.generation import generate_greedy
+from arithmech.evaluate.harness import HarnessResult
 from arithmech.evaluate.loading import EvalItem, choice_items, load_rows, math_items, train_overlap
 from arithmech.models.load import ModelHandle
 
@@ -78,7 +79,10 @@ class BenchmarkResult:
 
 @dataclass
 class EvalResult:
+    """Each built-in benchmark's result by name, and each lm-evaluation-harness task's by its requested name."""
+
     benchmarks: dict[str, BenchmarkResult]
+    harness: dict[str, HarnessResult] = field(default_factory=dict)
 
 
 def select_subset(items: Sequence[Any], limit: int | None, seed: int, name: str) -> list[Any]:

@@ -9,18 +9,26 @@ Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomica
                                        fingerprint of the config and model that produced it
     results.csv                        one row per benchmark: n, correct, accuracy, accuracy_norm (choice),
                                        perplexity, base_perplexity, kl (general), excluded rows, seconds
+    harness/                           lm-evaluation-harness tasks (--harness-tasks): results.json and
+                                       samples/<task>.jsonl -- see evaluate/harness.py
     metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
                                        written last
+
+results.csv also has one row per harness task (and group): benchmark "harness:<task>", kind "harness", the
+task's main metric ("acc,none") and its value in `metric` and `score`, and, when that metric is a fraction
+correct (acc, exact_match), `accuracy` and `correct` as for the built-in benchmarks.
 
 Resuming: a benchmark whose summary holds the same fingerprint (every config field that changes its numbers,
 the benchmark name, and the model's identity: its source and a checksum of its weights) is read back instead
 of being run again, so an interrupted or extended run (more benchmarks) redoes only what is missing. Data files
-are taken as unchanged between runs (their sha256 is recorded in the summary, not compared).
+are taken as unchanged between runs (their sha256 is recorded in the summary, not compared). Harness tasks
+resume the same way from their own record (harness/results.json).
 
 Usage
     >>> cfg = EvaluateConfig(benchmarks=("gsm8k", "mmlu"), limit=100)
     >>> result = evaluate_stage(handle, cfg, "runs/eval")
     >>> result.benchmarks["gsm8k"].accuracy
+    >>> evaluate_stage(handle, EvaluateConfig(harness_tasks=("arc_easy",)), "runs/eval").harness["arc_easy"].scores
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import torch
 
 from arithmech.errors import ConfigError
 from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_names
+from arithmech.evaluate.harness import HarnessOptions, HarnessResult, lm_eval_version, run_harness, task_manager
 from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate_benchmark
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
@@ -47,19 +56,22 @@ from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, gi
 logger = logging.getLogger(__name__)
 
 DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "mmlu", "csqa")
-_NOT_IN_FINGERPRINT = ("benchmarks", "base_model")  # the base model enters through its own fingerprint
+_HARNESS_FIELDS = ("harness_tasks", "harness_include_path", "harness_num_fewshot")
+# the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py)
+_NOT_IN_FINGERPRINT = ("benchmarks", "base_model", *_HARNESS_FIELDS)
 RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
-                  "base_perplexity", "kl", "excluded", "seconds")
+                  "base_perplexity", "kl", "excluded", "seconds", "metric", "score")
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
     """Settings of the evaluate stage."""
 
-    benchmarks: tuple[str, ...] = field(
-        default=DEFAULT_BENCHMARKS,
+    benchmarks: tuple[str, ...] | None = field(
+        default=None,
         metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
-                          "or a .jsonl file"},
+                          "or a .jsonl file; default gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when "
+                          "harness tasks are given"},
     )
     limit: int | None = field(
         default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
@@ -94,14 +106,25 @@ class EvaluateConfig:
         default=None,
         metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
     )
+    harness_tasks: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "lm-evaluation-harness tasks, groups or tags (e.g. arc_easy,hellaswag); needs "
+                          "pip install 'arithmech[lm-eval]'; limit takes each task's first rows"},
+    )
+    harness_include_path: str | None = field(
+        default=None, metadata={"help": "folder of your own lm-eval task YAMLs, named in harness_tasks"}
+    )
+    harness_num_fewshot: int | None = field(
+        default=None, metadata={"help": "few-shot examples per harness prompt; default each task's own (else 0)"}
+    )
 
     def __post_init__(self) -> None:
-        names = self.benchmarks
-        if isinstance(names, str):
-            names = tuple(n.strip() for n in names.split(",") if n.strip())
-        object.__setattr__(self, "benchmarks", tuple(names))
-        if not self.benchmarks:
-            raise ConfigError("no benchmark given; name at least one, e.g. gsm8k,mmlu")
+        object.__setattr__(self, "harness_tasks", _names(self.harness_tasks))
+        default = () if self.harness_tasks else DEFAULT_BENCHMARKS
+        object.__setattr__(self, "benchmarks", default if self.benchmarks is None else _names(self.benchmarks))
+        if not self.benchmarks and not self.harness_tasks:
+            raise ConfigError("no benchmark given; name at least one, e.g. gsm8k,mmlu, or a harness task")
+        self._check_harness()
         known = benchmark_names()
         for name in self.benchmarks:
             if name not in known and not name.endswith(".jsonl"):
@@ -120,10 +143,38 @@ class EvaluateConfig:
         if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
             raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
 
+    def _check_harness(self) -> None:
+        """Cheap checks first, then the names against lm-eval's task index, so a typo fails before a model loads."""
+        if len(set(self.harness_tasks)) != len(self.harness_tasks):
+            raise ConfigError(f"harness task list {', '.join(self.harness_tasks)} names one task twice; name it once")
+        if not self.harness_tasks and (self.harness_include_path or self.harness_num_fewshot is not None):
+            raise ConfigError("harness_include_path and harness_num_fewshot apply to harness tasks; name them too, "
+                              "e.g. --harness-tasks my_task")  # fmt: skip
+        if self.harness_include_path is not None and not Path(self.harness_include_path).is_dir():
+            raise ConfigError(f"harness_include_path {self.harness_include_path!r} is not a folder; give the folder "
+                              "holding your task YAML files")  # fmt: skip
+        if self.harness_num_fewshot is not None and self.harness_num_fewshot < 0:
+            raise ConfigError(f"harness_num_fewshot must be 0 or more (got {self.harness_num_fewshot})")
+        if self.harness_tasks:
+            task_manager(self.harness_tasks, self.harness_include_path)  # lm-eval installed, every name known
+
+    def harness_options(self) -> HarnessOptions:
+        """The harness bridge's options: its own fields plus the shared limit, seed, batch size and chat template."""
+        return HarnessOptions(tasks=self.harness_tasks, include_path=self.harness_include_path,
+                              num_fewshot=self.harness_num_fewshot, limit=self.limit, seed=self.seed,
+                              batch_size=self.batch_size, chat_template=self.chat_template)  # fmt: skip
+
     def options(self) -> EvalOptions:
         """The runner's options (every field but the benchmark list and the base model)."""
         names = {f.name for f in fields(EvalOptions)}
         return EvalOptions(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A comma list ("a, b") or a sequence of names as a tuple."""
+    if isinstance(value, str):
+        return tuple(n.strip() for n in value.split(",") if n.strip())
+    return tuple(value)
 
 
 def model_fingerprint(model: Any) -> str:
@@ -203,6 +254,7 @@ def evaluate_stage(
     out = Path(out_dir)
     examples = out / "examples"
     start = time.perf_counter()
+    harness = cfg.harness_options()
     if base_handle is None and cfg.base_model and GENERAL in cfg.benchmarks:
         base_handle = _load_base(handle, cfg.base_model)
     identity = _identity(handle)
@@ -224,7 +276,8 @@ def evaluate_stage(
             result = evaluate_benchmark(handle, name, options, base_handle, bar.update)
         _write_benchmark(examples, stem, fingerprint, result)
         results[name] = result
-    atomic_write_text(out / "results.csv", results_csv(results.values()))
+    harness_results = run_harness(handle, harness, out / "harness", identity) if harness.tasks else {}
+    atomic_write_text(out / "results.csv", results_csv(results.values(), harness_results.values()))
     metadata = {
         "stage": "evaluate",
         "model": handle.source,
@@ -235,24 +288,38 @@ def evaluate_stage(
         "seed": cfg.seed,
         "benchmarks": {name: {**_summary(r), "file": f"examples/{file_stem(name)}.jsonl", "reused": name in reused}
                        for name, r in results.items()},
+        "harness": {name: _harness_summary(r) for name, r in harness_results.items()},
         "timings": {"evaluate_s": time.perf_counter() - start,
-                    **{f"{name}_s": r.seconds for name, r in results.items()}},
-        "versions": package_versions(),
+                    **{f"{name}_s": r.seconds for name, r in results.items()},
+                    **{f"harness:{name}_s": r.seconds for name, r in harness_results.items()}},
+        "versions": {**package_versions(), **({"lm_eval": lm_eval_version()} if harness.tasks else {})},
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_json(out / "metadata.json", metadata)
-    return EvalResult(results)
+    return EvalResult(results, harness_results)
 
 
-def results_csv(results: Any) -> str:
-    """results.csv text: one row per benchmark (empty cells where a column does not apply)."""
+def _harness_summary(result: HarnessResult) -> dict[str, Any]:
+    return {"scores": [{**asdict(s), "accuracy": s.accuracy, "correct": s.correct} for s in result.scores],
+            "results": "harness/results.json", "samples": {t: f"harness/{f}" for t, f in result.samples.items()},
+            "seconds": result.seconds, "reused": result.reused}  # fmt: skip
+
+
+def results_csv(results: Any, harness: Any = ()) -> str:
+    """results.csv text: one row per benchmark, then per harness task (empty cells where a column does not apply)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(RESULT_COLUMNS)
+    rows = []
     for r in results:
         excluded = len(r.info.get("excluded_by_id", [])) + len(r.info.get("excluded_by_text", []))
-        cells = [r.name, r.kind, r.n, r.correct, r.accuracy, r.accuracy_norm, r.info.get("perplexity"),
-                 r.info.get("base_perplexity"), r.info.get("kl"), excluded, r.seconds]
+        rows.append([r.name, r.kind, r.n, r.correct, r.accuracy, r.accuracy_norm, r.info.get("perplexity"),
+                     r.info.get("base_perplexity"), r.info.get("kl"), excluded, r.seconds, None, None])  # fmt: skip
+    for result in harness:
+        for s in result.scores:
+            rows.append([f"harness:{s.task}", "harness", s.n, s.correct, s.accuracy, s.accuracy_norm, None, None,
+                         None, None, result.seconds, s.metric, s.value])  # fmt: skip
+    for cells in rows:
         writer.writerow(["" if c is None else (f"{c:.6f}" if isinstance(c, float) else c) for c in cells])
     return buffer.getvalue()
