@@ -24,7 +24,9 @@ Word problems
     Prompt = 3 solved examples, each "Question: ...\\nAnswer: <number>\\n\\n", then
     "Question: <q>\\nAnswer: "; the target is the first token of the answer. The examples are drawn once
     (seeded) and shared by every prompt of the set: from the train split where there is one (gsm8k), else
-    from the same file's rows, which are then left out of the queries (svamp). Examples are drawn among
+    from the same file's rows, which are then left out of the queries (svamp). The train split comes from
+    where the test split came from (a local folder, or the hub), so the prompts do not depend on whether the
+    machine happens to be online. Examples are drawn among
     questions of at most 250 characters, to keep prompts short. Rows with a negative answer are skipped
     (their first token would be "-"). Word problems have no operator counterfactual: the pair's
     counterfactual is the reference itself, and the transfer stage ablates at END with the mean over the
@@ -233,10 +235,10 @@ class WordProblem:
 
 def word_problem_pairs(name: str, source: str, options: TargetOptions) -> list[PromptPair]:
     """`options.limit` seeded test rows as 3-shot "Question: ...\\nAnswer: " prompts (see module docstring)."""
-    rows = [r for r in read_word_problems(resolve_word_problems(source, "test", options.data_dir))
-            if _ANSWER.match(r.answer)]
+    test = resolve_word_problems(source, "test", options.data_dir)
+    rows = [r for r in read_word_problems(test) if _ANSWER.match(r.answer)]
     rng = random.Random(f"{options.seed}:{name}")
-    train = _train_split(source, options.data_dir)
+    train = _train_split(source, options.data_dir, from_hub=isinstance(test, list))
     pool = train if train is not None else rows
     short = [r for r in pool if len(r.question) <= _EXAMPLE_MAX_CHARS and _ANSWER.match(r.answer)] or pool
     if len(short) < options.few_shot:
@@ -258,9 +260,13 @@ def word_problem_pairs(name: str, source: str, options: TargetOptions) -> list[P
     return sorted(pairs, key=lambda p: len(p.reference))  # similar lengths share a forward pass
 
 
-def _train_split(source: str, data_dir: str | None) -> list[WordProblem] | None:
+def _train_split(source: str, data_dir: str | None, from_hub: bool) -> list[WordProblem] | None:
+    """The train rows of a known set, from the hub only when its test rows came from there too."""
     if source not in WORD_PROBLEM_SETS:
         return None
+    if not from_hub:
+        local = _local_file(source, "train", data_dir)
+        return read_word_problems(local) if local is not None else None
     try:
         return read_word_problems(resolve_word_problems(source, "train", data_dir))
     except DataError:
@@ -288,19 +294,26 @@ def resolve_word_problems(
             raise DataError(f"word-problem file {text} does not exist; pass a JSONL path or one of "
                             f"{', '.join(WORD_PROBLEM_SETS)}")
         return path
-    roots = data_roots(data_dir)
-    for root in roots:
-        path = root / text / f"{split}.jsonl"
-        if path.is_file():
-            return path
+    path = _local_file(text, split, data_dir)
+    if path is not None:
+        return path
     rows = _from_hub(text, split)
     if rows is not None:
         return rows
-    where = ", ".join(str(r / text / f"{split}.jsonl") for r in roots)
+    where = ", ".join(str(r / text / f"{split}.jsonl") for r in data_roots(data_dir))
     raise DataError(
         f"could not find {text} {split} data in {where} (nor on the hub: the datasets package is not "
         f"installed); set ${DATA_ENV} or pass the folder or a JSONL path"
     )
+
+
+def _local_file(name: str, split: str, data_dir: str | os.PathLike[str] | None) -> Path | None:
+    """<root>/<name>/<split>.jsonl in the first data root that has it."""
+    for root in data_roots(data_dir):
+        path = root / name / f"{split}.jsonl"
+        if path.is_file():
+            return path
+    return None
 
 
 def read_word_problems(source: Path | list[WordProblem]) -> list[WordProblem]:

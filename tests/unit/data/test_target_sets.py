@@ -115,6 +115,28 @@ def test_word_problems_from_env_folder_and_path(tmp_path: Path, monkeypatch: pyt
     assert len(build_target_pairs(target_set(str(path)), TargetOptions(limit=2))) == 2
 
 
+def test_local_test_rows_are_never_mixed_with_hub_train_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online or offline, a local test file gives the same prompts: no train split is fetched from the hub."""
+    rows = [{"id": f"r{i}", "question": f"Tom has {i} apples. How many?", "answer": str(i)} for i in range(8)]
+    (tmp_path / "svamp").mkdir()
+    (tmp_path / "svamp" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(ts, "data_roots", lambda data_dir=None: [tmp_path])
+    monkeypatch.setattr(ts, "_from_hub", lambda name, split: None)  # offline
+    offline = build_target_pairs(target_set("svamp"), TargetOptions(limit=100))
+    calls: list[tuple[str, str]] = []
+
+    def online(name: str, split: str) -> list[ts.WordProblem]:
+        calls.append((name, split))
+        return [ts.WordProblem(f"hub-{i}", f"Hub question {i}?", str(i)) for i in range(5)]
+
+    monkeypatch.setattr(ts, "_from_hub", online)
+    assert build_target_pairs(target_set("svamp"), TargetOptions(limit=100)) == offline
+    assert calls == []
+    (tmp_path / "svamp" / "test.jsonl").unlink()  # test rows from the hub: its train rows are the examples
+    prefix = build_target_pairs(target_set("svamp"), TargetOptions(limit=2))[0].reference
+    assert calls == [("svamp", "test"), ("svamp", "train")] and "Hub question" in prefix
+
+
 def test_missing_data_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DataError, match="does not exist; pass a JSONL path"):
         resolve_word_problems(tmp_path / "nope.jsonl")
