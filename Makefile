@@ -50,7 +50,7 @@ browser:
 		echo "could not install chromium; the browser test will be skipped"; \
 	else echo "chromium is not installed (apt-get install chromium chromium-driver); the browser test will be skipped"; fi
 
-# Benchmarks at a quick size (10-20 min on 2 CPU cores), compared with benchmarks/results.json; fails on a
+# Benchmarks at a quick size (about 7 min on 2 idle CPU cores), compared with benchmarks/results.json; fails on a
 # slowdown beyond noise. bench-update stores this run's results as the new previous ones (then commit them).
 bench: venv
 	$(PY) benchmarks/compare.py

@@ -6,7 +6,7 @@ results from the same machine (CPU model, logical cores, torch version, device).
 --tolerance percent worse than the previous one fails the run (exit status 1); so does a correctness check
 (largest |difference| between the two methods, accuracies agree) that breaks, whatever the speed.
 
-    python benchmarks/compare.py                        # the CPU benchmarks, 10-20 min on 2 cores
+    python benchmarks/compare.py                        # the CPU benchmarks, about 7 min on 2 idle cores
     python benchmarks/compare.py --only knockout,mediation
     python benchmarks/compare.py --update               # accept these results: make bench-update, then commit
     python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py
@@ -89,7 +89,7 @@ class Benchmark:
         return [*self.args] if self.needs_cuda else [*self.args, "--device", device]
 
 
-# Sizes for about 10-20 minutes on 2 CPU cores; each run also builds its prompt set (about a minute) first.
+# Sizes for about 7 minutes on 2 idle CPU cores (knockout: 2 min, so its ratio is not at the mercy of noise).
 BENCHMARKS = (
     Benchmark(
         "path_patching",
@@ -98,7 +98,7 @@ BENCHMARKS = (
     ),
     Benchmark(
         "knockout",
-        ("--prompts", "16", "--max-k", "4", "--n-random", "1"),
+        ("--prompts", "32", "--max-k", "8", "--n-random", "2"),
         {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "accuracies_agree": AGREE},
     ),
     Benchmark(
