@@ -282,6 +282,8 @@ class PreciseModel(nn.Module):
         super().__init__()
         self.model = model
         self.slices = slices
+        # FSDP's transformer auto-wrap reads the layer classes from here: each decoder layer its own unit
+        self._no_split_modules = getattr(model, "_no_split_modules", None)
 
     def forward(self, **kwargs: Any) -> Any:
         with hooks(post=self.slices.post_hooks()):
