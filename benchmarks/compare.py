@@ -9,7 +9,7 @@ results from the same machine (CPU model, logical cores, torch version, device).
     python benchmarks/compare.py                        # the CPU benchmarks, about 7 min on 2 idle cores
     python benchmarks/compare.py --only knockout,mediation
     python benchmarks/compare.py --update               # accept these results: make bench-update, then commit
-    python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py
+    python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py and gpu_finetune.py
 """
 
 from __future__ import annotations
@@ -126,6 +126,15 @@ BENCHMARKS = (
         "gpu_scan",
         ("--prompts", "128", "--layers", "16"),
         {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB},
+        needs_cuda=True,
+    ),
+    Benchmark(
+        "gpu_finetune",
+        ("--steps", "2", "--layers", "16"),
+        {
+            "speedup": RATIO, "memory_ratio": RATIO, "precise_s_per_step": SECONDS, "full_s_per_step": SECONDS,
+            "precise_peak_gib": GIB, "full_peak_gib": GIB,
+        },
         needs_cuda=True,
     ),
 )
