@@ -308,3 +308,17 @@ def test_report_renders_in_chromium(browser: Any, run_dir: Path, tmp_path: Path)
     shot = browser.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
     (ARTIFACTS / "report.png").write_bytes(base64.b64decode(shot["data"]))
     assert (ARTIFACTS / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mediation_reading_names_the_peaks_and_the_last_token_mlp(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    med = run / "mediation"
+    rows = ["addition,mlp,0,operand2,60,1.7,4", "addition,mlp,29,last,3.1,1.4,4", "addition,mlp,28,last,0.2,0.1,4",
+            "addition,attn,23,last,0.6,0.5,4", "addition,attn,22,operand1,0.1,-0.2,4"]
+    _write(med, "mediation_by_class.csv", "task,component,layer,class,mean_ie,median_ie,n_pairs\n" + "\n".join(rows))
+    _write(med, "mediation_total.csv", "task,pairs,mean_te,median_te,number_accuracy\naddition,4,2.5,1.5,0.75\n")
+    _write(med, "metadata.json", "{}")
+    text = write_report(run).read_text()
+    assert ("For addition the largest median indirect effects are the MLP of layer 0 at the operand2 position "
+            "(median IE 1.7, mean 60) and the attention of layer 23 at the last position (median IE 0.5, mean 0.6). "
+            "At the last token the MLP of layer 29 has the largest (median IE 1.4).") in text  # fmt: skip

@@ -15,9 +15,10 @@ from arithmech.report.sections import plural
 COMPONENT_NAMES = {"mlp": "MLP", "attn": "attention"}
 
 
-def _peak(rows: list[dict[str, str]], task: str, component: str) -> dict[str, str] | None:
-    """The (layer, class) cell of one task and component with the largest median indirect effect."""
-    cells = [r for r in rows if r["task"] == task and r["component"] == component]
+def _peak(rows: list[dict[str, str]], task: str, component: str, where: str | None = None) -> dict[str, str] | None:
+    """The (layer, class) cell of one task and component with the largest median indirect effect (at position
+    class `where` only, when given)."""
+    cells = [r for r in rows if r["task"] == task and r["component"] == component and where in (None, r["class"])]
     cells = [r for r in cells if is_number(to_float(r["median_ie"]))]
     return max(cells, key=lambda r: to_float(r["median_ie"])) if cells else None
 
@@ -36,6 +37,10 @@ def mediation_body(stage: StageFolder) -> Body:
             for c, p in peaks.items() if p is not None
         ]  # fmt: skip
         text.append(f"For {task} the largest median indirect effects are {listing(described)}.")
+        last = _peak(rows, task, "mlp", "last")  # where the result is written (Stolfo et al.), if not the peak
+        if last is not None and peaks.get("mlp") is not None and peaks["mlp"]["class"] != "last":
+            text.append(f"At the last token the MLP of layer {last['layer']} has the largest "
+                        f"(median IE {num(to_float(last['median_ie']))}).")  # fmt: skip
         total = totals.get(task, {})
         table_rows.append((
             task, total.get("pairs", "n/a"), num(to_float(total.get("mean_te"))), num(to_float(total.get("median_te"))),
