@@ -54,7 +54,8 @@ class Stage:
     needs: tuple[str, ...] = ()
     default_on: bool = True
     sharded: bool = False
-    """Splits its prompts over the processes of a multi-process launch; other stages run on rank 0 only."""
+    """Runs in every process of a multi-process launch and splits its work over them (scans their prompts,
+    finetune each batch); other stages run on rank 0 only while the rest wait."""
     reads: tuple[str, ...] = ()
     """Stages whose results are used when present (part of the fingerprint then), but not required."""
 
@@ -95,7 +96,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("neurons", "arithmech.stages.neurons:NeuronsConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.neurons:neurons", h, c, o, quiet=q)),
     Stage("finetune", "arithmech.stages.finetune:FinetuneConfig",
-          lambda h, c, o, r, q: _finetune(h, c, o, r, q), needs=("identify",), default_on=False),
+          lambda h, c, o, r, q: _finetune(h, c, o, r, q), needs=("identify",), default_on=False, sharded=True),
     Stage("evaluate", "arithmech.stages.evaluate:EvaluateConfig",
           lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
@@ -113,8 +114,8 @@ def _finetune(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
 
     tuned = copy.deepcopy(handle.model)
     copy_handle = ModelHandle(tuned, handle.tokenizer, type(handle.view)(tuned, handle.view.spec), handle.source)
-    changes = {"from_run": str(run_dir / "identify")} if not cfg.components else {}
-    return _call("arithmech.stages.finetune:finetune", copy_handle, _with(cfg, **changes), out, quiet=quiet)
+    from_run = {"from_run": str(run_dir / "identify")}  # its top-k heads, or the model check of named components
+    return _call("arithmech.stages.finetune:finetune", copy_handle, _with(cfg, **from_run), out, quiet=quiet)
 
 
 def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:

@@ -1,4 +1,4 @@
-"""Scans sharded over two CPU processes give the numbers of one process.
+"""Scans sharded over two CPU processes give the numbers of one process; so does the pipeline's finetune.
 
 identify (path patching), knockout and mediate run once in this process and once under
 `accelerate launch --multi_gpu --num_processes 2 -m arithmech.cli ...` with CUDA hidden (accelerate's `--cpu`
@@ -39,13 +39,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch_two(args: list[str]) -> str:
+def launch_two(args: list[str], timeout: int = 300) -> str:
     """`accelerate launch` two CPU processes of `python -m arithmech.cli ARGS`; returns their output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"}
     cmd = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "arithmech.cli", *args]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     return output
@@ -174,3 +174,32 @@ def test_mediate_two_processes(model: Path, tmp_path: Path) -> None:
     assert pairs == (tmp_path / "two" / "pairs.jsonl").read_text()
     addition = [json.loads(line)["base"] for line in pairs.splitlines()][:2]
     assert len(addition[0]) != len(addition[1])  # the shards' per-position tables have different widths
+
+
+@pytest.mark.slow
+def test_pipeline_finetune_runs_in_both_processes(model: Path, identify_one: Path, tmp_path: Path) -> None:
+    """`arithmech run` with finetune under a two-process launch: every process trains (data parallel), none
+    waits at a barrier while the other calls collectives, and the delta is the one of a single process."""
+    from safetensors.torch import load_file
+
+    rows = [{"id": f"r{i}", "question": f"Tom has {i % 7} apples and buys {i % 5} more. How many now?",
+             "answer": str(i % 7 + i % 5)} for i in range(16)]  # fmt: skip
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({
+        "model": {"model": str(model)}, "stages": ["finetune"],
+        "finetune": {"method": "precise", "components": ["0.1", "1.2"], "data": str(data), "target": "answer",
+                     "batch_size": 8, "micro_batch_size": 2, "max_steps": 2, "lr": 1e-4, "warmup_ratio": 0.0},
+    }))  # fmt: skip
+    for run in ("one", "two"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "identify").symlink_to(identify_one)  # the stage it needs, already done
+    assert main(["run", "--config", str(config), "--out", str(tmp_path / "one"), "--quiet"]) == 0
+    launch_two(["run", "--config", str(config), "--out", str(tmp_path / "two"), "--quiet"], timeout=180)
+    meta = json.loads((tmp_path / "two" / "finetune" / "metadata.json").read_text())
+    assert meta["distributed"] == {"type": "MULTI_CPU", "processes": 2}
+    one, two = (load_file(tmp_path / run / "finetune" / "delta.safetensors") for run in ("one", "two"))
+    assert one.keys() == two.keys()
+    for key in one:
+        torch.testing.assert_close(one[key], two[key], rtol=0, atol=1e-6)
