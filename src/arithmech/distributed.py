@@ -14,7 +14,9 @@ Split, for n items over W processes (rank r):
     same prompts as in one process and the numbers are bit-identical. A shard may be empty (n < W).
 
 One process (no WORLD_SIZE > 1 in the environment): every function is a no-op and accelerate is never imported.
-Under a launch, accelerate's `PartialState` sets up torch.distributed (gloo on CPU, NCCL on GPUs) on first use.
+Under a launch, accelerate's `PartialState` sets up torch.distributed (gloo on CPU, NCCL on GPUs) on first use,
+with a long timeout (`WAIT_TIMEOUT`): in `arithmech run`, a stage that is not sharded runs on rank 0 while the
+others wait at a barrier, and on a 7B model one (evaluate, neurons) can take longer than torch's default.
 
 Usage
     $ accelerate launch --num_processes 4 -m arithmech.cli identify --device cuda ...
@@ -26,6 +28,7 @@ Usage
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import os
@@ -35,6 +38,8 @@ from typing import Any, TypeVar
 from arithmech.errors import ConfigError
 
 T = TypeVar("T")
+WAIT_TIMEOUT = datetime.timedelta(hours=48)
+"""How long a process may wait at a barrier or collective before torch.distributed gives up (default: 10-30 min)."""
 _WORLD_ENV = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
@@ -54,7 +59,7 @@ def _state() -> Any:
     from accelerate import PartialState
 
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    state = PartialState(cpu=cpu)
+    state = PartialState(cpu=cpu, timeout=WAIT_TIMEOUT)
     if state.num_processes != launched_processes():
         raise ConfigError(
             f"the launcher started {launched_processes()} processes but accelerate joined {state.num_processes}; "

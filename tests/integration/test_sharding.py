@@ -138,6 +138,30 @@ def test_one_process_is_a_no_op() -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_a_launch_waits_hours_at_barriers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 may run an unsharded stage for hours while the others wait: the process group must not time out."""
+    import datetime
+
+    import accelerate
+
+    seen: dict[str, object] = {}
+
+    class RecordingState:
+        num_processes = 2
+
+        def __init__(self, cpu: bool, **kwargs: object) -> None:
+            seen.update(kwargs)
+
+    monkeypatch.setattr(accelerate, "PartialState", RecordingState)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    distributed._state.cache_clear()
+    try:
+        distributed._state()
+    finally:
+        distributed._state.cache_clear()
+    assert isinstance(seen.get("timeout"), datetime.timedelta) and seen["timeout"] >= datetime.timedelta(hours=24)
+
+
 @pytest.mark.slow
 def test_identify_two_processes(model: Path, prompts: Path, identify_one: Path, tmp_path: Path) -> None:
     two = tmp_path / "identify"
