@@ -134,9 +134,13 @@ def accelerator_for(device: torch.device) -> Any:
     accelerate keeps one device choice per process, so a process trains on one device type.
     """
     from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
 
+    from arithmech.distributed import WAIT_TIMEOUT
+
+    wait = InitProcessGroupKwargs(timeout=WAIT_TIMEOUT)  # others wait while the main process writes a merged model
     try:
-        accelerator = Accelerator(cpu=device.type == "cpu")
+        accelerator = Accelerator(cpu=device.type == "cpu", kwargs_handlers=[wait])
         found = str(accelerator.device)
     except ValueError as err:  # accelerate: "AcceleratorState has already been initialized and cannot be changed"
         accelerator, found = None, str(err).splitlines()[0]
