@@ -7,11 +7,13 @@ meanwhile, the error names the file being written (not its temporary name), so t
 
 from __future__ import annotations
 
+import csv
 import errno
+import io
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -62,6 +64,22 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` atomically."""
     with atomic_open(path) as handle:
         handle.write(text)
+
+
+def csv_text(
+    rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str] | None = None, float_format: str | None = None
+) -> str:
+    """`rows` as CSV text, header first: columns `fieldnames`, else the first row's keys; floats written with
+    `float_format` (e.g. ".6f") when given, else as Python prints them."""
+    columns = list(fieldnames) if fieldnames is not None else list(rows[0]) if rows else []
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        if float_format is not None:
+            row = {k: format(v, float_format) if isinstance(v, float) else v for k, v in row.items()}
+        writer.writerow(row)
+    return buffer.getvalue()
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

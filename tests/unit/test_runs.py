@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arithmech.runs import atomic_open, atomic_write_json, disk_full_error
+from arithmech.runs import atomic_open, atomic_write_json, csv_text, disk_full_error
 
 DISK_FULL = [errno.ENOSPC, errno.EDQUOT]
 
@@ -99,3 +99,10 @@ def test_disk_full_error_finds_the_cause() -> None:
         assert disk_full_error(wrapped) is full
     assert disk_full_error(OSError(errno.EIO, "I/O error")) is None
     assert disk_full_error(ValueError("x")) is None
+
+
+def test_csv_text_orders_columns_and_formats_floats() -> None:
+    rows = [{"k": 1, "acc": 0.5, "name": "a"}, {"k": 2, "acc": 1 / 3, "name": "b"}]
+    assert csv_text(rows) == f"k,acc,name\n1,0.5,a\n2,{1 / 3},b\n"
+    assert csv_text(rows, ("name", "acc", "k"), ".3f") == "name,acc,k\na,0.500,1\nb,0.333,2\n"
+    assert csv_text([], ("a", "b")) == "a,b\n"

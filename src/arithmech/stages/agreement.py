@@ -25,9 +25,7 @@ Writes agreement.csv, importance.csv, agreement.png and metadata.json (last) int
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,7 +48,7 @@ from arithmech.patching.mediation import mediation_effects
 from arithmech.patching.path import PatchingBatch, path_patch
 from arithmech.patching.states import collect_end_states
 from arithmech.patching.total import total_patched_logits
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -234,21 +232,14 @@ def write_agreement_outputs(result: AgreementResult, model: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metadata.json").unlink(missing_ok=True)
     methods = list(result.metadata["config"]["methods"])
-    atomic_write_text(out / "agreement.csv", _csv(result.rows))
+    atomic_write_text(out / "agreement.csv", csv_text(result.rows, float_format=".6f"))
     importance_rows = [
         {"level": level, "site": site, **{m: f"{result.importance[level][m][i]:.6g}" for m in methods}}
         for level in LEVELS
         for i, site in enumerate(result.sites[level])
     ]
-    atomic_write_text(out / "importance.csv", _csv(importance_rows))
+    atomic_write_text(out / "importance.csv", csv_text(importance_rows, float_format=".6f"))
     title = f"{result.metadata['counts']['prompts']} prompts: {model}"
     agreement_matrices(result.rows, methods, out / "agreement.png", title)
     atomic_write_json(out / "metadata.json", result.metadata)
 
-
-def _csv(rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["level"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows([{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows])
-    return buffer.getvalue()

@@ -17,8 +17,6 @@ Checkpoints live in checkpoints/ while training and are removed once the outputs
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import random
@@ -42,12 +40,14 @@ from arithmech.finetune.methods import (
 from arithmech.finetune.train import TrainConfig, TrainResult, accelerator_for, train
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
 
 # Settings that may differ between an interrupted run and its resumption.
+LOG_FIELDS = ("step", "epoch", "lr", "loss", "grad_norm", "tokens", "seconds")
+"""Columns of train_log.csv: one row per optimizer step."""
 _NOT_FINGERPRINTED = ("resume", "stop_after", "checkpoint_every", "save_merged")
 
 
@@ -172,7 +172,7 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:
                 save_merged(handle.model, handle.tokenizer, out / "merged")
-            atomic_write_text(out / "train_log.csv", _log_csv(result.log))
+            atomic_write_text(out / "train_log.csv", csv_text(result.log, LOG_FIELDS))
             atomic_write_json(out / "metadata.json", metadata)
             remove_checkpoints(out)
         accelerator.wait_for_everyone()
@@ -218,11 +218,3 @@ def _metadata(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
-
-def _log_csv(log: list[dict[str, float]]) -> str:
-    buffer = io.StringIO()
-    fields = ["step", "epoch", "lr", "loss", "grad_norm", "tokens", "seconds"]
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(log)
-    return buffer.getvalue()

@@ -31,7 +31,7 @@ from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.identify import IdentifyConfig, build_reference_set
 from arithmech.stages.identify_run import read_identify_run
 
@@ -210,11 +210,7 @@ def write_knockout_outputs(
         )
     atomic_write_text(out / "knockout.csv", buffer.getvalue())
     summary = summarize(rows)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(summary[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows([{k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()} for row in summary])
-    atomic_write_text(out / "knockout_summary.csv", buffer.getvalue())
+    atomic_write_text(out / "knockout_summary.csv", csv_text(summary, float_format=".6f"))
     baseline = next(r for r in rows if r.ranking == "none")
     title = f"{cfg.ablation} ablation, {metadata['counts']['prompts']} prompts: {model}"
     knockout_curves(summary, baseline.accuracy, baseline.mean_prob, out / "knockout.png", title)

@@ -8,7 +8,6 @@ for facts; number accuracy of facts). Medians follow torch: the lower middle val
 from __future__ import annotations
 
 import csv
-import io
 import json
 import shutil
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import numpy as np
 from arithmech.data.mediation_prompts import POSITION_CLASSES
 from arithmech.errors import ConfigError
 from arithmech.patching.mediation import top_neurons
-from arithmech.runs import atomic_write_json, atomic_write_text
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text
 
 if TYPE_CHECKING:
     from arithmech.stages.mediate import MediateConfig, MediateResult
@@ -35,14 +34,6 @@ TOTAL_FIELDS = (
 
 def _num(value: float) -> str:
     return f"{float(value):.9g}"
-
-
-def _csv(fieldnames: tuple[str, ...], rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(fieldnames), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def by_class_rows(task: str, result: Any) -> list[dict[str, Any]]:
@@ -67,7 +58,7 @@ def write_mediate_outputs(result: MediateResult, cfg: MediateConfig) -> None:
     (out / "metadata.json").unlink(missing_ok=True)  # the folder is unfinished until the new one is written
     atomic_write_text(
         out / "mediation_by_class.csv",
-        _csv(BY_CLASS_FIELDS, [row for task, r in result.results.items() for row in by_class_rows(task, r)]),
+        csv_text([row for task, r in result.results.items() for row in by_class_rows(task, r)], BY_CLASS_FIELDS),
     )
     totals = []
     for task, r in result.results.items():
@@ -76,18 +67,18 @@ def write_mediate_outputs(result: MediateResult, cfg: MediateConfig) -> None:
             {"task": task, "intervention": cfg.intervention, **result.counts[task], "mean_te": _num(te.mean()),
              "median_te": _num(te.nanmedian()), "number_accuracy": _num(r.number_accuracy())}
         )  # fmt: skip
-    atomic_write_text(out / "mediation_total.csv", _csv(TOTAL_FIELDS, totals))
+    atomic_write_text(out / "mediation_total.csv", csv_text(totals, TOTAL_FIELDS))
     k, layer = cfg.neuron_k, result.neuron_layer
     top = [
         {"task": task, "rank": rank + 1, "neuron": n, "mean_ie": _num(ie.nanmean(0)[n])}
         for task, ie in result.neurons.items()
         for rank, n in enumerate(top_neurons(ie, k))
     ]
-    atomic_write_text(out / "neuron_top.csv", _csv(("task", "rank", "neuron", "mean_ie"), top))
+    atomic_write_text(out / "neuron_top.csv", csv_text(top, ("task", "rank", "neuron", "mean_ie")))
     overlap = [
         {"task_a": a, "task_b": b, "layer": layer, "k": k, "overlap": _num(v)} for (a, b), v in result.overlaps.items()
     ]
-    atomic_write_text(out / "neuron_overlap.csv", _csv(("task_a", "task_b", "layer", "k", "overlap"), overlap))
+    atomic_write_text(out / "neuron_overlap.csv", csv_text(overlap, ("task_a", "task_b", "layer", "k", "overlap")))
     lines = [json.dumps(item.pair.to_dict()) for task_items in result.items.values() for item in task_items]
     atomic_write_text(out / "pairs.jsonl", "\n".join(lines) + "\n")
     model = result.metadata.get("model", {}).get("model", "?")

@@ -19,9 +19,7 @@ head_importance.png, attention_li.csv, cna_neurons.csv, pruning.csv, pruning.png
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import shutil
 import time
@@ -37,7 +35,7 @@ from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.identify_run import model_identity
 
 PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
@@ -298,8 +296,4 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["empty"], lineterminator="\n")
-    writer.writeheader()
-    writer.writerows([{k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()} for row in rows])
-    return buffer.getvalue()
+    return csv_text(rows, float_format=".6g")
