@@ -52,7 +52,8 @@ def test_scores_are_what_each_method_computes(run: tuple[Path, Path], tmp_path: 
     result = method_agreement(handle, cfg, tmp_path / "agreement", quiet=True)
     dims = handle.dims
 
-    pairs = read_identify_run(identify_dir, handle).pairs[:6]
+    run_pairs = read_identify_run(identify_dir, handle).pairs
+    pairs = [run_pairs[i] for i in result.metadata["prompts"]["indices"]]
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     effects = path_patch(handle.view, batch).effects.reshape(dims.n_layers, dims.n_heads + 1)
@@ -96,7 +97,8 @@ def test_end_only_zero_ablation_matches_a_full_forward_knockout(run: tuple[Path,
     handle = load_model(ModelConfig(model=str(model)))
     cfg = AgreementConfig(from_run=str(identify_dir), methods=("path", "zero-ablation"), max_prompts=5)
     result = method_agreement(handle, cfg, tmp_path / "a", quiet=True)
-    pairs = read_identify_run(identify_dir, handle).pairs[:5]
+    run_pairs = read_identify_run(identify_dir, handle).pairs
+    pairs = [run_pairs[i] for i in result.metadata["prompts"]["indices"]]
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     sources = ablation_sources(handle.view, batch, "zero", groups=[0] * 5, end_only=True)
@@ -117,7 +119,8 @@ def test_mediation_score_matches_a_two_run_computation(run: tuple[Path, Path], t
     result = method_agreement(handle, cfg, tmp_path / "a", quiet=True)
     if result.metadata["counts"]["mediation_pairs"] == 0:
         pytest.skip("the tiny model answers every counterfactual as its reference")
-    pairs = read_identify_run(identify_dir, handle).pairs[:6]
+    run_pairs = read_identify_run(identify_dir, handle).pairs
+    pairs = [run_pairs[i] for i in result.metadata["prompts"]["indices"]]
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     view, layer = handle.view, 1
     ies = []

@@ -189,3 +189,27 @@ def test_transfer_command(identify_run, tmp_path: Path, capsys) -> None:
     assert (out / "metadata.json").exists()
     assert main(["transfer", "--model", str(model), "--from", str(run), "--targets", "poetry"]) == 2
     assert "poetry" in capsys.readouterr().err
+
+
+def test_stages_score_a_stratified_sample_and_record_it(identify_run, tmp_path: Path) -> None:
+    """The run's pairs are in template order (4 Equation templates x 2); 4 prompts must cover all 4 templates,
+    not the first two, and every stage records which prompts it used."""
+    model, run = identify_run
+    pairs = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines()]
+    templates = sorted({p["template_id"] for p in pairs})
+    assert len(templates) == 4 and len(pairs) == 8
+    common = ["--model", str(model), "--from", str(run), "--max-prompts", "4", "--quiet"]
+    assert main(["knockout", *common, "--max-k", "1", "--n-random", "1", "--out", str(tmp_path / "ko")]) == 0
+    assert main(["analyze", "attention", *common, "--heads", "1.0", "--out", str(tmp_path / "att")]) == 0
+    assert main(["analyze", "mlp", *common, "--out", str(tmp_path / "mlp")]) == 0
+    for stage in ("ko", "att", "mlp"):
+        record = json.loads((tmp_path / stage / "metadata.json").read_text())["prompts"]
+        assert record["per_template"] == dict.fromkeys(templates, 1), stage
+        assert [pairs[i]["template_id"] for i in record["indices"]] == templates
+    ablation = json.loads((tmp_path / "ko" / "metadata.json").read_text())["ablation"]
+    assert ablation["min_group_size"] == 4 and set(ablation["groups"].values()) == {2}
+    assert ablation["end_fallback_prompts"] == 8  # groups of 2 are too small: END mean over the whole set
+    args = ["knockout", *common, "--max-k", "1", "--n-random", "1", "--min-group-size", "2", "--out",
+            str(tmp_path / "ko2")]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads((tmp_path / "ko2" / "metadata.json").read_text())["ablation"]["end_fallback_prompts"] == 0

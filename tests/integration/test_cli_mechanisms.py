@@ -27,7 +27,7 @@ def test_neurons_cli(tiny_model_dir, tmp_path: Path, capsys) -> None:
             "--lora-steps", "1", "--out", str(out), "--quiet"]  # fmt: skip
     assert main(args) == 0
     stdout = capsys.readouterr().out
-    assert "addition" in stdout and "pruning: keep 0" in stdout
+    assert "addition" in stdout and "pruning (held-out prompts): keep 0" in stdout
     assert (out / "metadata.json").is_file() and (out / "pruning.png").is_file()
     assert main([*args[:-3], "--keep-sizes", "5,x", "--quiet"]) == 2
     assert "whole numbers" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,9 @@ def test_stage_writes_everything(tiny_model_dir, tmp_path: Path) -> None:
     assert meta["head"] == spec["top"]["addition"][0]  # default key head: the most important on the first op
     assert meta["layers"] == list(range(dims.n_layers - 1, dims.n_layers))  # the last third of 3 layers
     pruning = list(csv.DictReader((out / "pruning.csv").open()))
-    assert [int(r["keep"]) for r in pruning] == [0, 8]
+    assert [(r["prompts"], int(r["keep"])) for r in pruning] == [("held-out", 0), ("held-out", 8), ("ranking", 0),
+                                                                 ("ranking", 8)]  # fmt: skip
+    assert meta["counts"]["pruning_prompts"] == {"held-out": 3, "ranking": 3}
     cna = list(csv.DictReader((out / "cna_neurons.csv").open()))
     assert len(cna) == 4 and float(cna[0]["cna"]) >= float(cna[-1]["cna"])
     assert float(cna[0]["cna"]) == pytest.approx(float(cna[0]["li_intact"]) - float(cna[0]["li_zeroed"]), abs=1e-4)
@@ -85,3 +88,23 @@ def test_bad_settings(tiny_model_dir, tmp_path: Path, capsys) -> None:
     assert main(["neurons", "--model", model, "--head", "mlp.1", "--no-filter-correct", "--quiet"]) == 2
     assert "not 'mlp.1'" in capsys.readouterr().err
     assert stage.PRUNE_SCORES == ("cna", "li")
+
+
+def test_pruning_is_scored_on_prompts_that_did_not_rank_the_neurons(tiny_model_dir) -> None:
+    """The held-out set holds answered prompts of the same operation, none of them in the ranking set."""
+    from arithmech.neurons import heldout_set, operation_sets
+    from arithmech.stages.identify import IdentifyConfig, build_reference_set
+
+    handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))
+    cfg = IdentifyConfig(max_prompts=5, filter_correct=False, few_shot=1, n_per_template=2)
+    sets, _ = operation_sets(handle, cfg, ("addition",))
+    held = heldout_set(handle, cfg, "addition", 5)
+    assert held is not None and len(held) == 5
+    ranked_on = sets["addition"]
+    ranking = {tuple(row[: int(n)].tolist()) for row, n in zip(ranked_on.ref_ids, ranked_on.end + 1, strict=True)}
+    for row, n in zip(held.ref_ids, held.end + 1, strict=True):
+        assert tuple(row[: int(n)].tolist()) not in ranking
+    kept = len(build_reference_set(handle, replace(cfg, operations=("addition",), max_prompts=100))[0].pairs)
+    every = heldout_set(handle, cfg, "addition", 100)
+    assert every is not None and len(every) == kept - 5  # all the other answered prompts
+    assert heldout_set(handle, replace(cfg, max_prompts=kept), "addition", 5) is None

@@ -81,7 +81,7 @@ def test_writes_matrix_figure_and_metadata(tiny: tuple[ModelHandle, list[Path]],
         assert read.effect_prob == pytest.approx(kept.effect_prob, abs=1e-6, nan_ok=True)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["stage"] == "transfer" and meta["sources"][0]["k"] == 2
-    assert meta["targets"]["addition-equation"]["ablation"].startswith("mean over the target's counterfactual")
+    assert meta["targets"]["addition-equation"]["ablation"].startswith("mean over the set's counterfactual")
     assert (out / "metadata.json").stat().st_mtime_ns >= (out / "transfer.png").stat().st_mtime_ns
 
 

@@ -18,7 +18,8 @@ def analyze_attention(
     heads: Annotated[str | None, typer.Option(help="Heads to analyse, e.g. 14.2,18.5; default the key heads.")] = None,
     top_k: Annotated[int, typer.Option(help="Heads taken by effect when the run has no key heads.")] = 10,
     tau: Annotated[float, typer.Option(help="Attention mass from END that makes an operand/operator head.")] = 0.3,
-    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over.")] = 64,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over (a stratified sample).")] = 64,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample (stratified by operation and template).")] = 0,
     n_examples: Annotated[int, typer.Option(help="Single prompts shown in attention_examples.png.")] = 3,
     batch_size: Annotated[int, typer.Option(help="Prompts per forward pass.")] = 16,
     load: Any = None,
@@ -37,6 +38,7 @@ def analyze_attention(
         max_prompts=max_prompts,
         n_examples=n_examples,
         batch_size=batch_size,
+        seed=seed,
     )
     handle = load()
     result = run_attention(handle, cfg, from_run, out or from_run / "attention", quiet=quiet)  # type: ignore[arg-type]
@@ -50,7 +52,8 @@ def analyze_attention(
 @model_options
 def analyze_mlp(
     from_run: Annotated[Path, typer.Option("--from", help="Identify run folder (its reference prompts).")],
-    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over.")] = 256,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts averaged over (a stratified sample).")] = 256,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample (stratified by operation and template).")] = 0,
     example_prompt: Annotated[int, typer.Option(help="Index of the prompt drawn in mlp_update_ranks.png.")] = 0,
     layers: Annotated[str | None, typer.Option(help="Comma list of layers; default all.")] = None,
     max_number: Annotated[
@@ -72,6 +75,7 @@ def analyze_mlp(
         batch_size=batch_size,
         layers=ints(layers, "--layers") if layers else None,
         max_number=max_number,
+        seed=seed,
     )
     handle = load()
     result = run_mlp(handle, cfg, from_run, out or from_run / "mlp", quiet=quiet)  # type: ignore[arg-type]
@@ -91,7 +95,8 @@ def analyze_agreement(
     methods: Annotated[
         str, typer.Option(help="Comma list of path, attribution, zero-ablation, mediation (at least two).")
     ] = "path,attribution,zero-ablation,mediation",
-    max_prompts: Annotated[int, typer.Option(help="Reference prompts every method uses.")] = 16,
+    max_prompts: Annotated[int, typer.Option(help="Reference prompts every method uses (a stratified sample).")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt sample (stratified by operation and template).")] = 0,
     ks: Annotated[str, typer.Option(help="Top-k sizes for the overlap columns.")] = "5,10,20",
     batch_size: Annotated[int, typer.Option(help="Rows per forward pass.")] = 16,
     out: Annotated[Path | None, typer.Option(help="Output folder; default <run>/agreement.")] = None,
@@ -104,7 +109,7 @@ def analyze_agreement(
 
     cfg = AgreementConfig(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
-        batch_size=batch_size,
+        batch_size=batch_size, seed=seed,
     )  # fmt: skip
     handle = load()
     result = method_agreement(handle, cfg, out or from_run / "agreement", quiet=quiet)

@@ -71,8 +71,9 @@ def neurons_command(
     for op, heads in spec.top.items():
         typer.echo(f"{op:15s} top heads {', '.join(h.name for h in heads)} ({spec.share[op]:.0%} of the drop)")
     typer.echo(f"CNA of head {result.head.name}: " + ", ".join(f"{n.layer}_{n.neuron}" for n in result.neurons[:5]))
-    rows = result.pruning.rows()
-    typer.echo("pruning: " + "; ".join(
-        f"keep {r['n_kept']}: {r['top_accuracy']:.0%} vs random {r['random_accuracy_mean']:.0%}" for r in rows
-    ))  # fmt: skip
+    for label, sweep in result.pruning.items():
+        typer.echo(f"pruning ({label} prompts): " + "; ".join(
+            f"keep {r['n_kept']}: {r['top_accuracy']:.0%} vs random {r['random_accuracy_mean']:.0%}"
+            for r in sweep.rows()
+        ))  # fmt: skip
     typer.echo(f"results in {result.out_dir}")

@@ -29,7 +29,12 @@ def knockout(
     max_k: Annotated[int, typer.Option(help="Largest number of components knocked out (k = 1, 2, 4, ...).")] = 16,
     n_random: Annotated[int, typer.Option(help="Random-rank draws (seeds) per k.")] = 5,
     include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs as well as heads.")] = False,
-    max_prompts: Annotated[int, typer.Option(help="Reference prompts used.")] = 64,
+    max_prompts: Annotated[
+        int, typer.Option(help="Reference prompts scored (a sample stratified by operation and template).")
+    ] = 64,
+    min_group_size: Annotated[
+        int, typer.Option(help="Smallest template group a mean is taken over (or resampled from); smaller: END mean.")
+    ] = 4,
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the random-rank draws.")] = 0,
     load: Any = None,
@@ -51,6 +56,7 @@ def knockout(
         n_random=n_random,
         include_mlps=include_mlps,
         max_prompts=max_prompts,
+        min_group_size=min_group_size,
         batch_size=batch_size,
         seed=seed,
     )
@@ -89,7 +95,10 @@ def transfer(
     ablation: Annotated[str, typer.Option(help="mean, zero or resample.")] = "mean",
     end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
     n_random: Annotated[int, typer.Option(help="Random-rank control seeds.")] = 5,
-    max_prompts: Annotated[int, typer.Option(help="Answered prompts used per target set.")] = 32,
+    max_prompts: Annotated[int, typer.Option(help="Answered prompts scored per target set (stratified sample).")] = 32,
+    min_group_size: Annotated[
+        int, typer.Option(help="Smallest template group a mean is taken over (or resampled from); smaller: END mean.")
+    ] = 4,
     limit: Annotated[int, typer.Option(help="Word-problem rows considered per target set.")] = 200,
     data_dir: Annotated[
         Path | None, typer.Option(help="Folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA or ../shared/data).")
@@ -114,6 +123,7 @@ def transfer(
         end_only=end_only,
         n_random=n_random,
         max_prompts=max_prompts,
+        min_group_size=min_group_size,
         limit=limit,
         data_dir=str(data_dir) if data_dir else None,
         batch_size=batch_size,

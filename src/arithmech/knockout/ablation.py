@@ -9,13 +9,24 @@ Background
 Sites (the same as path patching): a head's output is its slice of the o_proj input [batch, pos, head*d_head]
 (its contribution is that slice times its block of W_O), an MLP's is its module output [batch, pos, d_model].
 
-Sources, per prompt and position (METHODS.md sec. 3):
-    mean      mean over the counterfactual prompts of the same group (same template and length, so
-              positions are aligned); with `end_only`, the mean of the END value over all counterfactual
-              prompts, placed at END and nothing else replaced.
+Sources (METHODS.md sec. 3), computed on a whole prompt set and then taken for the prompts being scored:
+    mean      the mean over the counterfactual prompts of the same group: same template and same token length,
+              so positions are aligned. A group must hold at least `min_group_size` prompts (default 4): in a
+              smaller group the mean is mostly the prompt's own counterfactual (in a group of one it is
+              exactly that, which patches rather than ablates). Prompts of smaller groups fall back to the END
+              mean below, at END only. With `end_only`, every prompt gets the END fallback: the mean END value
+              over all counterfactual prompts of the set, placed at END and nothing else replaced.
     zero      zeros.
-    resample  the reference-run value of another prompt of the same group (a seeded permutation), so the
-              operands differ but the template does not.
+    resample  the reference-run value of another prompt of the same group (a seeded derangement), so the
+              operands differ but the template does not. A prompt of a group below `min_group_size` takes the
+              END value of another prompt of the whole set, at END only (never its own value).
+    The group sizes, the rule and how many prompts fell back are in `AblationSources.summary()`, which the
+    stages write to metadata.json.
+
+Storage
+    Sources hold one row per distinct replacement value (a group mean, the END mean, the zero row, or a
+    prompt's own run for resample) and a row index per prompt, so mean and zero ablation keep memory
+    proportional to the number of groups, not of prompts. The means are accumulated over chunks of the set.
 
 Usage
     >>> sources = ablation_sources(view, batch, "mean", groups)
@@ -29,9 +40,10 @@ Batched sweeps over many configurations use `ConfigMasks` (see `knockout/batched
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -46,16 +58,29 @@ AblationMode = Literal["mean", "zero", "resample"]
 ABLATION_MODES: tuple[str, ...] = ("mean", "zero", "resample")
 
 
+MIN_GROUP_SIZE = 4
+"""Smallest template-and-length group whose mean (or another member) ablates; smaller groups fall back to END."""
+
+
 @dataclass
 class AblationSources:
-    """Replacement values for every layer, one row per prompt of the batch they were made for."""
+    """Replacement values: a few distinct source rows per layer, and the row each prompt takes."""
 
     z: list[torch.Tensor]
-    """Per layer [batch, pos, head * d_head]: o_proj input to put in place of ablated heads."""
+    """Per layer [source, pos, head * d_head]: o_proj input to put in place of ablated heads."""
     mlp: list[torch.Tensor]
-    """Per layer [batch, pos, d_model]: MLP output to put in place of ablated MLPs."""
+    """Per layer [source, pos, d_model]: MLP output to put in place of ablated MLPs."""
+    row: torch.Tensor
+    """[prompt] long: the source row of each prompt."""
     positions: torch.Tensor
-    """[batch, pos] bool: where ablation applies (all real tokens, or END only)."""
+    """[prompt, pos] bool: where ablation applies (all real tokens, or END only)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the values are taken over, the group sizes and the fallbacks (for metadata.json)."""
+
+    def take(self, prompts: Sequence[int] | torch.Tensor | slice) -> AblationSources:
+        """The sources of some prompts of the set, in that order (for `batch.select(prompts)`)."""
+        index = prompts if isinstance(prompts, slice) else torch.as_tensor(prompts, dtype=torch.long)
+        return AblationSources(self.z, self.mlp, self.row[index], self.positions[index], self.info)
 
 
 @torch.no_grad()
@@ -88,26 +113,16 @@ def run_activations(
     return z, mlp
 
 
-def alignment_groups(keys: list[str | None], lengths: torch.Tensor) -> list[int]:
-    """Group index per prompt: same template key and same token length means positions are aligned."""
-    index: dict[tuple[str | None, int], int] = {}
-    return [index.setdefault((key, int(n)), len(index)) for key, n in zip(keys, lengths.tolist(), strict=True)]
+def alignment_groups(keys: list[str | None], lengths: torch.Tensor) -> list[str]:
+    """Group label per prompt: prompts of the same template key and token length have aligned positions."""
+    return [f"{key or 'custom'}@{int(n)}" for key, n in zip(keys, lengths.tolist(), strict=True)]
 
 
-def _group_mean(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """Replace each row by the mean of its group's rows: [batch, ...] -> [batch, ...]."""
-    out = torch.empty_like(values)
-    for g in groups.unique():
-        rows = groups == g
-        out[rows] = values[rows].mean(dim=0, keepdim=True)
-    return out
-
-
-def _derangement(groups: list[int], seed: int) -> list[int]:
+def _derangement(groups: Sequence[Hashable], seed: int) -> list[int]:
     """For each prompt, another prompt of its group (itself only if it is alone)."""
     rng = random.Random(seed)
     source = list(range(len(groups)))
-    members: dict[int, list[int]] = {}
+    members: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
     for rows in members.values():
@@ -125,51 +140,131 @@ def ablation_sources(
     view: ModelView,
     batch: PatchingBatch,
     mode: str,
-    groups: list[int],
+    groups: Sequence[Hashable],
     end_only: bool = False,
     seed: int = 0,
+    min_group_size: int = MIN_GROUP_SIZE,
+    batch_size: int = 64,
 ) -> AblationSources:
-    """Replacement values for `batch` (its reference prompts), from its counterfactual or reference runs."""
+    """Replacement values for every prompt of `batch` (the whole set the values are taken over).
+
+    `groups` labels each prompt's alignment group (`alignment_groups`); see the module docstring for the rule.
+    Score a sample of the set with `batch.select(chosen)` and `sources.take(chosen)`.
+    """
     if mode not in ABLATION_MODES:
         raise ConfigError(f"ablation {mode!r} is not one of {', '.join(ABLATION_MODES)}")
-    rows = torch.arange(len(batch))
-    positions = batch.ref_mask.bool()
-    if end_only:
-        positions = torch.zeros_like(positions)
-        positions[rows, batch.end] = True
+    if min_group_size < 2:
+        raise ConfigError(f"min_group_size must be at least 2 (got {min_group_size}): a group of one is no ablation")
+    n = len(batch)
+    rows = torch.arange(n)
+    at_end = torch.zeros_like(batch.ref_mask, dtype=torch.bool)
+    at_end[rows, batch.end] = True
+    sizes = Counter(groups)
     if mode == "zero":
-        shapes = _shapes(view, batch)
-        z = [torch.zeros(shapes[0]) for _ in range(view.dims.n_layers)]
-        mlp = [torch.zeros(shapes[1]) for _ in range(view.dims.n_layers)]
-        return AblationSources(z, mlp, positions)
-    if mode == "resample":
-        z, mlp = run_activations(view, batch.ref_ids, batch.ref_mask)
-        source = torch.tensor(_derangement(groups, seed))
-        return AblationSources([t[source] for t in z], [t[source] for t in mlp], positions)
-    z, mlp = run_activations(view, batch.cf_ids, batch.cf_mask)
-    if end_only:
-        z = [_end_mean(t, batch.end) for t in z]
-        mlp = [_end_mean(t, batch.end) for t in mlp]
+        small = torch.full((n,), end_only)
     else:
-        group_ids = torch.tensor(groups)
-        z = [_group_mean(t, group_ids.to(t.device)) for t in z]
-        mlp = [_group_mean(t, group_ids.to(t.device)) for t in mlp]
-    return AblationSources(z, mlp, positions)
+        if n < min_group_size:
+            raise ConfigError(
+                f"{mode} ablation takes its values from at least {min_group_size} prompts, but the set has {n}; "
+                "use more prompts or --ablation zero"
+            )
+        small = torch.tensor([end_only or sizes[g] < min_group_size for g in groups])
+    positions = torch.where(small[:, None], at_end, batch.ref_mask.bool())  # [prompt, pos]
+    info: dict[str, Any] = {
+        "mode": mode, "end_only": end_only, "min_group_size": min_group_size, "prompts": n,
+        "groups": dict(sorted(Counter(str(g) for g in groups).items())), "end_fallback_prompts": int(small.sum()),
+    }  # fmt: skip
+    if mode == "zero":
+        z_shape, mlp_shape = _shapes(view, batch)
+        z = [torch.zeros(1, *z_shape) for _ in range(view.dims.n_layers)]
+        mlp = [torch.zeros(1, *mlp_shape) for _ in range(view.dims.n_layers)]
+        info["over"] = "zeros"
+        return AblationSources(z, mlp, torch.zeros(n, dtype=torch.long), positions, info)
+    if mode == "resample":
+        return _resample_sources(view, batch, groups, small, positions, seed, batch_size, info)
+    return _mean_sources(view, batch, groups, small, positions, batch_size, info)
+
+
+def _mean_sources(
+    view: ModelView,
+    batch: PatchingBatch,
+    groups: Sequence[Hashable],
+    small: torch.Tensor,
+    positions: torch.Tensor,
+    batch_size: int,
+    info: dict[str, Any],
+) -> AblationSources:
+    """Group means of the counterfactual run (rows 0..G-1) and the END mean broadcast over positions (row G)."""
+    labels = sorted({g for g, s in zip(groups, small.tolist(), strict=True) if not s}, key=str)
+    index = {g: i for i, g in enumerate(labels)}
+    row = torch.tensor([len(labels) if s else index[g] for g, s in zip(groups, small.tolist(), strict=True)])
+    counts = torch.bincount(row, minlength=len(labels) + 1).clamp(min=1)  # [source]
+    sums_z: list[Any] = [None] * view.dims.n_layers
+    sums_mlp: list[Any] = [None] * view.dims.n_layers
+    end_z: list[Any] = [None] * view.dims.n_layers
+    end_mlp: list[Any] = [None] * view.dims.n_layers
+    for lo in range(0, len(batch), batch_size):
+        chunk = slice(lo, lo + batch_size)
+        z, mlp = run_activations(view, batch.cf_ids[chunk], batch.cf_mask[chunk])  # [chunk, pos, ...] per layer
+        end = batch.end[chunk]
+        for layer in range(view.dims.n_layers):
+            for sums, ends, values in ((sums_z, end_z, z[layer]), (sums_mlp, end_mlp, mlp[layer])):
+                values = values.float()
+                if sums[layer] is None:
+                    sums[layer] = values.new_zeros(len(labels) + 1, *values.shape[1:])  # [source, pos, width]
+                    ends[layer] = values.new_zeros(values.shape[-1])
+                sums[layer].index_add_(0, row[chunk].to(values.device), values)
+                ends[layer] += values[torch.arange(len(end)), end.to(values.device)].sum(0)
+    for sums, ends in ((sums_z, end_z), (sums_mlp, end_mlp)):
+        for layer, total in enumerate(sums):
+            total /= counts.to(total.device)[:, None, None]
+            total[-1] = ends[layer] / len(batch)  # the END mean over every counterfactual prompt, at every position
+    info["over"] = (
+        "mean over the set's counterfactual prompts of the same template and token length, per position; "
+        "prompts of smaller groups (or all, with end_only): the mean END value over all its counterfactual "
+        "prompts, at END only"
+    )
+    return AblationSources(sums_z, sums_mlp, row, positions, info)
+
+
+def _resample_sources(
+    view: ModelView,
+    batch: PatchingBatch,
+    groups: Sequence[Hashable],
+    small: torch.Tensor,
+    positions: torch.Tensor,
+    seed: int,
+    batch_size: int,
+    info: dict[str, Any],
+) -> AblationSources:
+    """Reference-run values of every prompt (rows 0..n-1) and, for END fallbacks, another prompt's END value."""
+    n = len(batch)
+    runs = [run_activations(view, batch.ref_ids[lo : lo + batch_size], batch.ref_mask[lo : lo + batch_size])
+            for lo in range(0, n, batch_size)]  # fmt: skip
+    z = [torch.cat([part[0][layer] for part in runs]) for layer in range(view.dims.n_layers)]
+    mlp = [torch.cat([part[1][layer] for part in runs]) for layer in range(view.dims.n_layers)]
+    within = _derangement(groups, seed)
+    anyone = _derangement([0] * n, seed)  # another prompt of the whole set
+    fallback = small.nonzero().flatten().tolist()
+    row = torch.tensor(within)
+    row[fallback] = n + torch.arange(len(fallback))
+    donors = torch.tensor([anyone[i] for i in fallback], dtype=torch.long)
+    width = batch.ref_ids.shape[1]
+    for values in (z, mlp):
+        for layer, tensor in enumerate(values):
+            end_values = tensor[donors, batch.end[donors].to(tensor.device)]  # [fallback, width]
+            values[layer] = torch.cat([tensor, end_values[:, None].expand(-1, width, -1)])
+    info["over"] = (
+        "the reference run of another prompt of the same template and token length; prompts of smaller groups "
+        "(or all, with end_only): the END value of another prompt of the set, at END only"
+    )
+    return AblationSources(z, mlp, row, positions, info)
 
 
 def _shapes(view: ModelView, batch: PatchingBatch) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    n, width = batch.ref_ids.shape
+    width = batch.ref_ids.shape[1]
     d = view.dims
-    return (n, width, d.n_heads * d.d_head), (n, width, d.d_model)
-
-
-def _end_mean(values: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    """[batch, pos, ...] -> the same shape holding the mean END value at every prompt's END."""
-    rows = torch.arange(values.shape[0], device=values.device)
-    mean = values[rows, end.to(values.device)].mean(dim=0)
-    out = torch.zeros_like(values)
-    out[rows, end.to(values.device)] = mean
-    return out
+    return (width, d.n_heads * d.d_head), (width, d.d_model)
 
 
 @contextmanager
@@ -223,7 +318,7 @@ def _heads_hook(
         z = args[0]  # [row, pos, head * d_head]
         width = z.shape[1]
         where = sources.positions[prompt, :width, None, None] & row_heads[:, None, :, None]  # [row, pos, head, 1]
-        source = view.split_heads(sources.z[layer][prompt, :width].to(z.device, z.dtype))
+        source = view.split_heads(sources.z[layer][sources.row[prompt], :width].to(z.device, z.dtype))
         new = torch.where(where.to(z.device), source, view.split_heads(z))
         return (new.reshape(z.shape), *args[1:])
 
@@ -235,7 +330,8 @@ def _mlp_hook(row_mlp: torch.Tensor, sources: AblationSources, layer: int, promp
         out = first_tensor(output)  # [row, pos, d_model]
         width = out.shape[1]
         where = sources.positions[prompt, :width, None] & row_mlp[:, None, None]  # [row, pos, 1]
-        new = torch.where(where.to(out.device), sources.mlp[layer][prompt, :width].to(out.device, out.dtype), out)
+        source = sources.mlp[layer][sources.row[prompt], :width].to(out.device, out.dtype)
+        new = torch.where(where.to(out.device), source, out)
         return (new, *output[1:]) if isinstance(output, tuple) else new
 
     return fn

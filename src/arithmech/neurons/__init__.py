@@ -27,6 +27,7 @@ from arithmech.neurons.importance import (
     HeadImportance,
     Specialisation,
     head_importance,
+    heldout_set,
     operation_sets,
     specialised_heads,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "end_states",
     "final_norm",
     "head_importance",
+    "heldout_set",
     "log_probs",
     "mask_neurons",
     "neuron_directions",

@@ -36,6 +36,7 @@ heads); METHODS.md sec. 6.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -43,6 +44,7 @@ import torch
 
 from arithmech.analysis.accuracy import predict_at_end
 from arithmech.data import OPERATIONS
+from arithmech.data.sampling import stratified_sample
 from arithmech.errors import ConfigError, DataError
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores
@@ -98,6 +100,24 @@ def operation_sets(
             "the model answered no prompt of any operation; add solved examples (few_shot) or easier operands"
         )
     return sets, counts
+
+
+def heldout_set(handle: ModelHandle, cfg: IdentifyConfig, operation: str, n: int) -> PatchingBatch | None:
+    """Up to n answered prompts of `operation` that are not in its `operation_sets` set (same cfg), or None.
+
+    The set of `operation_sets` is the first cfg.max_prompts of a stratified deal over every answered prompt
+    (`data/sampling.py`); the held-out prompts are a stratified sample of the remaining ones, so a score
+    ranked on the first set can be checked on prompts it has not seen.
+    """
+    op_cfg = replace(cfg, operations=(operation,))
+    every, _, _ = build_reference_set(handle, replace(op_cfg, max_prompts=sys.maxsize))
+    ranked_on = set(stratified_sample(every.pairs, cfg.max_prompts, cfg.seed))
+    rest = [i for i in range(len(every.pairs)) if i not in ranked_on]
+    if not rest:
+        return None
+    chosen = [rest[j] for j in stratified_sample([every.pairs[i] for i in rest], n, cfg.seed)]
+    whole = PatchingBatch(every.ref_ids, every.ref_mask, every.cf_ids, every.cf_mask, every.end, every.answer_ids)
+    return whole.select(torch.tensor(chosen))
 
 
 @torch.no_grad()

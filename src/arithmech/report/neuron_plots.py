@@ -53,14 +53,22 @@ def pruning_curves(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kept = np.array([max(r["n_kept"], 1) for r in rows], dtype=float)
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    ax.plot(kept, [r["top_accuracy"] for r in rows], "o-", color="#0072B2", label="top-scored neurons kept")
-    mean = np.array([r["random_accuracy_mean"] for r in rows], dtype=float)
-    sd = np.nan_to_num(np.array([r["random_accuracy_sd"] for r in rows], dtype=float))
-    ax.errorbar(kept, mean, yerr=sd, fmt="s--", color="#E69F00", capsize=3, label="random neurons kept")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get("prompts", "")), []).append(r)
+    for label, group in groups.items():
+        kept = np.array([max(r["n_kept"], 1) for r in group], dtype=float)
+        suffix = f" ({label} prompts)" if label else ""
+        top_fmt, random_fmt = ("o:", "s:") if label == "ranking" and len(groups) > 1 else ("o-", "s--")
+        ax.plot(kept, [r["top_accuracy"] for r in group], top_fmt, color="#0072B2",
+                label=f"top-scored neurons kept{suffix}")  # fmt: skip
+        mean = np.array([r["random_accuracy_mean"] for r in group], dtype=float)
+        sd = np.nan_to_num(np.array([r["random_accuracy_sd"] for r in group], dtype=float))
+        ax.errorbar(kept, mean, yerr=sd, fmt=random_fmt, color="#E69F00", capsize=3,
+                    label=f"random neurons kept{suffix}")  # fmt: skip
     if rows:
-        ax.axhline(rows[0]["baseline_accuracy"], color="grey", linestyle=":", label="nothing pruned")
+        ax.axhline(rows[0]["baseline_accuracy"], color="grey", linestyle="-.", label="nothing pruned")
     ax.set_xscale("log")
     ax.set_xlabel("neurons kept in the pruned layers")
     ax.set_ylabel("accuracy")

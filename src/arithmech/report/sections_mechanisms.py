@@ -147,12 +147,14 @@ def neurons_body(stage: StageFolder) -> Body:
               num(to_float(r["li_zeroed"])), _tokens(r["promoted_tokens"])) for r in cna[:10]],
         ))  # fmt: skip
     pruning = stage.csv("pruning.csv") if stage.has("pruning.csv") else []
-    kept = [r for r in pruning if int(r["n_kept"]) > 0]
+    scored_on = "held-out" if any(r.get("prompts") == "held-out" for r in pruning) else None
+    kept = [r for r in pruning if int(r["n_kept"]) > 0 and r.get("prompts", scored_on) == scored_on]
     if kept:
         r = kept[0]
+        where = "on held-out prompts (not those that ranked the neurons) " if scored_on else ""
         text.append(
             f"Keeping only the {r['n_kept']} top-{str(cfg.get('prune_by', 'scored')).upper()} neurons of those "
-            "layers gives "
+            f"layers gives {where}"
             f"accuracy {pct(to_float(r['top_accuracy']))} (P(answer) {num(to_float(r['top_prob']))}) vs "
             f"{pct(to_float(r['random_accuracy_mean']))} ± {pct(to_float(r['random_accuracy_sd']))} "
             f"(P {num(to_float(r['random_prob_mean']))}) for random ones; nothing pruned: "
@@ -161,9 +163,10 @@ def neurons_body(stage: StageFolder) -> Body:
     if pruning:
         tables.append(Table(
             "Pruning: accuracy with only the top-scored or random neurons kept",
-            ("neurons kept", "share kept", "top accuracy", "top P(answer)", "random accuracy (mean ± sd)",
+            ("prompts", "neurons kept", "share kept", "top accuracy", "top P(answer)", "random accuracy (mean ± sd)",
              "random P(answer)", "nothing pruned"),
-            [(r["n_kept"], pct(to_float(r["fraction_kept"]), 1), pct(to_float(r["top_accuracy"])),
+            [(r.get("prompts", "ranking"), r["n_kept"], pct(to_float(r["fraction_kept"]), 1),
+              pct(to_float(r["top_accuracy"])),
               num(to_float(r["top_prob"])),
               f"{pct(to_float(r['random_accuracy_mean']))} ± {pct(to_float(r['random_accuracy_sd']))}",
               num(to_float(r["random_prob_mean"])), pct(to_float(r["baseline_accuracy"]))) for r in pruning],

@@ -38,6 +38,7 @@ import torch
 from arithmech.analysis.agreement import agreement_table
 from arithmech.data import tokenize_pairs
 from arithmech.data.mediation_prompts import POSITION_CLASSES, MediationPair, TokenizedMediationPair
+from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores
@@ -63,10 +64,13 @@ class AgreementConfig:
 
     from_run: str = field(metadata={"help": "identify run folder: its reference prompts and patching variant"})
     methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods compared (at least two)"})
-    max_prompts: int = field(default=16, metadata={"help": "reference prompts used by every method"})
+    max_prompts: int = field(
+        default=16, metadata={"help": "reference prompts used by every method (a stratified sample of the run's)"}
+    )
     ks: tuple[int, ...] = field(default=(5, 10, 20), metadata={"help": "top-k sizes of the overlap columns"})
     batch_size: int = field(default=16, metadata={"help": "rows per forward pass"})
     zero_positions: str = field(default="end", metadata={"help": "zero-ablation at the last token (end) or all"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompt sample (stratified by operation and template)"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", tuple(self.methods))
@@ -104,7 +108,8 @@ def method_agreement(
     out = Path(out_dir)
     run = read_identify_run(cfg.from_run, handle)
     variant = run.metadata.get("config", {}).get("variant", "path")
-    t, _ = tokenize_pairs(handle.tokenizer, run.pairs[: cfg.max_prompts])
+    pairs, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
+    t, _ = tokenize_pairs(handle.tokenizer, pairs)
     if len(t.pairs) < 2:
         raise ConfigError(f"the identify run {cfg.from_run!r} has fewer than 2 usable prompts; identify on more")
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
@@ -153,6 +158,7 @@ def method_agreement(
         "from_run": str(run.path),
         "variant": variant,
         "counts": {"prompts": len(batch), "mediation_pairs": mediation_pairs},
+        "prompts": sample,
         "timings": timings,
         "versions": package_versions(),
         "git_sha": git_sha(),

@@ -26,6 +26,7 @@ import torch
 
 from arithmech.analysis.attention import DEFAULT_TAU, ROLES, end_attention, label_heads, role_scores
 from arithmech.data import ROLE_CODES, TokenizedPairs, tokenize_pairs
+from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_components
@@ -54,9 +55,12 @@ class AttentionConfig:
         default=DEFAULT_TAU,
         metadata={"help": "share of END's attention a role needs for an operand/operator label (0-1]"},
     )
-    max_prompts: int = field(default=64, metadata={"help": "reference prompts averaged over (the first N)"})
+    max_prompts: int = field(
+        default=64, metadata={"help": "reference prompts averaged over (a stratified sample of the run's)"}
+    )
     n_examples: int = field(default=3, metadata={"help": "single prompts drawn in attention_examples.png"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompt sample (stratified by operation and template)"})
 
     def __post_init__(self) -> None:
         heads = self.heads
@@ -149,7 +153,8 @@ def analyze_attention(
         raise DataError(f"the identify run {str(run_dir)!r} lists no heads; pass the heads to analyse")
     if not run.pairs:
         raise DataError(f"the identify run {str(run_dir)!r} has no reference prompts; rerun identify")
-    t, _ = tokenize_pairs(handle.tokenizer, run.pairs[: cfg.max_prompts])
+    pairs, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
+    t, _ = tokenize_pairs(handle.tokenizer, pairs)
     _check_roles(t, handle, Path(run_dir))
 
     start = time.perf_counter()
@@ -174,6 +179,7 @@ def analyze_attention(
         "config": asdict(cfg),
         "heads": [h.name for h in heads],
         "heads_source": heads_source,
+        "prompts": sample,
         "roles": list(ROLES),
         "label_rule": (
             f"operand if A+B >= {cfg.tau:g} and A+B > operator; operator if operator >= {cfg.tau:g} "

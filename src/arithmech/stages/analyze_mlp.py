@@ -35,6 +35,7 @@ from arithmech.analysis.logit_lens import (
     update_ranks,
 )
 from arithmech.data import PromptPair, tokenize_pairs
+from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.states import collect_end_states
@@ -50,13 +51,14 @@ class AnalyzeMlpConfig:
 
     max_prompts: int = field(
         default=256,
-        metadata={"help": "reference prompts of the identify run to average over (the first ones)"},
+        metadata={"help": "reference prompts of the identify run to average over (a stratified sample)"},
     )
     example_prompt: int = field(
         default=0,
         metadata={"help": "index, among the prompts used, of the prompt whose ranks are shown (6c)"},
     )
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompt sample (stratified by operation and template)"})
     layers: tuple[int, ...] | None = field(
         default=None, metadata={"help": "layers to report and plot, in order (default: all)"}
     )
@@ -136,7 +138,8 @@ def analyze_mlp(
         raise ConfigError(f"layer {max(layers)} does not exist: the model has layers 0..{dims.n_layers - 1}")
     run = read_identify_run(run_path, handle)
     start_time = time.perf_counter()
-    tokenized, _ = tokenize_pairs(handle.tokenizer, run.pairs[: cfg.max_prompts])
+    sampled, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
+    tokenized, _ = tokenize_pairs(handle.tokenizer, sampled)
     pairs = tokenized.pairs
     if cfg.example_prompt >= len(pairs):
         raise ConfigError(
@@ -191,6 +194,7 @@ def analyze_mlp(
         },
         "config": asdict(cfg),
         "counts": {"prompts": len(pairs), "prompts_in_run": len(run.pairs), "layers": len(layers)},
+        "prompts": sample,
         "max_number": max_number,
         "number_tokens": {
             role: [[int(t), _label(handle.tokenizer, int(t))] for t in ids.tolist()]

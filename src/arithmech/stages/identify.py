@@ -13,7 +13,6 @@ import csv
 import io
 import json
 import logging
-import random
 import shutil
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from arithmech.data import (
     tokenize_pairs,
     write_prompt_file,
 )
+from arithmech.data.sampling import stratified_sample
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
@@ -61,7 +61,9 @@ class IdentifyConfig:
     operand_max: int = field(default=9, metadata={"help": "largest operand"})
     prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
     templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
-    max_prompts: int = field(default=64, metadata={"help": "reference prompts used for patching (sampled)"})
+    max_prompts: int = field(
+        default=64, metadata={"help": "reference prompts used for patching (a sample stratified by template)"}
+    )
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
     variant: str = field(default="path", metadata={"help": "path, direct or total"})
     method: str = field(
@@ -115,7 +117,11 @@ class IdentifyResult:
 def build_reference_set(
     handle: ModelHandle, cfg: IdentifyConfig
 ) -> tuple[TokenizedPairs, dict[str, dict[str, float]], dict[str, int]]:
-    """Generate or read prompt pairs, tokenize, keep those the model answers, and sample `max_prompts`."""
+    """Generate or read prompt pairs, tokenize, keep those the model answers, and sample `max_prompts` of them.
+
+    The sample is seeded and stratified by operation and template (`data/sampling.py`), so a small reference
+    set still covers every formation.
+    """
     if cfg.prompts_file:
         pairs = read_prompt_file(cfg.prompts_file)
     else:
@@ -139,9 +145,8 @@ def build_reference_set(
             "so there is no reference set; "
             "add solved examples before each query (--few-shot 3) or use easier operands"
         )
-    indices = keep.nonzero().flatten().tolist()
-    random.Random(cfg.seed).shuffle(indices)
-    indices = sorted(indices[: cfg.max_prompts])
+    kept = keep.nonzero().flatten().tolist()
+    indices = [kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
     counts = {
         "pairs": len(pairs),
         "rejected_length_mismatch": report.rejected_length_mismatch,

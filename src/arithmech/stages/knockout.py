@@ -2,7 +2,10 @@
 
 Reads the ranking and reference prompts of an identify run folder (`from_run`), or takes an explicit list of
 components (then the ranking is their order, and the prompts come from the run or are generated and filtered
-as identify does). Writes knockout.csv, knockout_summary.csv, knockout.png and metadata.json (last).
+as identify does). The ablation values are taken over that whole prompt set (`knockout/ablation.py` says
+how); the sweep scores `max_prompts` of its prompts, a seeded sample stratified by operation and template
+(`data/sampling.py`). metadata.json records which prompts were scored, the group sizes and the fallbacks.
+Writes knockout.csv, knockout_summary.csv, knockout.png and metadata.json (last).
 
 Under `accelerate launch` every process computes the ablation sources on the whole prompt set (a mean over a
 template group must see all of its prompts), sweeps its own slice of the prompts, and the per-configuration
@@ -25,8 +28,15 @@ import torch
 
 from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
+from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.errors import ConfigError
-from arithmech.knockout.ablation import ABLATION_MODES, AblationSources, ablation_sources, alignment_groups
+from arithmech.knockout.ablation import (
+    ABLATION_MODES,
+    MIN_GROUP_SIZE,
+    AblationSources,
+    ablation_sources,
+    alignment_groups,
+)
 from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
@@ -49,7 +59,13 @@ class KnockoutConfig:
     max_k: int = field(default=16, metadata={"help": "largest number of components knocked out together"})
     n_random: int = field(default=5, metadata={"help": "random-rank seeds per k"})
     include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
-    max_prompts: int = field(default=64, metadata={"help": "reference prompts used"})
+    max_prompts: int = field(
+        default=64, metadata={"help": "reference prompts scored (a sample stratified by operation and template)"}
+    )
+    min_group_size: int = field(
+        default=MIN_GROUP_SIZE,
+        metadata={"help": "smallest template group averaged (mean) or drawn from (resample); smaller: END mean"},
+    )
     batch_size: int = field(default=64, metadata={"help": "rows (configuration x prompt) per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the random-rank draws"})
 
@@ -60,6 +76,8 @@ class KnockoutConfig:
             raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(ABLATION_MODES)}")
         if self.from_run is None and not self.components:
             raise ConfigError("nothing to knock out: give --from RUN_DIR (an identify run) or --components 14.2,18.5")
+        if self.min_group_size < 2:
+            raise ConfigError(f"min_group_size must be at least 2 (got {self.min_group_size})")
         for name in ("max_k", "max_prompts", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -76,6 +94,7 @@ class KnockoutResult:
 
 
 def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list[Component], list[PromptPair]]:
+    """The ranking, and the whole prompt set: the identify run's reference set, or one built as identify does."""
     run = read_identify_run(cfg.from_run, handle) if cfg.from_run else None
     if cfg.components:
         ranked = [parse_component(name, handle.dims) for name in cfg.components]
@@ -83,7 +102,7 @@ def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list
         assert run is not None
         ranked = run.ranked(None if cfg.include_mlps else "head")
     if run is not None:
-        return ranked, run.pairs[: cfg.max_prompts]
+        return ranked, run.pairs
     tokenized, _, _ = build_reference_set(handle, IdentifyConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
     return ranked, tokenized.pairs
 
@@ -97,9 +116,12 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     ranked, pairs = _ranking_and_prompts(handle, cfg)
     pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
-    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    whole = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     groups = alignment_groups([p.template_id for p in t.pairs], t.end + 1)
-    sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)  # whole set
+    sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
+                               cfg.min_group_size, cfg.batch_size)  # values over the whole set  # fmt: skip
+    chosen = stratified_sample(t.pairs, cfg.max_prompts, cfg.seed)
+    batch, sources = whole.select(torch.tensor(chosen)), sources.take(chosen)
     n_configs = 1 + len(k_values(cfg.max_k)) * (1 + cfg.n_random)
     lo, hi = distributed.shard_bounds(len(batch))
     show = not quiet and distributed.is_main()
@@ -123,6 +145,8 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "config": asdict(cfg),
         "seed": cfg.seed,
         "counts": {"prompts": len(batch), "configurations": n_configs},
+        "prompts": sample_record(t.pairs, chosen),
+        "ablation": sources.info,
         "timings": {"knockout_s": time.perf_counter() - start},
         "processes": distributed.world_size(),
         "versions": package_versions(),
@@ -148,7 +172,7 @@ def _sharded_sweep(
     integer) and answer-probability sum (mean_prob_r * n_r); accuracy is their count over n, rounded to
     float32 as one process does, and mean_prob their sum over n (within float32 rounding of one process).
     """
-    mine = [] if hi == lo else [(hi - lo, sweep(batch.select(slice(lo, hi)), _prompts_of(sources, lo, hi)))]
+    mine = [] if hi == lo else [(hi - lo, sweep(batch.select(slice(lo, hi)), sources.take(slice(lo, hi))))]
     parts: list[tuple[int, list[SweepRow]]] = distributed.gather(mine)
     n = sum(count for count, _ in parts)
     merged = []
@@ -158,11 +182,6 @@ def _sharded_sweep(
         accuracy = float(torch.tensor(answered, dtype=torch.float32) / n)  # as correct.float().mean()
         merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob / n))
     return merged
-
-
-def _prompts_of(sources: AblationSources, lo: int, hi: int) -> AblationSources:
-    """The sources of prompts lo..hi (each tensor's first dimension is the prompt)."""
-    return AblationSources([t[lo:hi] for t in sources.z], [t[lo:hi] for t in sources.mlp], sources.positions[lo:hi])
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:

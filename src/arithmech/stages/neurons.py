@@ -7,7 +7,9 @@ Steps (METHODS.md sec. 6; the engines are in `arithmech/neurons/`):
    LI of every FFN neuron of the deep layers with the model intact and with that head zeroed, the CNA score
    (their difference), and for the top neurons their coefficients, LIs and value-vector tokens; plus the LI
    of every attention layer;
-3. pruning: keep only the top-CNA (or top-LI) neurons of the deep layers vs the same number of random ones;
+3. pruning: keep only the top-CNA (or top-LI) neurons of the deep layers vs the same number of random ones,
+   scored on held-out prompts of the same operation (answered, not among those that ranked the neurons) and,
+   for comparison, on the ranking prompts themselves (the `prompts` column of pruning.csv);
 4. LoRA: train a LoRA adapter on one layer's MLP (or load the user's peft folder) and report how it moves the
    coefficients (and LIs) of the top neurons.
 
@@ -105,7 +107,8 @@ class NeuronsResult:
     layers: tuple[int, ...]
     neurons: list[Any]  # neurons.comparative.NeuronReport
     attention_li: torch.Tensor  # [layer] mean LI of each attention layer on the CNA operation's prompts
-    pruning: Any  # neurons.pruning.PruningResult
+    pruning: dict[str, Any]
+    """neurons.pruning.PruningResult on the held-out prompts (if the model answers enough) and on the ranking ones."""
     lora: Any | None  # neurons.lora.CoefficientChange
     out_dir: Path
     metadata: dict[str, Any]
@@ -140,6 +143,7 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
         attention_li,
         comparative_neurons,
         head_importance,
+        heldout_set,
         operation_sets,
         pruning_sweep,
         specialised_heads,
@@ -183,12 +187,16 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
 
     mark = time.perf_counter()
     scores = (comparative.scores if cfg.prune_by == "cna" else comparative.li_intact).mean(0)  # [layer, d_mlp]
-    n_configs = 1 + len(cfg.keep_sizes) * (1 + cfg.n_random)
+    heldout = heldout_set(handle, identify_cfg, first, cfg.max_prompts)
+    prompt_sets = {"held-out": heldout, "ranking": batch} if heldout is not None else {"ranking": batch}
+    n_configs = len(prompt_sets) * (1 + len(cfg.keep_sizes) * (1 + cfg.n_random))
+    pruning: dict[str, Any] = {}
     with tqdm(total=n_configs, desc="pruning", unit="config", disable=quiet) as bar:
-        pruning = steps.run("pruning", lambda: pruning_sweep(
-            view, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids, scores, layers, cfg.keep_sizes,
-            selection=cfg.selection, n_random=cfg.n_random, seed=cfg.seed, batch_size=cfg.batch_size,
-            progress=bar.update))  # fmt: skip
+        for label, prompts in prompt_sets.items():
+            pruning[label] = steps.run(f"pruning-{label}", lambda p=prompts: pruning_sweep(
+                view, p.ref_ids, p.ref_mask, p.end, p.answer_ids, scores, layers, cfg.keep_sizes,
+                selection=cfg.selection, n_random=cfg.n_random, seed=cfg.seed, batch_size=cfg.batch_size,
+                progress=bar.update))  # fmt: skip
     timings["pruning_s"] = time.perf_counter() - mark
 
     lora = None
@@ -206,7 +214,8 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
         "seed": cfg.seed,
         "head": head.name,
         "layers": list(layers),
-        "counts": {"prompts": importance.n_prompts, "generated": counts, "heads_scored": len(heads)},
+        "counts": {"prompts": importance.n_prompts, "generated": counts, "heads_scored": len(heads),
+                   "pruning_prompts": {label: len(p) for label, p in prompt_sets.items()}},
         "lora": lora_info,
         "timings": timings,
         "versions": package_versions(),
@@ -283,7 +292,7 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
          "top_tokens": " | ".join(n.top_tokens)}
         for r, n in enumerate(result.neurons)
     ]))  # fmt: skip
-    pruning_rows = result.pruning.rows()
+    pruning_rows = [{"prompts": label, **row} for label, sweep in result.pruning.items() for row in sweep.rows()]
     atomic_write_text(out / "pruning.csv", _csv(pruning_rows))
     if result.lora is not None:
         atomic_write_text(out / "lora_coefficients.csv", _csv(result.lora.rows()))

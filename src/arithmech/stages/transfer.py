@@ -10,12 +10,14 @@ Background
 Per target set (the same prompts for every source)
     1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped.
     2. Reference filtering, as identify does: base_accuracy = share of the target's prompts whose top token
-       at END is the answer's first token; keep those (unless filter_correct is off) and sample max_prompts.
-    3. Ablation values from the target set itself (METHODS.md sec. 3):
+       at END is the answer's first token; keep those (unless filter_correct is off) and draw max_prompts of
+       them, a seeded sample stratified by operation and template (`data/sampling.py`).
+    3. Ablation values from the whole target set (every prompt that fits, answered or not; METHODS.md sec. 3):
        arithmetic sets   mean over the target's counterfactual prompts (operator swapped) of the same
-                         template and token length (END only with end_only), or zero, or resample;
-       word problems     no operator counterfactual exists, so mean = the END value averaged over the
-                         target's own kept reference prompts ("mean over the data set"), placed at END;
+                         template and token length, groups of at least min_group_size prompts, else the END
+                         mean at END (`knockout/ablation.py`); END only with end_only; or zero, or resample;
+       word problems     no operator counterfactual exists, so mean = the END value averaged over all the
+                         target's reference prompts ("mean over the data set"), placed at END;
                          resample = another prompt's END value at END; zero = zeros (at END, or at every
                          position with end_only off). END-only ablations of prompts that share their
                          solved examples run those examples once (`analysis/shared_prefix.py`): same
@@ -68,6 +70,7 @@ import torch
 from arithmech.analysis.accuracy import predict_at_end
 from arithmech.analysis.shared_prefix import EndValues, common_prefix_length, end_knockout_scores, end_states
 from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
+from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.target_sets import (
     TargetOptions,
     TargetSpec,
@@ -76,7 +79,13 @@ from arithmech.data.target_sets import (
     target_set,
 )
 from arithmech.errors import ConfigError, DataError
-from arithmech.knockout.ablation import ABLATION_MODES, AblationSources, ablation_sources, alignment_groups
+from arithmech.knockout.ablation import (
+    ABLATION_MODES,
+    MIN_GROUP_SIZE,
+    AblationSources,
+    ablation_sources,
+    alignment_groups,
+)
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components
@@ -115,7 +124,13 @@ class TransferConfig:
     ablation: str = field(default="mean", metadata={"help": "mean, zero or resample"})
     end_only: bool = field(default=False, metadata={"help": "ablate at the last token only"})
     n_random: int = field(default=5, metadata={"help": "random-rank control seeds"})
-    max_prompts: int = field(default=32, metadata={"help": "kept prompts used per target"})
+    max_prompts: int = field(
+        default=32, metadata={"help": "kept prompts scored per target (a sample stratified by template)"}
+    )
+    min_group_size: int = field(
+        default=MIN_GROUP_SIZE,
+        metadata={"help": "smallest template group averaged (mean) or drawn from (resample); smaller: END mean"},
+    )
     limit: int = field(default=200, metadata={"help": "word-problem rows considered per target"})
     n_per_template: int = field(default=8, metadata={"help": "prompt pairs per template (generated sets)"})
     few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
@@ -139,6 +154,8 @@ class TransferConfig:
             target_set(name)
         if self.ablation not in ABLATION_MODES:
             raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(ABLATION_MODES)}")
+        if self.min_group_size < 2:
+            raise ConfigError(f"min_group_size must be at least 2 (got {self.min_group_size})")
         for name in ("max_prompts", "limit", "n_per_template", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
@@ -219,6 +236,10 @@ class PreparedTarget:
     sources: AblationSources | None = None
     end_values: EndValues | None = None
     ablation: str = ""
+    ablation_info: dict[str, Any] | None = None
+    """Group sizes and fallbacks of the ablation values (generated sets)."""
+    prompts: dict[str, Any] | None = None
+    """Which prompts were scored (`data.sampling.sample_record`)."""
 
 
 def describe_source(run: IdentifyRun) -> str:
@@ -280,7 +301,7 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     notes = [f"{len(t.pairs) - len(fits)} prompts longer than the context dropped"] if len(fits) < len(t.pairs) else []
     if not fits:
         return PreparedTarget(name, spec, 0, 0, math.nan, note="; ".join(notes))
-    whole, _ = _take(t, fits)
+    whole, whole_pairs = _take(t, fits)
     end_only = spec.kind == "word" and (cfg.ablation != "zero" or cfg.end_only)
     prefix = common_prefix_length(whole.ref_ids, whole.end) if end_only else 0
     values = None
@@ -297,36 +318,37 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     if not keep:
         notes.append(f"the model answered none of the {len(fits)} prompts")
         return PreparedTarget(name, spec, len(fits), 0, base, note="; ".join(notes))
-    random.Random(cfg.seed).shuffle(keep)
-    chosen = sorted(keep[: cfg.max_prompts])
-    batch, kept = _take(t, [fits[i] for i in chosen])
-    groups = alignment_groups([p.template_id for p in kept], batch.end + 1)
+    picked = stratified_sample([whole_pairs[i] for i in keep], cfg.max_prompts, cfg.seed)
+    chosen = [keep[j] for j in picked]  # positions in `whole`
+    batch, _ = _take(t, [fits[i] for i in chosen])
+    groups = alignment_groups([p.template_id for p in whole_pairs], whole.end + 1)
     prepared = PreparedTarget(name, spec, len(fits), n_answered, base, batch, note="; ".join(notes),
-                              groups=len(set(groups)), prefix_len=prefix)
+                              groups=len(set(groups)), prefix_len=prefix, prompts=sample_record(whole_pairs, chosen))
     if values is not None:
-        prepared.end_values, prepared.ablation = end_ablation(values.take(chosen), cfg.ablation, cfg.seed)
+        end_values, prepared.ablation = end_ablation(values, cfg.ablation, cfg.seed)
+        prepared.end_values = end_values.take(chosen)
     else:
-        prepared.sources = ablation_sources(handle.view, batch, cfg.ablation, groups, cfg.end_only, cfg.seed)
-        where = "at END" if cfg.end_only else "per position"
-        prepared.ablation = {
-            "mean": f"mean over the target's counterfactual prompts of the same template and length, {where}",
-            "zero": f"zero, {where}",
-            "resample": f"another prompt of the same template and length, {where}",
-        }[cfg.ablation]
+        sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
+                                   cfg.min_group_size, rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
+        prepared.sources = sources.take(chosen)
+        prepared.ablation = sources.info["over"]
+        prepared.ablation_info = sources.info
     return prepared
 
 
 def end_ablation(values: EndValues, mode: str, seed: int) -> tuple[EndValues, str]:
-    """Word problems: what replaces a knocked-out component at END, from the kept prompts' own END values."""
+    """Word problems: what replaces a knocked-out component at END, from every prompt of the set's END values."""
     if mode == "mean":
-        return values.mean(), "mean over the data set (its kept prompts), at END"
+        return values.mean(), "mean over the data set (all its prompts that fit), at END"
     if mode == "zero":
         return values.zeros(), "zero, at END"
     n = len(values.z[0])
+    if n < 2:
+        raise ConfigError("resample ablation needs at least 2 prompts to draw from; use --ablation mean or zero")
     order = list(range(n))
     random.Random(seed).shuffle(order)
     other = [0] * n
-    for j, row in enumerate(order):  # a derangement when n > 1: every prompt takes another's END value
+    for j, row in enumerate(order):  # a derangement: every prompt takes another's END value
         other[row] = order[(j + 1) % n]
     return values.take(other), "another prompt's END value (resample), at END"
 
@@ -417,7 +439,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
             "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
             "used": len(target.batch) if target.batch is not None else 0, "base_accuracy": target.base_accuracy,
             "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
-            "note": target.note,
+            "ablation_sources": target.ablation_info, "scored_prompts": target.prompts, "note": target.note,
             "seconds": time.perf_counter() - began,
         }
         logger.info("%s: %d of %d prompts answered, %d used", name, target.n_answered, target.n_total,

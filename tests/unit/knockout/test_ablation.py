@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups
+from arithmech.errors import ConfigError
+from arithmech.knockout.ablation import AblationSources, ablate, ablation_sources, alignment_groups, run_activations
 from arithmech.knockout.batched import knockout_scores
 from arithmech.knockout.sweep import k_values, knockout_sweep
 from arithmech.models.archs import spec_for_model_type
@@ -98,30 +99,74 @@ def test_mean_sources_are_group_means_of_counterfactual_run() -> None:
     view = view_of("llama")
     batch = make_batch(view, LENGTHS)
     groups = alignment_groups(KEYS, batch.end + 1)
-    assert groups == [0, 0, 1, 1, 0]
-    sources = ablation_sources(view, batch, "mean", groups)
-    from arithmech.knockout.ablation import run_activations
-
+    assert groups == ["t1@6", "t1@6", "t2@8", "t2@8", "t1@6"]
+    sources = ablation_sources(view, batch, "mean", groups, min_group_size=2)
     z, mlp = run_activations(view, batch.cf_ids, batch.cf_mask)
-    torch.testing.assert_close(sources.z[1][0], z[1][[0, 1, 4]].mean(0))
-    torch.testing.assert_close(sources.mlp[0][2], mlp[0][[2, 3]].mean(0))
+    torch.testing.assert_close(sources.z[1][sources.row[0]], z[1][[0, 1, 4]].mean(0))
+    torch.testing.assert_close(sources.mlp[0][sources.row[2]], mlp[0][[2, 3]].mean(0))
+    assert torch.equal(sources.positions, batch.ref_mask.bool())
+    assert sources.info["groups"] == {"t1@6": 3, "t2@8": 2} and sources.info["end_fallback_prompts"] == 0
     end_only = ablation_sources(view, batch, "mean", groups, end_only=True)
     rows = torch.arange(len(batch))
-    assert end_only.positions.sum() == len(batch)
-    torch.testing.assert_close(end_only.z[0][rows, batch.end], z[0][rows, batch.end].mean(0).expand(len(batch), -1))
+    assert end_only.positions.sum() == len(batch) and end_only.positions[rows, batch.end].all()
+    at_end = end_only.z[0][end_only.row, batch.end]  # [prompt, H*dh]
+    torch.testing.assert_close(at_end, z[0][rows, batch.end].mean(0).expand(len(batch), -1))
 
 
-def test_resample_takes_another_prompt_of_the_group() -> None:
+def test_small_groups_fall_back_to_the_end_mean_of_the_whole_set() -> None:
+    """A group below min_group_size would mostly put back the prompt's own counterfactual (a group of one:
+    exactly it), so its prompts are ablated at END only, with the END mean over every counterfactual prompt."""
+    view = view_of("llama")
+    batch = make_batch(view, LENGTHS)
+    groups = alignment_groups(KEYS, batch.end + 1)  # t1: 3 prompts, t2: 2 prompts
+    sources = ablation_sources(view, batch, "mean", groups, min_group_size=3)
+    z, _ = run_activations(view, batch.cf_ids, batch.cf_mask)
+    rows = torch.arange(len(batch))
+    end_mean = z[2][rows, batch.end].mean(0)
+    for i in (2, 3):  # the t2 group is too small
+        assert sources.positions[i].sum() == 1 and sources.positions[i, batch.end[i]]
+        torch.testing.assert_close(sources.z[2][sources.row[i], batch.end[i]], end_mean)
+    for i in (0, 1, 4):  # t1 keeps its per-position group mean
+        assert torch.equal(sources.positions[i], batch.ref_mask[i].bool())
+        torch.testing.assert_close(sources.z[2][sources.row[i]], z[2][[0, 1, 4]].mean(0))
+    assert sources.info["end_fallback_prompts"] == 2 and sources.info["min_group_size"] == 3
+    alone = alignment_groups(["a", "b", "c", "d", "e"], batch.end + 1)  # every prompt alone in its group
+    lonely = ablation_sources(view, batch, "mean", alone)
+    assert lonely.positions.sum() == len(batch)  # no prompt gets its own counterfactual back
+    for i in range(len(batch)):
+        assert not torch.allclose(lonely.z[2][lonely.row[i], batch.end[i]], z[2][i, batch.end[i]])
+    with pytest.raises(ConfigError, match="at least 4 prompts"):
+        ablation_sources(view, batch.select(slice(0, 3)), "mean", groups[:3])
+    with pytest.raises(ConfigError, match="min_group_size must be at least 2"):
+        ablation_sources(view, batch, "mean", groups, min_group_size=1)
+
+
+def resampled(min_group_size: int) -> tuple[PatchingBatch, list[str], AblationSources, list[torch.Tensor]]:
+    """The test batch, its groups, resample sources (seed 1) and the reference run's o_proj inputs."""
     view = view_of("llama")
     batch = make_batch(view, LENGTHS)
     groups = alignment_groups(KEYS, batch.end + 1)
-    sources = ablation_sources(view, batch, "resample", groups, seed=1)
-    from arithmech.knockout.ablation import run_activations
+    sources = ablation_sources(view, batch, "resample", groups, seed=1, min_group_size=min_group_size)
+    return batch, groups, sources, run_activations(view, batch.ref_ids, batch.ref_mask)[0]
 
-    z, _ = run_activations(view, batch.ref_ids, batch.ref_mask)
+
+def test_resample_takes_another_prompt_of_the_group() -> None:
+    batch, groups, sources, z = resampled(min_group_size=2)
     for i in range(len(batch)):
-        matches = [j for j in range(len(batch)) if torch.equal(sources.z[0][i], z[0][j])]
+        matches = [j for j in range(len(batch)) if torch.equal(sources.z[0][sources.row[i]], z[0][j])]
         assert matches and matches[0] != i and groups[matches[0]] == groups[i]
+
+
+def test_resample_of_a_small_group_takes_another_prompts_end_value() -> None:
+    batch, _, sources, z = resampled(min_group_size=3)
+    for i in (2, 3):
+        assert sources.positions[i].sum() == 1 and sources.positions[i, batch.end[i]]
+        value = sources.z[1][sources.row[i], batch.end[i]]
+        donors = [j for j in range(len(batch)) if torch.equal(value, z[1][j, batch.end[j]])]
+        assert donors and i not in donors
+    assert torch.equal(sources.positions[[0, 1, 4]], batch.ref_mask[[0, 1, 4]].bool())
+    taken = sources.take([4, 2])
+    assert torch.equal(taken.row, sources.row[[4, 2]]) and torch.equal(taken.positions, sources.positions[[4, 2]])
 
 
 @pytest.mark.parametrize("mode", ["mean", "resample"])
@@ -158,7 +203,5 @@ def test_sweep_rows_and_errors() -> None:
     assert [r.components for r in effect][1] == (heads[-1].name, heads[-2].name)
     again = knockout_sweep(view, batch, sources, heads[::-1], heads, max_k=5, n_random=2)
     assert rows == again  # same seed, same draws and numbers
-    from arithmech.errors import ConfigError
-
     with pytest.raises(ConfigError, match="larger than"):
         knockout_sweep(view, batch, sources, heads, heads, max_k=len(heads) + 1)
