@@ -48,7 +48,7 @@ SHIPPED = "shipped"
 
 @dataclass(frozen=True)
 class DataFile:
-    """A data file and where it was found: "--data-dir", "$ARITHMECH_DATA", "shipped" or "path"."""
+    """A data file (or a root folder) and its label: "--data-dir", "$ARITHMECH_DATA" or "shipped"."""
 
     path: Path
     label: str
