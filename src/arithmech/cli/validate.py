@@ -101,7 +101,8 @@ def transfer(
     ] = 4,
     limit: Annotated[int, typer.Option(help="Word-problem rows considered per target set.")] = 200,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA or ../shared/data).")
+        Path | None,
+        typer.Option(help="Folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA, then the shipped copies)."),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of generation, sampling and random draws.")] = 0,

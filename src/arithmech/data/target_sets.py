@@ -17,25 +17,25 @@ Names (`target_set(name)`; `target_set_names()` lists them)
                                 tokenizers is the integer part, so a carry from the tenths must be done.
                                 Counterfactual: the template's operator swap, as for integers.
                                 Both also take a formation suffix: "multidigit-addition-qa".
-    svamp, gsm8k                word problems (below); also any path to a JSONL file with question and
-                                answer fields, e.g. "../shared/data/addsub/test.jsonl".
+    svamp, gsm8k                word problems (below); also any path to a JSONL file (.jsonl or .jsonl.gz)
+                                with question and answer fields, e.g. "my/problems.jsonl".
 
 Word problems
     Prompt = 3 solved examples, each "Question: ...\\nAnswer: <number>\\n\\n", then
     "Question: <q>\\nAnswer: "; the target is the first token of the answer. The examples are drawn once
     (seeded) and shared by every prompt of the set: from the train split where there is one (gsm8k), else
     from the same file's rows, which are then left out of the queries (svamp). The train split comes from
-    where the test split came from (a local folder, or the hub), so the prompts do not depend on whether the
-    machine happens to be online. Examples are drawn among
-    questions of at most 250 characters, to keep prompts short. Rows with a negative answer are skipped
-    (their first token would be "-"). Word problems have no operator counterfactual: the pair's
-    counterfactual is the reference itself, and the transfer stage ablates at END with the mean over the
-    data set's own prompts (or zero / resample).
+    where the test split came from (the test file's folder, or the hub), so the prompts do not depend on
+    whether the machine happens to be online, nor mix a user's test file with another folder's train file.
+    Examples are drawn among questions of at most 250 characters, to keep prompts short. Rows with a
+    negative answer are skipped (their first token would be "-"). Word problems have no operator
+    counterfactual: the pair's counterfactual is the reference itself, and the transfer stage ablates at END
+    with the mean over the data set's own prompts (or zero / resample).
 
 Data location (`resolve_word_problems`): a path is read as given. A known name ("svamp", "gsm8k") is looked
-    up as <root>/<name>/<split>.jsonl under, in order, `data_dir`, $ARITHMECH_DATA, ../shared/data from the
-    current folder, and ../shared/data beside the repository; then on the Hugging Face hub if the optional
-    `datasets` package is importable. Otherwise one DataError says where it looked.
+    up as `data/locate.py` says: `data_dir`, $ARITHMECH_DATA, then the copy shipped with arithmech (so it is
+    always found); then the Hugging Face hub, only if the optional `datasets` package imports. Otherwise one
+    DataError says where it looked, what the hub step did, and how to fix it.
 
 Usage
     >>> spec = target_set("decimals-addition")
@@ -53,13 +53,20 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.data.generate import GenerationConfig, generate_pairs
+from arithmech.data.locate import (
+    JSONL_SUFFIXES,
+    find_data_file,
+    hub_rows,
+    is_jsonl_path,
+    missing_data,
+    read_data_text,
+)
 from arithmech.data.prompts import PromptPair
 from arithmech.data.templates import FORMATIONS, OPERATIONS, Template, load_templates, select_templates
 from arithmech.errors import ConfigError, DataError
 
 WORD_PROBLEM_SETS: tuple[str, ...] = ("svamp", "gsm8k")
 DECIMAL_OPERATIONS: tuple[str, ...] = ("addition", "subtraction")
-DATA_ENV = "ARITHMECH_DATA"
 _EXAMPLE_MAX_CHARS = 250
 _ANSWER = re.compile(r"^\d+(\.\d+)?$")
 
@@ -89,7 +96,9 @@ class TargetOptions:
     few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
     limit: int = field(default=200, metadata={"help": "word-problem rows considered (seeded sample)"})
     seed: int = field(default=0, metadata={"help": "seed of generation and sampling"})
-    data_dir: str | None = field(default=None, metadata={"help": "folder holding svamp/ and gsm8k/"})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA, then shipped)"}
+    )
 
 
 _REGISTRY: dict[str, TargetSpec] = {}
@@ -112,7 +121,7 @@ def target_set(name: str) -> TargetSpec:
     registry = _registry()
     if name in registry:
         return registry[name]
-    if name.endswith(".jsonl"):
+    if is_jsonl_path(name):
         return TargetSpec(name, "word", f"word problems from {name}", source=name)
     raise ConfigError(
         f"unknown target set {name!r}; use <operation>[-<formation>], multidigit-<operation>[-<formation>], "
@@ -238,7 +247,7 @@ def word_problem_pairs(name: str, source: str, options: TargetOptions) -> list[P
     test = resolve_word_problems(source, "test", options.data_dir)
     rows = [r for r in read_word_problems(test) if _ANSWER.match(r.answer)]
     rng = random.Random(f"{options.seed}:{name}")
-    train = _train_split(source, options.data_dir, from_hub=isinstance(test, list))
+    train = _train_split(source, test, options.data_dir)
     pool = train if train is not None else rows
     short = [r for r in pool if len(r.question) <= _EXAMPLE_MAX_CHARS and _ANSWER.match(r.answer)] or pool
     if len(short) < options.few_shot:
@@ -260,27 +269,17 @@ def word_problem_pairs(name: str, source: str, options: TargetOptions) -> list[P
     return sorted(pairs, key=lambda p: len(p.reference))  # similar lengths share a forward pass
 
 
-def _train_split(source: str, data_dir: str | None, from_hub: bool) -> list[WordProblem] | None:
-    """The train rows of a known set, from the hub only when its test rows came from there too."""
+def _train_split(source: str, test: Path | list[WordProblem], data_dir: str | None) -> list[WordProblem] | None:
+    """The train rows of a known set from where its test rows came: the test file's folder, or the hub."""
     if source not in WORD_PROBLEM_SETS:
         return None
-    if not from_hub:
-        local = _local_file(source, "train", data_dir)
-        return read_word_problems(local) if local is not None else None
+    if isinstance(test, Path):
+        beside = [test.parent / f"train{suffix}" for suffix in JSONL_SUFFIXES]
+        return next((read_word_problems(p) for p in beside if p.is_file()), None)
     try:
         return read_word_problems(resolve_word_problems(source, "train", data_dir))
     except DataError:
         return None
-
-
-def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Folders searched for known data sets, in order."""
-    roots = [Path(data_dir)] if data_dir else []
-    if os.environ.get(DATA_ENV):
-        roots.append(Path(os.environ[DATA_ENV]))
-    roots.append(Path.cwd() / ".." / "shared" / "data")
-    roots.append(Path(__file__).resolve().parents[3] / ".." / "shared" / "data")
-    return roots
 
 
 def resolve_word_problems(
@@ -291,37 +290,24 @@ def resolve_word_problems(
     if text not in WORD_PROBLEM_SETS:
         path = Path(text)
         if not path.is_file():
-            raise DataError(f"word-problem file {text} does not exist; pass a JSONL path or one of "
-                            f"{', '.join(WORD_PROBLEM_SETS)}")
+            raise DataError(f"word-problem file {text} does not exist; pass a .jsonl (or .jsonl.gz) path or one "
+                            f"of {', '.join(WORD_PROBLEM_SETS)}")
         return path
-    path = _local_file(text, split, data_dir)
-    if path is not None:
-        return path
-    rows = _from_hub(text, split)
+    found = find_data_file(f"{text}/{split}", data_dir)
+    if found is not None:
+        return found.path
+    rows, why_not = _from_hub(text, split)
     if rows is not None:
         return rows
-    where = ", ".join(str(r / text / f"{split}.jsonl") for r in data_roots(data_dir))
-    raise DataError(
-        f"could not find {text} {split} data in {where} (nor on the hub: the datasets package is not "
-        f"installed); set ${DATA_ENV} or pass the folder or a JSONL path"
-    )
-
-
-def _local_file(name: str, split: str, data_dir: str | os.PathLike[str] | None) -> Path | None:
-    """<root>/<name>/<split>.jsonl in the first data root that has it."""
-    for root in data_roots(data_dir):
-        path = root / name / f"{split}.jsonl"
-        if path.is_file():
-            return path
-    return None
+    raise missing_data(f"{text}/{split}", data_dir, why_not, "give a .jsonl path as the target set")
 
 
 def read_word_problems(source: Path | list[WordProblem]) -> list[WordProblem]:
-    """Rows {"id", "question", "answer"} of a JSONL file (the ../shared/data schema)."""
+    """Rows {"id", "question", "answer"} of a JSONL file (.jsonl or .jsonl.gz; the shipped sets' schema)."""
     if isinstance(source, list):
         return source
     rows = []
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_data_text(source).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -345,22 +331,10 @@ def _canonical(answer: Any) -> str:
 _HUB = {"gsm8k": ("openai/gsm8k", "main"), "svamp": ("ChilleD/SVAMP", None)}
 
 
-def _from_hub(name: str, split: str) -> list[WordProblem] | None:
-    """Rows from the Hugging Face hub, only when the optional `datasets` package is importable."""
-    try:
-        import datasets  # type: ignore[import-not-found]
-    except ImportError:
-        return None
+def _from_hub(name: str, split: str) -> tuple[list[WordProblem] | None, str]:
+    """(rows, "") from the Hugging Face hub, or (None, why not): `datasets` missing, offline, no such split."""
     repo, config = _HUB[name]
-    try:
-        data = datasets.load_dataset(repo, config, split=split)
-    except Exception:  # offline, renamed, or no such split: fall through to the error
-        return None
-    rows = []
-    for i, row in enumerate(data):
-        if name == "gsm8k":
-            question, answer = row["question"], row["answer"].split("####")[-1]
-        else:
-            question, answer = f"{row['Body'].rstrip('. ')}. {row['Question']}", row["Answer"]
-        rows.append(WordProblem(f"{name}-{split}-{i:04d}", question.strip(), _canonical(answer)))
-    return rows
+    rows, why_not = hub_rows(repo, config, split)
+    if rows is None:
+        return None, why_not
+    return [WordProblem(str(r["id"]), str(r["question"]).strip(), _canonical(r["answer"])) for r in rows], ""

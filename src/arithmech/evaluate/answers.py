@@ -18,7 +18,7 @@ Rules (`extract_number`)
        spaces allowed around "/"; "1/2" is 0.5; a zero denominator is not a number), or a mixed number
        "3 1/2" (3.5); then an optional "%" which is dropped ("50%" is 50, as the data sets write percentages).
        Spelled-out numbers ("seven") and scientific notation are not read.
-    4. Match (`numbers_match`): |predicted - gold| < 1e-4, the rule of ../shared/data/README.md; no number
+    4. Match (`numbers_match`): |predicted - gold| < 1e-4, the rule of the data sets' PROVENANCE.md; no number
        read counts as wrong.
 
     The canonical string of a value (`format_number`) follows the data sets' answer convention: no thousands

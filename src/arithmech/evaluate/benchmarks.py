@@ -22,7 +22,7 @@ Prompt formats (`build_prompts`)
             (default, the original MMLU scoring): options listed "A. ...", "Answer: B", and the continuations
             " A" ... " D" are scored. Text format (cloze; small models are at chance on letters): no list,
             "Answer: <option text>", and each option's text is scored.
-    qa      CommonsenseQA, zero-shot (its training split is not in ../shared/data): "Question: <q>\\nAnswer:".
+    qa      CommonsenseQA, zero-shot (its training split is not shipped): "Question: <q>\\nAnswer:".
             Text format (default): each option's text is scored (acc, and acc_norm = per-character
             log-likelihood as in lm-evaluation-harness). Letter format: options listed A-E, letters scored.
             A user's choice JSONL uses the same format.
@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
 from arithmech.evaluate.answers import choice_letter
 from arithmech.evaluate.loading import EvalItem
@@ -140,11 +141,11 @@ def benchmark_names() -> list[str]:
 
 
 def benchmark(name: str, rows_hint: list[dict[str, Any]] | None = None) -> Benchmark:
-    """The registered benchmark of a name, or one made for a user's .jsonl file (choice if rows have choices)."""
+    """The registered benchmark of a name, or one made for a user's .jsonl(.gz) file (choice if rows have choices)."""
     registry = _registry()
     if name in registry:
         return registry[name]
-    if name.endswith(".jsonl"):
+    if is_jsonl_path(name):
         is_choice = bool(rows_hint) and "choices" in rows_hint[0]
         if is_choice:
             return Benchmark(name, "choice", f"choice questions from {name}", data=name, style="qa")

@@ -1,11 +1,14 @@
-"""Benchmark rows: read from ../shared/data (or a user's JSONL, or the Hugging Face hub) into `EvalItem`s.
+"""Benchmark rows: read from a data set shipped with arithmech (or a user's JSONL, or the hub) into `EvalItem`s.
 
 Where data come from
-    A data set named "<folder>/<split>" (e.g. "gsm8k/test") is looked up as <root>/<folder>/<split>.jsonl in
-    the roots of `arithmech.data.target_sets.data_roots` (--data-dir, $ARITHMECH_DATA, ../shared/data), then,
-    for the benchmarks with a known hub copy, on the Hugging Face hub through the optional `datasets` package
-    (imported only then). A path ending in .jsonl is read as given. The schemas are those of
-    ../shared/data/README.md: math rows {"id", "question", "answer"}, choice rows {"id", "question",
+    A data set named "<folder>/<split>" (e.g. "gsm8k/test") is found as `arithmech.data.locate` says:
+    <root>/<folder>/<split>.jsonl or .jsonl.gz under --data-dir, then $ARITHMECH_DATA, then the copy shipped
+    with arithmech (every built-in benchmark is shipped); then, for the benchmarks with a known hub copy, on
+    the Hugging Face hub through the optional `datasets` package (imported only then). A path ending in
+    .jsonl or .jsonl.gz is read as given. `LoadedRows` records the file (or "hf:<repo>:<split>"), where it was
+    found ("--data-dir", "$ARITHMECH_DATA", "shipped", "path", "hub") and the sha256 of its JSONL bytes
+    (decompressed, so a shipped .jsonl.gz and its original .jsonl agree). The schemas are those of the
+    shipped sets' PROVENANCE.md: math rows {"id", "question", "answer"}, choice rows {"id", "question",
     "choices", "answer": index} (a letter "B" is accepted too).
 
 Train/test overlap (`TrainOverlap`)
@@ -18,14 +21,13 @@ Train/test overlap (`TrainOverlap`)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arithmech.data.target_sets import DATA_ENV, data_roots
+from arithmech.data.locate import data_sha256, find_data_file, hub_rows, is_jsonl_path, missing_data, read_data_text
 from arithmech.errors import DataError
 from arithmech.evaluate.answers import LETTERS, format_number
 
@@ -46,21 +48,19 @@ class EvalItem:
 
 @dataclass(frozen=True)
 class LoadedRows:
-    """Raw rows and where they came from (a file path with its sha256, or a hub name)."""
+    """Raw rows and where they came from (a file path with the sha256 of its JSONL bytes, or a hub name)."""
 
     rows: list[dict[str, Any]]
     origin: str
     sha256: str | None = None
+    found_in: str = "path"
+    """"--data-dir", "$ARITHMECH_DATA", "shipped", "path" (given as a file) or "hub"."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """JSON objects, one a line; blank lines skipped; every problem is a DataError naming the line."""
+    """JSON objects, one a line (.jsonl or .jsonl.gz); blank lines skipped; a problem is a DataError naming the line."""
     rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"could not read {path} as UTF-8 text ({exc}); check the path") from exc
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_data_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -76,28 +76,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_rows(data: str, data_dir: str | None = None, hub: tuple[str, str | None, str] | None = None) -> LoadedRows:
-    """The rows of "<folder>/<split>" (searched in the data roots, then the hub) or of a .jsonl path."""
-    if data.endswith(".jsonl"):
+    """The rows of "<folder>/<split>" (searched in the data roots, then the hub) or of a .jsonl(.gz) path."""
+    if is_jsonl_path(data):
         path = Path(data).expanduser()
         if not path.is_file():
             raise DataError(f"benchmark file {data} does not exist; check the path")
-        return LoadedRows(read_jsonl(path), str(path), _sha256(path))
-    roots = data_roots(data_dir)
-    for root in roots:
-        path = root / f"{data}.jsonl"
-        if path.is_file():
-            return LoadedRows(read_jsonl(path), str(path.resolve()), _sha256(path))
+        return LoadedRows(read_jsonl(path), str(path), data_sha256(path))
+    found = find_data_file(data, data_dir)
+    if found is not None:
+        return LoadedRows(read_jsonl(found.path), str(found.path.resolve()), data_sha256(found.path), found.label)
+    why_not = None
     if hub is not None:
-        rows = rows_from_hub(*hub)
+        rows, why_not = hub_rows(*hub)
         if rows is not None:
-            return LoadedRows(rows, f"hf:{hub[0]}" + (f"/{hub[1]}" if hub[1] else "") + f":{hub[2]}")
-    where = ", ".join(str(root / f"{data}.jsonl") for root in roots)
-    hint = " or on the hub (the datasets package is missing or offline)" if hub else ""
-    raise DataError(f"could not find {data} in {where}{hint}; pass --data-dir, set ${DATA_ENV} or give a .jsonl path")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+            name = f"hf:{hub[0]}" + (f"/{hub[1]}" if hub[1] else "") + f":{hub[2]}"
+            return LoadedRows(rows, name, found_in="hub")
+    raise missing_data(data, data_dir, why_not, "give a .jsonl path instead of the name")
 
 
 def canonical_number(value: Any) -> str:
@@ -183,38 +177,3 @@ def train_overlap(train_file: str | None, data_dir: str | None = None) -> TrainO
     ids = {str(r["orig_id"]) for r in loaded.rows if r.get("orig_id")}
     questions = {normalize_question(str(r["question"])) for r in loaded.rows if r.get("question")}
     return TrainOverlap(loaded.origin, frozenset(ids), frozenset(questions), loaded.sha256)
-
-
-# --- Hugging Face hub ---------------------------------------------------------------------------------------
-
-def rows_from_hub(repo: str, config: str | None, split: str) -> list[dict[str, Any]] | None:
-    """Rows of a hub data set in the ../shared/data schema, or None when `datasets` is missing or offline."""
-    try:
-        import datasets  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        data = datasets.load_dataset(repo, config, split=split)
-    except Exception:  # offline, renamed or no such split: the caller raises one DataError
-        return None
-    return [hub_row(repo, dict(row), i) for i, row in enumerate(data)]
-
-
-def hub_row(repo: str, row: dict[str, Any], index: int) -> dict[str, Any]:
-    """One hub row in the local schema (the conversions of ../shared/data/README.md)."""
-    name = repo.split("/")[-1].lower()
-    if repo == "openai/gsm8k":
-        return {"id": f"gsm8k-hub-{index:04d}", "question": row["question"],
-                "answer": row["answer"].split("####")[-1].replace(",", "").strip()}
-    if repo == "ChilleD/SVAMP":
-        body = row["Body"].rstrip()
-        question = body + ("" if body.endswith((".", "?", "!")) else ".") + " " + row["Question"].strip()
-        return {"id": f"svamp-{row.get('ID', index)}", "question": question, "answer": row["Answer"]}
-    if repo == "cais/mmlu":
-        return {"id": f"mmlu-hub-{row['subject']}-{index:05d}", "subject": row["subject"],
-                "question": row["question"], "choices": list(row["choices"]), "answer": int(row["answer"])}
-    if repo == "tau/commonsense_qa":
-        labels = list(row["choices"]["label"])
-        return {"id": row["id"], "question": row["question"], "choices": list(row["choices"]["text"]),
-                "answer": labels.index(row["answerKey"])}
-    return {"id": f"{name}-{index:05d}", **row}

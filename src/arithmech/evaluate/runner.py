@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import DataError
 from arithmech.evaluate.answers import choice_letter, extract_number, format_number, numbers_match
 from arithmech.evaluate.benchmarks import Benchmark, benchmark, build_prompts, resolve_shots, stop_strings
@@ -97,7 +98,8 @@ def load_items(bench: Benchmark, options: EvalOptions) -> tuple[list[EvalItem], 
     """(items to evaluate, few-shot exemplar items, info) of a benchmark, after overlap exclusion and subset."""
     assert bench.data is not None
     loaded = load_rows(bench.data, options.data_dir, bench.hub)
-    info: dict[str, Any] = {"data": loaded.origin, "data_sha256": loaded.sha256, "rows_in_file": len(loaded.rows)}
+    info: dict[str, Any] = {"data": loaded.origin, "data_from": loaded.found_in, "data_sha256": loaded.sha256,
+                            "rows_in_file": len(loaded.rows)}
     if bench.kind == "generate":
         items = math_items(loaded.rows, loaded.origin, bench.source)
     else:
@@ -130,7 +132,7 @@ def evaluate_benchmark(
     """Score one benchmark (see the module docstring)."""
     options = options or EvalOptions()
     start = time.perf_counter()
-    hint = load_rows(name).rows[:1] if name.endswith(".jsonl") else None
+    hint = load_rows(name).rows[:1] if is_jsonl_path(name) else None
     bench = benchmark(name, hint)
     if bench.kind == "general":
         result = _general(handle, bench, options, base_handle, progress)

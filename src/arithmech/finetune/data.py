@@ -6,10 +6,11 @@ Background
     ChatGPT rationales ending "The answer is N."). The default here is that file, `llm_adapters_math_v1/train`.
 
 Rows and targets
-    A source is a known name (`llm_adapters_math_v1`, `gsm8k`: their train split under the data folder, found as
-    `data.target_sets.data_roots` says) or any JSONL file with `question` and `answer` (and `rationale`) fields.
+    A source is a known name (`llm_adapters_math_v1`, `gsm8k`: their train split, found as `data/locate.py` says:
+    --data-dir, $ARITHMECH_DATA, then the copy shipped with arithmech) or any JSONL file (.jsonl or .jsonl.gz)
+    with `question` and `answer` (and `rationale`) fields.
     - target "rationale": the rationale, for rows that have one and whose `rationale_correct` is not false (the
-      LLM-Adapters rationales are often wrong, see the data README); GSM8K's calculator annotations `<<...>>`
+      LLM-Adapters rationales are often wrong, see its PROVENANCE.md); GSM8K's calculator annotations `<<...>>`
       are removed, and " The answer is N." is appended when the rationale does not already say "answer is".
     - target "answer": the final answer alone.
     Rows skipped for either reason are counted.
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from arithmech.data.target_sets import data_roots
+from arithmech.data.locate import find_data_file, missing_data, read_data_text
 from arithmech.errors import ConfigError, DataError
 
 KNOWN_TRAIN_SETS: dict[str, str] = {"llm_adapters_math_v1": "llm_adapters_math_v1", "gsm8k": "gsm8k"}
@@ -78,13 +79,11 @@ def resolve_sft_data(source: str, data_dir: str | os.PathLike[str] | None = None
                 "pass a JSONL path with question and answer fields"
             )
         return path
-    roots = data_roots(data_dir)
-    for root in roots:
-        path = root / KNOWN_TRAIN_SETS[source] / "train.jsonl"
-        if path.is_file():
-            return path
-    where = ", ".join(str(r / KNOWN_TRAIN_SETS[source] / "train.jsonl") for r in roots)
-    raise DataError(f"could not find {source} training data in {where}; set $ARITHMECH_DATA or pass --data-dir")
+    name = f"{KNOWN_TRAIN_SETS[source]}/train"
+    found = find_data_file(name, data_dir)
+    if found is None:
+        raise missing_data(name, data_dir, None, "give a .jsonl path to --data")
+    return found.path
 
 
 def read_sft_examples(path: Path, target: str = "rationale") -> tuple[list[SFTExample], dict[str, int]]:
@@ -93,7 +92,7 @@ def read_sft_examples(path: Path, target: str = "rationale") -> tuple[list[SFTEx
         raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}")
     counts = {"rows": 0, "kept": 0, "no_rationale": 0, "rationale_incorrect": 0}
     examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_data_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
 from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_names
 from arithmech.evaluate.harness import HarnessOptions, HarnessResult, lm_eval_version, run_harness, task_manager
@@ -96,7 +97,7 @@ class EvaluateConfig:
         default=None, metadata={"help": "training JSONL for the overlap rule; default llm_adapters_math_v1/train"}
     )
     data_dir: str | None = field(
-        default=None, metadata={"help": "data folder (default $ARITHMECH_DATA, then ../shared/data)"}
+        default=None, metadata={"help": "data folder; else $ARITHMECH_DATA, then the sets shipped with arithmech"}
     )
     general_text: str | None = field(
         default=None, metadata={"help": "text file (paragraphs) or JSONL with text for the general check"}
@@ -127,7 +128,7 @@ class EvaluateConfig:
         self._check_harness()
         known = benchmark_names()
         for name in self.benchmarks:
-            if name not in known and not name.endswith(".jsonl"):
+            if name not in known and not is_jsonl_path(name):
                 raise ConfigError(f"unknown benchmark {name!r}; use one of {', '.join(known)} or a .jsonl path")
         if len(set(self.benchmarks)) != len(self.benchmarks):
             raise ConfigError(f"benchmark list {', '.join(self.benchmarks)} names one benchmark twice; name it once")
@@ -189,10 +190,10 @@ def model_fingerprint(model: Any) -> str:
 
 
 def file_stem(name: str) -> str:
-    """A file name for a benchmark: the name itself, or for a .jsonl path its stem plus a short hash."""
-    if not name.endswith(".jsonl"):
+    """A file name for a benchmark: the name itself, or for a .jsonl(.gz) path its stem plus a short hash."""
+    if not is_jsonl_path(name):
         return name
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name).stem)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(name.removesuffix(".gz")).stem)
     return f"{stem}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
 from arithmech.finetune.checkpoint import remove_checkpoints
@@ -65,9 +66,12 @@ class FinetuneConfig(TrainConfig):
     top_mlps: int = field(default=0, metadata={"help": "also train the run's top MLPs by effect (paper: 3 is best)"})
     grad_scale: bool = field(default=True, metadata={"help": "scale head-slice gradients by H / h_l (paper)"})
     data: str = field(
-        default="llm_adapters_math_v1", metadata={"help": "llm_adapters_math_v1, gsm8k (train splits) or a JSONL path"}
+        default="llm_adapters_math_v1",
+        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits) or a JSONL path"},
     )
-    data_dir: str | None = field(default=None, metadata={"help": "folder holding the data sets ($ARITHMECH_DATA)"})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "folder holding the data sets (default $ARITHMECH_DATA, then shipped)"}
+    )
     target: str = field(default="rationale", metadata={"help": "rationale (correct ones only) or answer"})
     max_samples: int | None = field(default=None, metadata={"help": "use at most this many rows (seeded sample)"})
     max_length: int = field(default=512, metadata={"help": "drop examples longer than this many tokens"})
@@ -167,7 +171,7 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
                 trainable.save_native(staging)
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
-        metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, str(path), start)
+        metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, path, start)
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:
@@ -189,7 +193,7 @@ def _metadata(
     selection: dict[str, Any],
     read_counts: dict[str, int],
     tok_counts: dict[str, Any],
-    data_path: str,
+    data_path: Path,
     start: float,
 ) -> dict[str, Any]:
     total = total_parameters(handle.model)
@@ -202,7 +206,7 @@ def _metadata(
         "config": asdict(cfg),
         "seed": cfg.seed,
         "selection": selection,
-        "data": {"path": data_path, **read_counts, **tok_counts},
+        "data": {"path": str(data_path), "sha256": data_sha256(data_path), **read_counts, **tok_counts},
         "counts": {"steps": result.steps, "total_steps": result.total_steps, "examples_per_step": cfg.batch_size},
         "trainable_parameters": trainable,
         "total_parameters": total,

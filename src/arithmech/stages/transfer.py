@@ -135,7 +135,9 @@ class TransferConfig:
     n_per_template: int = field(default=8, metadata={"help": "prompt pairs per template (generated sets)"})
     few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
-    data_dir: str | None = field(default=None, metadata={"help": "folder holding svamp/ and gsm8k/"})
+    data_dir: str | None = field(
+        default=None, metadata={"help": "folder holding svamp/ and gsm8k/ (default $ARITHMECH_DATA, then shipped)"}
+    )
     batch_size: int = field(default=32, metadata={"help": "rows (configuration x prompt) per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of generation, sampling and random draws"})
 

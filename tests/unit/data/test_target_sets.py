@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arithmech.data import answer_token_id, solve, tokenize_pairs
+from arithmech.data import answer_token_id, locate, solve, tokenize_pairs
 from arithmech.data import target_sets as ts
 from arithmech.data.target_sets import (
     TargetOptions,
@@ -25,6 +25,12 @@ from arithmech.errors import ConfigError, DataError
 
 SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "svamp" / "test.jsonl").is_file(), reason="no ../shared/data")
+
+
+def only_folder(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """The data lookup sees `folder` in place of the shipped copy, and no $ARITHMECH_DATA."""
+    monkeypatch.delenv(locate.DATA_ENV, raising=False)
+    monkeypatch.setattr(locate, "SHIPPED_DATA", folder)
 
 
 def test_names_cover_operations_formations_and_word_problems() -> None:
@@ -108,7 +114,7 @@ def test_word_problems_from_env_folder_and_path(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "svamp").mkdir()
     path = tmp_path / "svamp" / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setenv(ts.DATA_ENV, str(tmp_path))
+    monkeypatch.setenv(locate.DATA_ENV, str(tmp_path))
     assert resolve_word_problems("svamp") == path
     pairs = build_target_pairs(target_set("svamp"), TargetOptions(limit=100))
     assert len(pairs) == 8 - 3  # three rows became the solved examples; the negative answer is skipped
@@ -120,14 +126,14 @@ def test_local_test_rows_are_never_mixed_with_hub_train_rows(tmp_path: Path, mon
     rows = [{"id": f"r{i}", "question": f"Tom has {i} apples. How many?", "answer": str(i)} for i in range(8)]
     (tmp_path / "svamp").mkdir()
     (tmp_path / "svamp" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setattr(ts, "data_roots", lambda data_dir=None: [tmp_path])
-    monkeypatch.setattr(ts, "_from_hub", lambda name, split: None)  # offline
+    only_folder(monkeypatch, tmp_path)
+    monkeypatch.setattr(ts, "_from_hub", lambda name, split: (None, "offline"))
     offline = build_target_pairs(target_set("svamp"), TargetOptions(limit=100))
     calls: list[tuple[str, str]] = []
 
-    def online(name: str, split: str) -> list[ts.WordProblem]:
+    def online(name: str, split: str) -> tuple[list[ts.WordProblem], str]:
         calls.append((name, split))
-        return [ts.WordProblem(f"hub-{i}", f"Hub question {i}?", str(i)) for i in range(5)]
+        return [ts.WordProblem(f"hub-{i}", f"Hub question {i}?", str(i)) for i in range(5)], ""
 
     monkeypatch.setattr(ts, "_from_hub", online)
     assert build_target_pairs(target_set("svamp"), TargetOptions(limit=100)) == offline
@@ -138,10 +144,12 @@ def test_local_test_rows_are_never_mixed_with_hub_train_rows(tmp_path: Path, mon
 
 
 def test_missing_data_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(DataError, match="does not exist; pass a JSONL path"):
+    with pytest.raises(DataError, match="does not exist; pass a .jsonl"):
         resolve_word_problems(tmp_path / "nope.jsonl")
-    monkeypatch.setattr(ts, "data_roots", lambda data_dir=None: [tmp_path])
-    with pytest.raises(DataError, match=f"could not find gsm8k test data in {tmp_path}.*pass the folder"):
+    only_folder(monkeypatch, tmp_path)
+    monkeypatch.setattr(ts, "_from_hub", lambda name, split: (None, "openai/gsm8k was not tried"))
+    with pytest.raises(DataError, match=f"could not find the gsm8k test set: looked for {tmp_path}/gsm8k/test"
+                                        ".*openai/gsm8k was not tried.*pass --data-dir FOLDER holding gsm8k/test"):
         resolve_word_problems("gsm8k")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "no answer"}\n')

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 import torch
 
+from arithmech.data import locate
+from arithmech.data.locate import hub_row
 from arithmech.errors import ConfigError, DataError
 from arithmech.evaluate.benchmarks import COT_EXEMPLARS, benchmark, build_prompts
 from arithmech.evaluate.general import GeneralText, general_scores, load_general_texts
 from arithmech.evaluate.generation import cut_at_stop, generate_greedy
-from arithmech.evaluate.loading import EvalItem, hub_row, load_rows
+from arithmech.evaluate.loading import EvalItem, load_rows
 from arithmech.evaluate.runner import EvalOptions, evaluate, evaluate_benchmark, select_subset
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.load import ModelHandle
@@ -46,7 +48,7 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A miniature ../shared/data: gsm8k, the llm_adapters train file, mmlu test/dev, csqa."""
+    """A miniature data folder (like the shipped one): gsm8k, the llm_adapters train file, mmlu test/dev, csqa."""
     root = tmp_path_factory.mktemp("data")
     write_jsonl(root / "gsm8k/test.jsonl",
                 [{"id": f"gsm8k-test-{i:04d}", "question": f"{i} plus 1?", "answer": str(i + 1)} for i in range(12)])
@@ -119,6 +121,7 @@ def test_stage_writes_records_results_and_metadata(handle: ModelHandle, data_roo
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["stage"] == "evaluate" and meta["config"]["limit"] == 4
     assert meta["benchmarks"]["gsm8k"]["info"]["data_sha256"]
+    assert meta["benchmarks"]["gsm8k"]["info"]["data_from"] == "--data-dir"
     assert meta["benchmarks"]["mmlu"]["info"]["choice_format"] == "letter"
 
 
@@ -185,7 +188,7 @@ def test_empty_or_broken_file_is_data_error(handle: ModelHandle, tmp_path: Path)
     broken = write_jsonl(tmp_path / "broken.jsonl", [{"id": "x", "question": "q"}])
     with pytest.raises(DataError, match="answer"):
         evaluate_benchmark(handle, str(broken), EvalOptions(n_shot=0))
-    with pytest.raises(DataError, match=f"could not find nothing/test in {tmp_path}"):
+    with pytest.raises(DataError, match=f"could not find the nothing test set: looked for {tmp_path}/nothing/test"):
         load_rows("nothing/test", str(tmp_path))
 
 
@@ -316,7 +319,8 @@ def test_hub_rows_are_converted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
              "choices": {"label": ["A", "B", "C"], "text": ["bank", "park", "sea"]}}]
     fake.load_dataset = lambda repo, config, split: rows  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    monkeypatch.setattr("arithmech.evaluate.loading.data_roots", lambda data_dir: [tmp_path])  # no local copy
+    monkeypatch.delenv(locate.DATA_ENV, raising=False)
+    monkeypatch.setattr(locate, "SHIPPED_DATA", tmp_path)  # no local copy
     loaded = load_rows("csqa/validation", str(tmp_path), ("tau/commonsense_qa", None, "validation"))
     assert loaded.origin == "hf:tau/commonsense_qa:validation"
     assert loaded.rows == [{"id": "x1", "question": "Where?", "choices": ["bank", "park", "sea"], "answer": 1}]
