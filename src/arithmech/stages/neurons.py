@@ -106,7 +106,7 @@ class NeuronsResult:
     neurons: list[Any]  # neurons.comparative.NeuronReport
     attention_li: torch.Tensor  # [layer] mean LI of each attention layer on the CNA operation's prompts
     pruning: Any  # neurons.pruning.PruningResult
-    lora: Any | None  # neurons.lora.CoefficientChange
+    lora: Any | None  # neurons.lora_effect.CoefficientChange
     out_dir: Path
     metadata: dict[str, Any]
 
