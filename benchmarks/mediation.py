@@ -21,7 +21,9 @@ import time
 import torch
 from record import record
 
-from arithmech.data.mediation_prompts import MediationDataConfig, generate_mediation_pairs, tokenize_mediation_pairs
+from arithmech.data.mediation_generate import generate_mediation_pairs
+from arithmech.data.mediation_prompts import MediationDataConfig
+from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.patching.mediation import indirect_effect, mediation_effects

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from arithmech.data.mediation_prompts import FORMATS, POSITION_CLASSES
+from arithmech.data.mediation_prompts import FORMATS
+from arithmech.data.mediation_tokens import POSITION_CLASSES
 from arithmech.errors import ConfigError
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, ModelHandle, load_model

@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from arithmech.data import GenerationConfig, generate_pairs, tokenize_pairs
-from arithmech.data.mediation_prompts import MediationDataConfig, generate_mediation_pairs, tokenize_mediation_pairs
+from arithmech.data.mediation_generate import generate_mediation_pairs
+from arithmech.data.mediation_prompts import MediationDataConfig
+from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.knockout.ablation import ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.hooks import count_hooks

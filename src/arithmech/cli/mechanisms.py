@@ -31,7 +31,7 @@ def mediate_command(
     """Causal mediation: indirect effect of every MLP and attention output per layer and position (Stolfo et al.)."""
     setup_logging(quiet)
     from arithmech import distributed
-    from arithmech.data.mediation_prompts import POSITION_CLASSES
+    from arithmech.data.mediation_tokens import POSITION_CLASSES
     from arithmech.stages.mediate import mediate
 
     handle = distributed.local_device(load)()

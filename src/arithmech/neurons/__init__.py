@@ -6,7 +6,9 @@ log_increase  log-probability increase (LI) of FFN neurons and attention layers 
 comparative   CNA scores: LI intact minus LI with a head zeroed; top-neuron report
 importance    head importance by zero ablation per operation; operation-specific heads
 pruning       keep only the top-scored neurons of the deep layers vs random neurons of the same number
-lora          a LoRA adapter on chosen layers (trained here or a user's peft folder) and how it moves neurons
+lora_adapter  a LoRA adapter apart from the model: saved as a peft folder, applied for one block, then removed
+lora_train    train a LoRA adapter on chosen layers to predict the answer token at END
+lora_effect   how an adapter (trained here or a user's peft folder) moves chosen neurons' coefficients and LI
 """
 
 from arithmech.neurons.coefficients import (
@@ -45,14 +47,9 @@ from arithmech.neurons.log_increase import (
     predictions,
     run_scales,
 )
-from arithmech.neurons.lora import (
-    CoefficientChange,
-    LoraAdapter,
-    LoraTrainConfig,
-    applied_lora,
-    coefficient_change,
-    train_layer_lora,
-)
+from arithmech.neurons.lora_adapter import LoraAdapter, applied_lora
+from arithmech.neurons.lora_effect import CoefficientChange, coefficient_change
+from arithmech.neurons.lora_train import LoraTrainConfig, train_layer_lora
 from arithmech.neurons.pruning import PruningResult, pruning_sweep, random_keep_sets, top_keep_sets
 from arithmech.neurons.readout import FixedNorm, final_norm, log_probs
 

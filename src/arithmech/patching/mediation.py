@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from arithmech.data.mediation_prompts import POSITION_CLASSES, TokenizedMediationPair
+from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair
 from arithmech.errors import ConfigError, SpecError
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.view import ModelView, cache_kwarg

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from arithmech.data.mediation_prompts import POSITION_CLASSES
+from arithmech.data.mediation_tokens import POSITION_CLASSES
 from arithmech.report.plots import save_figure
 from arithmech.report.style import styled
 

@@ -37,7 +37,8 @@ import torch
 
 from arithmech.analysis.agreement import agreement_table
 from arithmech.data import tokenize_pairs
-from arithmech.data.mediation_prompts import POSITION_CLASSES, MediationPair, TokenizedMediationPair
+from arithmech.data.mediation_prompts import MediationPair
+from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair
 from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import ablation_sources

@@ -3,7 +3,7 @@
 Background
     Stolfo et al. (2023) ask which components carry an arithmetic result, and whether they are specific to
     arithmetic. For every task (an operation, number retrieval, factual knowledge) this stage generates
-    base/alternative prompt pairs of one intervention type (`data/mediation_prompts.py`), measures the
+    base/alternative prompt pairs of one intervention type (`data/mediation_generate.py`), measures the
     indirect effect (IE) of every MLP and attention output at every layer and position
     (`patching/mediation.py`; METHODS.md sec. 5), and reduces it to [component, layer, position class] by
     averaging over a class's positions, then taking the mean (Stolfo et al.'s) and the median over pairs.
@@ -60,18 +60,16 @@ from typing import Any
 import torch
 
 from arithmech import distributed
+from arithmech.data.mediation_generate import generate_mediation_pairs
 from arithmech.data.mediation_prompts import (
     APPLICABLE,
     FORMATS,
     INTERVENTIONS,
-    POSITION_CLASSES,
     TASKS,
     MediationDataConfig,
     MediationPair,
-    TokenizedMediationPair,
-    generate_mediation_pairs,
-    tokenize_mediation_pairs,
 )
+from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair, tokenize_mediation_pairs
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle

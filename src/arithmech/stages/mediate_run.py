@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from arithmech.data.mediation_prompts import POSITION_CLASSES
+from arithmech.data.mediation_tokens import POSITION_CLASSES
 from arithmech.errors import ConfigError
 from arithmech.patching.mediation import top_neurons
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text

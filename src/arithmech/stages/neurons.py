@@ -109,7 +109,7 @@ class NeuronsResult:
     attention_li: torch.Tensor  # [layer] mean LI of each attention layer on the CNA operation's prompts
     pruning: dict[str, Any]
     """neurons.pruning.PruningResult on the held-out prompts (if the model answers enough) and on the ranking ones."""
-    lora: Any | None  # neurons.lora.CoefficientChange
+    lora: Any | None  # neurons.lora_effect.CoefficientChange
     out_dir: Path
     metadata: dict[str, Any]
 

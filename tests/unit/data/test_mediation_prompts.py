@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 
 from arithmech.data.generate import solve
+from arithmech.data.mediation_generate import generate_mediation_pairs
 from arithmech.data.mediation_prompts import (
     FORMATS,
     INTERVENTIONS,
     TASKS,
     MediationDataConfig,
     MediationPair,
-    generate_mediation_pairs,
     load_facts,
     load_mediation_templates,
-    tokenize_mediation_pairs,
 )
+from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 

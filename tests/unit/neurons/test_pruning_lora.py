@@ -1,4 +1,4 @@
-"""Neuron pruning (neurons/pruning.py) and LoRA analysis (neurons/lora.py) on tiny random llama and gpt2 models.
+"""Neuron pruning (neurons/pruning.py) and LoRA analysis (neurons/lora_*.py) on tiny random llama and gpt2 models.
 
 References are plain: pruning is checked against a hand-written pre-hook that gates the down projection's input
 (found by name, not through the library), and LoRA coefficients and LIs against a deep copy of the model with the
@@ -24,14 +24,9 @@ from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
 from arithmech.neurons.coefficients import end_coefficients
 from arithmech.neurons.log_increase import neuron_li
-from arithmech.neurons.lora import (
-    LoraTrainConfig,
-    answer_loss,
-    applied_lora,
-    coefficient_change,
-    target_module_names,
-    train_layer_lora,
-)
+from arithmech.neurons.lora_adapter import applied_lora
+from arithmech.neurons.lora_effect import coefficient_change
+from arithmech.neurons.lora_train import LoraTrainConfig, answer_loss, target_module_names, train_layer_lora
 from arithmech.neurons.pruning import (
     pruned_predictions,
     pruning_sweep,

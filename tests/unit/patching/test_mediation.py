@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from arithmech.data.mediation_prompts import (
-    INTERVENTIONS,
+from arithmech.data.mediation_generate import generate_mediation_pairs
+from arithmech.data.mediation_prompts import INTERVENTIONS, MediationDataConfig, MediationPair
+from arithmech.data.mediation_tokens import (
     POSITION_CLASSES,
-    MediationDataConfig,
-    MediationPair,
     TokenizedMediationPair,
-    generate_mediation_pairs,
     position_classes,
     tokenize_mediation_pairs,
 )
