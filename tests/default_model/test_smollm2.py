@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from arithmech.cli import main
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
 from arithmech.models.load import ModelHandle, default_cache_dir, load_model
 from arithmech.models.sites import all_components, parse_components
 from arithmech.patching.path import PatchingBatch, path_patch
-from arithmech.stages.identify import IdentifyConfig, build_reference_set
 
 from reference_patching import ReferencePatcher
 
@@ -30,8 +30,9 @@ def handle() -> ModelHandle:
 
 @pytest.fixture(scope="module")
 def small_set(handle: ModelHandle):
-    cfg = IdentifyConfig(formations=("equation",), n_per_template=4, max_prompts=8)
-    return build_reference_set(handle, cfg)
+    cfg = ReferenceSetConfig(formations=("equation",), n_per_template=4, max_prompts=8)
+    reference = build_reference_set(handle, cfg)
+    return reference.tokenized, reference.template_accuracy, reference.counts
 
 
 def test_default_model_shape_and_cache(handle: ModelHandle) -> None:

@@ -92,11 +92,11 @@ def test_bad_settings(tiny_model_dir, tmp_path: Path, capsys) -> None:
 
 def test_pruning_is_scored_on_prompts_that_did_not_rank_the_neurons(tiny_model_dir) -> None:
     """The held-out set holds answered prompts of the same operation, none of them in the ranking set."""
+    from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
     from arithmech.neurons import heldout_set, operation_sets
-    from arithmech.stages.identify import IdentifyConfig, build_reference_set
 
     handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))
-    cfg = IdentifyConfig(max_prompts=5, filter_correct=False, few_shot=1, n_per_template=2)
+    cfg = ReferenceSetConfig(max_prompts=5, filter_correct=False, few_shot=1, n_per_template=2)
     sets, _ = operation_sets(handle, cfg, ("addition",))
     held = heldout_set(handle, cfg, "addition", 5)
     assert held is not None and len(held) == 5
@@ -104,7 +104,7 @@ def test_pruning_is_scored_on_prompts_that_did_not_rank_the_neurons(tiny_model_d
     ranking = {tuple(row[: int(n)].tolist()) for row, n in zip(ranked_on.ref_ids, ranked_on.end + 1, strict=True)}
     for row, n in zip(held.ref_ids, held.end + 1, strict=True):
         assert tuple(row[: int(n)].tolist()) not in ranking
-    kept = len(build_reference_set(handle, replace(cfg, operations=("addition",), max_prompts=100))[0].pairs)
+    kept = len(build_reference_set(handle, replace(cfg, operations=("addition",), max_prompts=100)).tokenized.pairs)
     every = heldout_set(handle, cfg, "addition", 100)
     assert every is not None and len(every) == kept - 5  # all the other answered prompts
     assert heldout_set(handle, replace(cfg, max_prompts=kept), "addition", 5) is None

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.accuracy import EndPredictions
 from arithmech.knockout.ablation import config_masks
 from arithmech.knockout.batched import KnockoutScores
 from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.predictions import EndPredictions
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView, cache_kwarg
 from arithmech.patching.path import PatchingBatch

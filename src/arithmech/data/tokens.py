@@ -45,6 +45,23 @@ class TokenizedPairs:
     pad_id: int
     roles_available: bool
 
+    def take(self, indices: list[int]) -> TokenizedPairs:
+        """Some of the pairs, in that order, trimmed to their own longest prompt."""
+        idx = torch.tensor(indices, dtype=torch.long)
+        width = int(self.end[idx].max()) + 1
+        return TokenizedPairs(
+            ref_ids=self.ref_ids[idx, :width],
+            cf_ids=self.cf_ids[idx, :width],
+            ref_mask=self.ref_mask[idx, :width],
+            cf_mask=self.cf_mask[idx, :width],
+            end=self.end[idx],
+            answer_ids=self.answer_ids[idx],
+            roles=self.roles[idx, :width],
+            pairs=[self.pairs[i] for i in indices],
+            pad_id=self.pad_id,
+            roles_available=self.roles_available,
+        )
+
     def role_mask(self, role: str) -> torch.Tensor:
         """[batch, pos] bool: the tokens with `role` ("A", "B", "operator", "prefix" or "other")."""
         if role not in ROLE_CODES:

@@ -24,7 +24,7 @@ Specialisation
     that operation only, and the heads in the top-k of every operation.
 
 Usage
-    >>> sets, counts = operation_sets(handle, IdentifyConfig(max_prompts=64))
+    >>> sets, counts = operation_sets(handle, ReferenceSetConfig(max_prompts=64))
     >>> result = head_importance(handle.view, sets)
     >>> spec = specialised_heads(result, top=10)
     >>> spec.only["multiplication"]                      # heads that matter for multiplication alone
@@ -36,23 +36,21 @@ heads); METHODS.md sec. 6.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
-from arithmech.analysis.accuracy import predict_at_end
 from arithmech.data import OPERATIONS
-from arithmech.data.sampling import stratified_sample
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set, heldout_reference_set
 from arithmech.errors import ConfigError, DataError
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelHandle
+from arithmech.models.predictions import predict_at_end
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
-from arithmech.stages.identify import IdentifyConfig, build_reference_set
 
 logger = logging.getLogger(__name__)
 
@@ -75,25 +73,26 @@ class HeadImportance:
 
 
 def operation_sets(
-    handle: ModelHandle, cfg: IdentifyConfig | None = None, operations: Sequence[str] = OPERATIONS
+    handle: ModelHandle, cfg: ReferenceSetConfig | None = None, operations: Sequence[str] = OPERATIONS
 ) -> tuple[dict[str, PatchingBatch], dict[str, dict[str, int]]]:
     """One reference set per operation, generated and filtered as the identify stage does.
 
     `cfg` sets formations, few-shot examples, operand range, sample size and seed (its `operations` is
     replaced per operation). An operation the model answers no prompt of is left out, with a warning.
     """
-    cfg = IdentifyConfig() if cfg is None else cfg
+    cfg = ReferenceSetConfig() if cfg is None else cfg
     if not operations or any(op not in OPERATIONS for op in operations):
         raise ConfigError(f"operations must be drawn from {', '.join(OPERATIONS)}; got {list(operations)}")
     sets: dict[str, PatchingBatch] = {}
     counts: dict[str, dict[str, int]] = {}
     for op in operations:
         try:
-            t, _, counts[op] = build_reference_set(handle, replace(cfg, operations=(op,)))
+            reference = build_reference_set(handle, replace(cfg, operations=(op,)))
         except DataError as err:
             logger.warning("no %s prompts kept: %s", op, err)
             counts[op] = {"used": 0}
             continue
+        t, counts[op] = reference.tokenized, reference.counts
         sets[op] = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     if not sets:
         raise DataError(
@@ -102,22 +101,11 @@ def operation_sets(
     return sets, counts
 
 
-def heldout_set(handle: ModelHandle, cfg: IdentifyConfig, operation: str, n: int) -> PatchingBatch | None:
-    """Up to n answered prompts of `operation` that are not in its `operation_sets` set (same cfg), or None.
-
-    The set of `operation_sets` is the first cfg.max_prompts of a stratified deal over every answered prompt
-    (`data/sampling.py`); the held-out prompts are a stratified sample of the remaining ones, so a score
-    ranked on the first set can be checked on prompts it has not seen.
-    """
-    op_cfg = replace(cfg, operations=(operation,))
-    every, _, _ = build_reference_set(handle, replace(op_cfg, max_prompts=sys.maxsize))
-    ranked_on = set(stratified_sample(every.pairs, cfg.max_prompts, cfg.seed))
-    rest = [i for i in range(len(every.pairs)) if i not in ranked_on]
-    if not rest:
-        return None
-    chosen = [rest[j] for j in stratified_sample([every.pairs[i] for i in rest], n, cfg.seed)]
-    whole = PatchingBatch(every.ref_ids, every.ref_mask, every.cf_ids, every.cf_mask, every.end, every.answer_ids)
-    return whole.select(torch.tensor(chosen))
+def heldout_set(handle: ModelHandle, cfg: ReferenceSetConfig, operation: str, n: int) -> PatchingBatch | None:
+    """Up to n answered prompts of `operation` that its `operation_sets` set (same cfg) did not take, or None."""
+    held = heldout_reference_set(handle, replace(cfg, operations=(operation,)), n)
+    return None if held is None else PatchingBatch(held.ref_ids, held.ref_mask, held.cf_ids, held.cf_mask, held.end,
+                                                   held.answer_ids)  # fmt: skip
 
 
 @torch.no_grad()

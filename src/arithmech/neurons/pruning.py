@@ -58,8 +58,8 @@ from typing import Any, Literal
 
 import torch
 
-from arithmech.analysis.accuracy import EndPredictions, predict_at_end
 from arithmech.errors import ConfigError
+from arithmech.models.predictions import EndPredictions, predict_at_end
 from arithmech.models.view import ModelView
 from arithmech.neurons.coefficients import d_mlp, mask_neurons
 

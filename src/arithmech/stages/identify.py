@@ -16,29 +16,18 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from arithmech import distributed
-from arithmech.analysis.accuracy import predict_at_end
 from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
-from arithmech.data import (
-    FORMATIONS,
-    GenerationConfig,
-    PromptPair,
-    TokenizedPairs,
-    generate_pairs,
-    load_templates,
-    read_prompt_file,
-    tokenize_pairs,
-    write_prompt_file,
-)
-from arithmech.data.sampling import stratified_sample
-from arithmech.errors import ConfigError, DataError
+from arithmech.data import FORMATIONS, PromptPair, write_prompt_file
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, path_patch, resume_key
@@ -90,16 +79,10 @@ class IdentifyConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
 
-    def generation(self) -> GenerationConfig:
-        return GenerationConfig(
-            operations=self.operations,
-            formations=self.formations,
-            n_per_template=self.n_per_template,
-            operand_min=self.operand_min,
-            operand_max=self.operand_max,
-            few_shot=self.few_shot,
-            seed=self.seed,
-        )
+    def reference_set(self) -> ReferenceSetConfig:
+        """The reference-set settings among these (`data/reference_set.py`)."""
+        names = {f.name for f in fields(ReferenceSetConfig)}
+        return ReferenceSetConfig(**{k: v for k, v in asdict(self).items() if k in names})
 
 
 @dataclass
@@ -114,91 +97,13 @@ class IdentifyResult:
     metadata: dict[str, Any]
 
 
-def build_reference_set(
-    handle: ModelHandle, cfg: IdentifyConfig
-) -> tuple[TokenizedPairs, dict[str, dict[str, float]], dict[str, int]]:
-    """Generate or read prompt pairs, tokenize, keep those the model answers, and sample `max_prompts` of them.
-
-    The sample is seeded and stratified by operation and template (`data/sampling.py`), so a small reference
-    set still covers every formation.
-    """
-    if cfg.prompts_file:
-        pairs = read_prompt_file(cfg.prompts_file)
-    else:
-        templates = load_templates(cfg.templates_file) if cfg.templates_file else None
-        pairs = generate_pairs(cfg.generation(), templates)
-    tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
-    predictions = predict_at_end(
-        handle.view,
-        tokenized.ref_ids,
-        tokenized.ref_mask,
-        tokenized.end,
-        tokenized.answer_ids,
-        cfg.batch_size,
-    )
-    accuracy = _template_accuracy(tokenized.pairs, predictions.correct, report.per_template)
-    keep = predictions.correct if cfg.filter_correct else torch.ones_like(predictions.correct)
-    n_correct = int(predictions.correct.sum())
-    if not bool(keep.any()):
-        raise DataError(
-            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, "
-            "so there is no reference set; "
-            "add solved examples before each query (--few-shot 3) or use easier operands"
-        )
-    kept = keep.nonzero().flatten().tolist()
-    indices = [kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
-    counts = {
-        "pairs": len(pairs),
-        "rejected_length_mismatch": report.rejected_length_mismatch,
-        "answered_correctly": n_correct,
-        "used": len(indices),
-    }
-    return _subset(tokenized, indices), accuracy, counts
-
-
-def _subset(t: TokenizedPairs, indices: list[int]) -> TokenizedPairs:
-    idx = torch.tensor(indices, dtype=torch.long)
-    width = int(t.end[idx].max()) + 1
-    return TokenizedPairs(
-        ref_ids=t.ref_ids[idx, :width],
-        cf_ids=t.cf_ids[idx, :width],
-        ref_mask=t.ref_mask[idx, :width],
-        cf_mask=t.cf_mask[idx, :width],
-        end=t.end[idx],
-        answer_ids=t.answer_ids[idx],
-        roles=t.roles[idx, :width],
-        pairs=[t.pairs[i] for i in indices],
-        pad_id=t.pad_id,
-        roles_available=t.roles_available,
-    )
-
-
-def _template_accuracy(
-    pairs: list[PromptPair], correct: torch.Tensor, tokenized: dict[str, dict[str, int]]
-) -> dict[str, dict[str, float]]:
-    """Per template: pairs generated, rejected for a counterfactual of another length, kept, answered."""
-    answered: dict[str, list[bool]] = {}
-    for pair, ok in zip(pairs, correct.tolist(), strict=True):
-        answered.setdefault(pair.template_id or "custom", []).append(bool(ok))
-    table = {}
-    for template, count in sorted(tokenized.items()):
-        right = sum(answered.get(template, []))
-        table[template] = {
-            "pairs": count["kept"] + count["rejected"],
-            "rejected_length_mismatch": count["rejected"],
-            "kept": count["kept"],
-            "correct": right,
-            "accuracy": right / count["kept"] if count["kept"] else float("nan"),
-        }
-    return table
-
-
 def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
     """Run the identify stage and write its run folder."""
     out = Path(out_dir)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    tokenized, accuracy, counts = build_reference_set(handle, cfg)
+    reference = build_reference_set(handle, cfg.reference_set())
+    tokenized, accuracy, counts = reference.tokenized, reference.template_accuracy, reference.counts
     timings["reference_set_s"] = time.perf_counter() - start
     logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
 

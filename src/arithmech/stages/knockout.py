@@ -28,6 +28,7 @@ import torch
 
 from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import (
@@ -42,7 +43,6 @@ from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
-from arithmech.stages.identify import IdentifyConfig, build_reference_set
 from arithmech.stages.identify_run import read_identify_run
 
 
@@ -103,8 +103,8 @@ def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list
         ranked = run.ranked(None if cfg.include_mlps else "head")
     if run is not None:
         return ranked, run.pairs
-    tokenized, _, _ = build_reference_set(handle, IdentifyConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
-    return ranked, tokenized.pairs
+    reference = build_reference_set(handle, ReferenceSetConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
+    return ranked, reference.tokenized.pairs
 
 
 def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from arithmech.data.reference_set import ReferenceSetConfig
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
@@ -149,7 +150,6 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
         specialised_heads,
         top_neurons_report,
     )
-    from arithmech.stages.identify import IdentifyConfig
 
     out = Path(out_dir)
     view, dims = handle.view, handle.dims
@@ -165,9 +165,9 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
     timings: dict[str, float] = {}
     start = time.perf_counter()
 
-    identify_cfg = IdentifyConfig(formations=cfg.formations, few_shot=cfg.few_shot, max_prompts=cfg.max_prompts,
+    reference_cfg = ReferenceSetConfig(formations=cfg.formations, few_shot=cfg.few_shot, max_prompts=cfg.max_prompts,
                                   filter_correct=cfg.filter_correct, seed=cfg.seed)  # fmt: skip
-    sets, counts = operation_sets(handle, identify_cfg, cfg.operations)
+    sets, counts = operation_sets(handle, reference_cfg, cfg.operations)
     heads = [c for c in _components(dims) if cfg.importance_layers is None or c.layer in cfg.importance_layers]
     rows = sum(len(b) for b in sets.values()) * (len(heads) + 1)
     with tqdm(total=rows, desc="head importance", unit="row", disable=quiet) as bar:
@@ -187,7 +187,7 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
 
     mark = time.perf_counter()
     scores = (comparative.scores if cfg.prune_by == "cna" else comparative.li_intact).mean(0)  # [layer, d_mlp]
-    heldout = heldout_set(handle, identify_cfg, first, cfg.max_prompts)
+    heldout = heldout_set(handle, reference_cfg, first, cfg.max_prompts)
     prompt_sets = {"held-out": heldout, "ranking": batch} if heldout is not None else {"ranking": batch}
     n_configs = len(prompt_sets) * (1 + len(cfg.keep_sizes) * (1 + cfg.n_random))
     pruning: dict[str, Any] = {}

@@ -8,20 +8,7 @@ Background
     top-k components are knocked out on the target's prompts, beside the random-rank control.
 
 Per target set (the same prompts for every source)
-    1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped.
-    2. Reference filtering, as identify does: base_accuracy = share of the target's prompts whose top token
-       at END is the answer's first token; keep those (unless filter_correct is off) and draw max_prompts of
-       them, a seeded sample stratified by operation and template (`data/sampling.py`).
-    3. Ablation values from the whole target set (every prompt that fits, answered or not; METHODS.md sec. 3):
-       arithmetic sets   mean over the target's counterfactual prompts (operator swapped) of the same
-                         template and token length, groups of at least min_group_size prompts, else the END
-                         mean at END (`knockout/ablation.py`); END only with end_only; or zero, or resample;
-       word problems     no operator counterfactual exists, so mean = the END value averaged over all the
-                         target's reference prompts ("mean over the data set"), placed at END;
-                         resample = another prompt's END value at END; zero = zeros (at END, or at every
-                         position with end_only off). END-only ablations of prompts that share their
-                         solved examples run those examples once (`analysis/shared_prefix.py`): same
-                         numbers, ~4x fewer tokens per configuration.
+    1-3. Prompts built, filtered and sampled, and their ablation values: `stages/transfer_targets.py`.
     4. Configurations: nothing, each source's effect-rank top-k (its path-patching ranking; heads, or heads
        and MLPs with include_mlps) and n_random random k-subsets of the same pool (seeded as the knockout
        stage draws them), deduplicated and scored in one batched call (`knockout_scores`, or its
@@ -65,33 +52,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from arithmech.analysis.accuracy import predict_at_end
-from arithmech.analysis.shared_prefix import EndValues, common_prefix_length, end_knockout_scores, end_states
-from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
-from arithmech.data.sampling import sample_record, stratified_sample
+from arithmech.analysis.shared_prefix import end_knockout_scores
 from arithmech.data.target_sets import (
     TargetOptions,
-    TargetSpec,
-    build_target_pairs,
     resolve_word_problems,
     target_set,
 )
-from arithmech.errors import ConfigError, DataError
+from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import (
     ABLATION_MODES,
     MIN_GROUP_SIZE,
-    AblationSources,
-    ablation_sources,
-    alignment_groups,
 )
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components
-from arithmech.patching.path import PatchingBatch
 from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
+from arithmech.stages.transfer_targets import PreparedTarget, prepare_target, rows_per_pass
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +77,6 @@ DEFAULT_TARGETS: tuple[str, ...] = (
     "decimals-addition", "svamp", "gsm8k",
 )
 K_CAP = 32
-TOKEN_BUDGET = 4096
-"""Tokens per forward pass (rows x width): the logits of long word-problem prompts are large."""
 
 CSV_COLUMNS: tuple[str, ...] = (
     "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "base_accuracy", "k",
@@ -221,29 +196,6 @@ class SourcePlan:
     randoms: list[list[Component]]
 
 
-@dataclass
-class PreparedTarget:
-    """A target's kept prompts and ablation values, or why there are none."""
-
-    name: str
-    spec: TargetSpec
-    n_total: int
-    n_answered: int
-    base_accuracy: float
-    batch: PatchingBatch | None = None
-    note: str = ""
-    groups: int = 0
-    prefix_len: int = 0
-    """Tokens shared by every prompt, run once (word problems with END-only ablation); 0 = plain passes."""
-    sources: AblationSources | None = None
-    end_values: EndValues | None = None
-    ablation: str = ""
-    ablation_info: dict[str, Any] | None = None
-    """Group sizes and fallbacks of the ablation values (generated sets)."""
-    prompts: dict[str, Any] | None = None
-    """Which prompts were scored (`data.sampling.sample_record`)."""
-
-
 def describe_source(run: IdentifyRun) -> str:
     """The prompt set a run was identified on, e.g. "addition (equation+qa)"."""
     config = run.metadata.get("config", {})
@@ -266,93 +218,6 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
         randoms = [random.Random(f"{cfg.seed}-{k}-{s}").sample(pool, k) for s in range(cfg.n_random)]
         plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms))
     return plans
-
-
-def _take(t: TokenizedPairs, indices: list[int]) -> tuple[PatchingBatch, list[PromptPair]]:
-    idx = torch.tensor(indices, dtype=torch.long)
-    width = int(t.end[idx].max()) + 1
-    batch = PatchingBatch(t.ref_ids[idx, :width], t.ref_mask[idx, :width], t.cf_ids[idx, :width],
-                          t.cf_mask[idx, :width], t.end[idx], t.answer_ids[idx])
-    return batch, [t.pairs[i] for i in indices]
-
-
-def rows_per_pass(width: int, batch_size: int) -> int:
-    """Rows per forward pass: `batch_size`, fewer for long prompts (TOKEN_BUDGET)."""
-    return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
-
-
-def _context_length(handle: ModelHandle) -> int | None:
-    config = getattr(handle.model, "config", None)
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> PreparedTarget:
-    """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above)."""
-    spec = target_set(name)
-    pairs = build_target_pairs(spec, cfg.target_options())
-    try:
-        t, _ = tokenize_pairs(handle.tokenizer, pairs)
-    except DataError as exc:
-        return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
-    limit = _context_length(handle)
-    fits = [i for i, end in enumerate(t.end.tolist()) if limit is None or end < limit]
-    notes = [f"{len(t.pairs) - len(fits)} prompts longer than the context dropped"] if len(fits) < len(t.pairs) else []
-    if not fits:
-        return PreparedTarget(name, spec, 0, 0, math.nan, note="; ".join(notes))
-    whole, whole_pairs = _take(t, fits)
-    end_only = spec.kind == "word" and (cfg.ablation != "zero" or cfg.end_only)
-    prefix = common_prefix_length(whole.ref_ids, whole.end) if end_only else 0
-    values = None
-    if end_only:  # word problems: END values of every prompt; shared solved examples run once
-        size = rows_per_pass(whole.ref_ids.shape[1] - prefix, cfg.batch_size)
-        predictions, values = end_states(handle.view, whole, prefix, size)
-    else:
-        predictions = predict_at_end(handle.view, whole.ref_ids, whole.ref_mask, whole.end, whole.answer_ids,
-                                     rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
-    correct = predictions.correct.tolist()
-    n_answered = sum(correct)
-    base = n_answered / len(fits)
-    keep = [i for i in range(len(fits)) if not cfg.filter_correct or correct[i]]  # positions in `whole`
-    if not keep:
-        notes.append(f"the model answered none of the {len(fits)} prompts")
-        return PreparedTarget(name, spec, len(fits), 0, base, note="; ".join(notes))
-    picked = stratified_sample([whole_pairs[i] for i in keep], cfg.max_prompts, cfg.seed)
-    chosen = [keep[j] for j in picked]  # positions in `whole`
-    batch, _ = _take(t, [fits[i] for i in chosen])
-    groups = alignment_groups([p.template_id for p in whole_pairs], whole.end + 1)
-    prepared = PreparedTarget(name, spec, len(fits), n_answered, base, batch, note="; ".join(notes),
-                              groups=len(set(groups)), prefix_len=prefix, prompts=sample_record(whole_pairs, chosen))
-    if values is not None:
-        end_values, prepared.ablation = end_ablation(values, cfg.ablation, cfg.seed)
-        prepared.end_values = end_values.take(chosen)
-    else:
-        sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
-                                   cfg.min_group_size, rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
-        prepared.sources = sources.take(chosen)
-        prepared.ablation = sources.info["over"]
-        prepared.ablation_info = sources.info
-    return prepared
-
-
-def end_ablation(values: EndValues, mode: str, seed: int) -> tuple[EndValues, str]:
-    """Word problems: what replaces a knocked-out component at END, from every prompt of the set's END values."""
-    if mode == "mean":
-        return values.mean(), "mean over the data set (all its prompts that fit), at END"
-    if mode == "zero":
-        return values.zeros(), "zero, at END"
-    n = len(values.z[0])
-    if n < 2:
-        raise ConfigError("resample ablation needs at least 2 prompts to draw from; use --ablation mean or zero")
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    other = [0] * n
-    for j, row in enumerate(order):  # a derangement: every prompt takes another's END value
-        other[row] = order[(j + 1) % n]
-    return values.take(other), "another prompt's END value (resample), at END"
 
 
 def _key(config: list[Component]) -> tuple[Component, ...]:

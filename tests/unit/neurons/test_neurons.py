@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from arithmech.data import OPERATIONS
+from arithmech.data.reference_set import ReferenceSetConfig
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks, hooks
@@ -41,7 +42,6 @@ from arithmech.neurons import (
 )
 from arithmech.patching.mediation import down_proj
 from arithmech.patching.path import PatchingBatch
-from arithmech.stages.identify import IdentifyConfig
 
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
@@ -327,13 +327,15 @@ def test_specialised_heads() -> None:
 def test_operation_sets() -> None:
     view = view_of("llama", torch.float32)
     handle = ModelHandle(view.model, make_tiny_tokenizer(), view)
-    cfg = IdentifyConfig(formations=("equation",), n_per_template=2, few_shot=1, max_prompts=4, filter_correct=False)
+    cfg = ReferenceSetConfig(
+        formations=("equation",), n_per_template=2, few_shot=1, max_prompts=4, filter_correct=False
+    )
     sets, counts = operation_sets(handle, cfg)
     assert tuple(sets) == OPERATIONS
     for op, batch in sets.items():
         assert 0 < len(batch) <= 4 and counts[op]["used"] == len(batch)
     with pytest.raises(DataError, match="no prompt"):  # a random model answers nothing
-        operation_sets(handle, IdentifyConfig(formations=("equation",), n_per_template=1, few_shot=0))
+        operation_sets(handle, ReferenceSetConfig(formations=("equation",), n_per_template=1, few_shot=0))
 
 
 def test_end_states_share_the_forward_pass_with_active_hooks() -> None:

@@ -1,0 +1,156 @@
+"""The reference set: prompt pairs the model answers, tokenized and sampled, as every stage builds it.
+
+Background
+    Zhang et al. (2024, section 3) patch and knock out on the reference prompts X_r the model gets right: a
+    component cannot be said to carry a computation the model does not do. identify, knockout (with named
+    components), the neurons stage and its held-out pruning prompts all need that set, built the same way, so
+    it is built here, below the stages and analyses that use it (data depends on models/ to run the model, and
+    on nothing above).
+
+Steps (`build_reference_set`)
+    1. pairs: a user's prompt file (`read_prompt_file`), or `generate_pairs` over the templates (a templates
+       file, or the shipped ones);
+    2. tokens: `tokenize_pairs`; a pair whose counterfactual has another token length is rejected and counted;
+    3. filter: keep the prompts whose top token at END is the answer's first token (unless filter_correct is
+       off), with the accuracy of every template;
+    4. sample: max_prompts of the kept prompts, seeded and stratified by operation and template
+       (`data/sampling.py`).
+
+Held-out prompts (`heldout_reference_set`)
+    The sample of step 4 is the first max_prompts of a stratified deal over every kept prompt; the held-out
+    prompts are a stratified sample of the others, so a score ranked on the reference set can be checked on
+    prompts it has not seen (the neurons stage's pruning).
+
+Usage
+    >>> ref = build_reference_set(handle, ReferenceSetConfig(operations=("addition",), max_prompts=64))
+    >>> ref.counts["used"], ref.template_accuracy["add-eq-0"]["accuracy"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from arithmech.data.generate import GenerationConfig, generate_pairs
+from arithmech.data.io import read_prompt_file
+from arithmech.data.prompts import PromptPair
+from arithmech.data.sampling import stratified_sample
+from arithmech.data.templates import FORMATIONS, load_templates
+from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
+from arithmech.errors import ConfigError, DataError
+from arithmech.models.load import ModelHandle
+from arithmech.models.predictions import predict_at_end
+
+
+@dataclass(frozen=True)
+class ReferenceSetConfig:
+    """Which prompts make the reference set; identify's options of the same names set them."""
+
+    operations: tuple[str, ...] = field(default=("addition",), metadata={"help": "operations to generate"})
+    formations: tuple[str, ...] = field(default=FORMATIONS, metadata={"help": "formations to generate"})
+    n_per_template: int = field(default=16, metadata={"help": "prompt pairs generated per template"})
+    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
+    operand_min: int = field(default=0, metadata={"help": "smallest operand"})
+    operand_max: int = field(default=9, metadata={"help": "largest operand"})
+    prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
+    templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
+    max_prompts: int = field(default=64, metadata={"help": "prompts kept (a sample stratified by template)"})
+    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
+    seed: int = field(default=0, metadata={"help": "seed of generation and sampling"})
+
+    def __post_init__(self) -> None:
+        for name in ("operations", "formations"):
+            value = getattr(self, name)
+            if isinstance(value, list | str):
+                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+        for name in ("max_prompts", "batch_size", "n_per_template"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+    def generation(self) -> GenerationConfig:
+        return GenerationConfig(
+            operations=self.operations,
+            formations=self.formations,
+            n_per_template=self.n_per_template,
+            operand_min=self.operand_min,
+            operand_max=self.operand_max,
+            few_shot=self.few_shot,
+            seed=self.seed,
+        )
+
+
+@dataclass(frozen=True)
+class ReferenceSet:
+    """The sampled reference prompts, the accuracy of every template, and the counts of each step."""
+
+    tokenized: TokenizedPairs
+    template_accuracy: dict[str, dict[str, float]]
+    counts: dict[str, int]
+
+
+def build_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig) -> ReferenceSet:
+    """Steps 1-4 of the module docstring."""
+    tokenized, kept, accuracy, counts = _kept_prompts(handle, cfg)
+    chosen = [kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
+    return ReferenceSet(tokenized.take(chosen), accuracy, {**counts, "used": len(chosen)})
+
+
+def heldout_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig, n: int) -> TokenizedPairs | None:
+    """Up to n kept prompts that `build_reference_set(handle, cfg)` did not take, or None if there are none."""
+    tokenized, kept, _, _ = _kept_prompts(handle, cfg)
+    taken = {kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)}
+    rest = [i for i in kept if i not in taken]
+    if not rest:
+        return None
+    return tokenized.take([rest[j] for j in stratified_sample([tokenized.pairs[i] for i in rest], n, cfg.seed)])
+
+
+def _kept_prompts(
+    handle: ModelHandle, cfg: ReferenceSetConfig
+) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float]], dict[str, int]]:
+    """Steps 1-3: every tokenized pair, the indices kept, the accuracy per template, and the counts."""
+    if cfg.prompts_file:
+        pairs = read_prompt_file(cfg.prompts_file)
+    else:
+        templates = load_templates(cfg.templates_file) if cfg.templates_file else None
+        pairs = generate_pairs(cfg.generation(), templates)
+    tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
+    predictions = predict_at_end(
+        handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
+    )
+    accuracy = _template_accuracy(tokenized.pairs, predictions.correct, report.per_template)
+    keep = predictions.correct if cfg.filter_correct else torch.ones_like(predictions.correct)
+    if not bool(keep.any()):
+        raise DataError(
+            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, "
+            "so there is no reference set; "
+            "add solved examples before each query (--few-shot 3) or use easier operands"
+        )
+    counts = {
+        "pairs": len(pairs),
+        "rejected_length_mismatch": report.rejected_length_mismatch,
+        "answered_correctly": int(predictions.correct.sum()),
+    }
+    return tokenized, keep.nonzero().flatten().tolist(), accuracy, counts
+
+
+def _template_accuracy(
+    pairs: list[PromptPair], correct: torch.Tensor, tokenized: dict[str, dict[str, int]]
+) -> dict[str, dict[str, float]]:
+    """Per template: pairs generated, rejected for a counterfactual of another length, kept, answered."""
+    answered: dict[str, list[bool]] = {}
+    for pair, ok in zip(pairs, correct.tolist(), strict=True):
+        answered.setdefault(pair.template_id or "custom", []).append(bool(ok))
+    table = {}
+    for template, count in sorted(tokenized.items()):
+        right = sum(answered.get(template, []))
+        table[template] = {
+            "pairs": count["kept"] + count["rejected"],
+            "rejected_length_mismatch": count["rejected"],
+            "kept": count["kept"],
+            "correct": right,
+            "accuracy": right / count["kept"] if count["kept"] else float("nan"),
+        }
+    return table
