@@ -87,7 +87,7 @@ def identify(
         seed=seed,
     )
     if cfg.prompts_file is None:
-        cfg.reference_set().generation()  # validate before the model loads
+        cfg.generation()  # validate before the model loads
         if cfg.templates_file:
             from arithmech.data import load_templates
 

@@ -55,7 +55,9 @@ class ReferenceSetConfig:
     operand_max: int = field(default=9, metadata={"help": "largest operand"})
     prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
     templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
-    max_prompts: int = field(default=64, metadata={"help": "prompts kept (a sample stratified by template)"})
+    max_prompts: int = field(
+        default=64, metadata={"help": "reference prompts kept (a sample stratified by operation and template)"}
+    )
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of generation and sampling"})

@@ -16,7 +16,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,7 +25,7 @@ import torch
 from arithmech import distributed
 from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
-from arithmech.data import FORMATIONS, PromptPair, write_prompt_file
+from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
@@ -39,21 +39,10 @@ METHODS: tuple[str, ...] = ("exact", "attribution", "both")
 
 
 @dataclass(frozen=True)
-class IdentifyConfig:
-    """Settings of the identify stage; every field is also a CLI option."""
+class IdentifyConfig(ReferenceSetConfig):
+    """Settings of the identify stage: the reference set's (`data/reference_set.py`), then the scan's; every
+    field is also a CLI option."""
 
-    operations: tuple[str, ...] = field(default=("addition",), metadata={"help": "operations to generate"})
-    formations: tuple[str, ...] = field(default=FORMATIONS, metadata={"help": "formations to generate"})
-    n_per_template: int = field(default=16, metadata={"help": "prompt pairs generated per template"})
-    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
-    operand_min: int = field(default=0, metadata={"help": "smallest operand"})
-    operand_max: int = field(default=9, metadata={"help": "largest operand"})
-    prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
-    templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
-    max_prompts: int = field(
-        default=64, metadata={"help": "reference prompts used for patching (a sample stratified by template)"}
-    )
-    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
     variant: str = field(default="path", metadata={"help": "path, direct or total"})
     method: str = field(
         default="exact", metadata={"help": "exact (path patching), attribution (first-order estimate) or both"}
@@ -63,26 +52,15 @@ class IdentifyConfig:
         default=None, metadata={"help": "key if effect >= this fraction of the whole-prompt effect"}
     )
     top_k: int = field(default=10, metadata={"help": "components listed as top-k"})
-    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
-    seed: int = field(default=0, metadata={"help": "seed for generation and sampling"})
 
     def __post_init__(self) -> None:
-        for name in ("operations", "formations"):
-            value = getattr(self, name)
-            if isinstance(value, list | str):
-                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
+        super().__post_init__()
         if self.method not in METHODS:
             raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
-        for name in ("max_prompts", "batch_size", "top_k", "n_per_template"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-
-    def reference_set(self) -> ReferenceSetConfig:
-        """The reference-set settings among these (`data/reference_set.py`)."""
-        names = {f.name for f in fields(ReferenceSetConfig)}
-        return ReferenceSetConfig(**{k: v for k, v in asdict(self).items() if k in names})
+        if self.top_k < 1:
+            raise ConfigError(f"top_k must be at least 1 (got {self.top_k})")
 
 
 @dataclass
@@ -102,7 +80,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     out = Path(out_dir)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    reference = build_reference_set(handle, cfg.reference_set())
+    reference = build_reference_set(handle, cfg)
     tokenized, accuracy, counts = reference.tokenized, reference.template_accuracy, reference.counts
     timings["reference_set_s"] = time.perf_counter() - start
     logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
