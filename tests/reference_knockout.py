@@ -11,14 +11,10 @@ Written to be obviously right rather than fast, and to share no code with the en
 - prompts go in unpadded and of one length per call, so there is no attention mask and END is the last
   position; logits come from the model's own `model(ids).logits`.
 
-The ablation rule, stated here once (`mean_over_group`, `mean_at_end`):
-    per position   a prompt's value at position p is replaced by the mean at p over the counterfactual prompts
-                   of its group (same template and same token length);
-    END only       the value at END is replaced by the mean END value over all prompts of the set; the other
-                   positions keep their own values;
-    zero           zeros at every position.
-The tests give whole prompt sets whose groups all hold at least 8 equal-length prompts, so a minimum group
-size (a small group falling back to the END mean) would not change what this computes.
+The mean-ablation rule is stated once, in `mean_values`: per position, the mean over the counterfactual prompts
+of the same template and token length; END only, the mean END value of the whole set. Tests pass whole prompt
+sets whose groups all hold at least `MIN_GROUP` prompts, so a minimum group size (a small group falling back to
+the END mean) would not change what it computes. Zero ablation is zeros in place of these values.
 """
 
 from __future__ import annotations
@@ -47,6 +43,8 @@ MLP = {
 
 Values = list[torch.Tensor]
 """One tensor per layer."""
+MIN_GROUP = 8
+"""Prompts per (template, token length) group that `mean_values` requires."""
 
 
 def attn_out(model: nn.Module, layer: int) -> nn.Module:
@@ -92,14 +90,35 @@ def capture(model: nn.Module, ids: torch.Tensor) -> tuple[Values, Values]:
     return z, out
 
 
-def mean_over_group(counterfactual: Values) -> Values:
-    """Per position: the mean over one group's counterfactual prompts, [group, pos, width] -> [1, pos, width]."""
-    return [t.mean(dim=0, keepdim=True) for t in counterfactual]
+def mean_values(
+    model: nn.Module, counterfactual: Sequence[torch.Tensor], templates: Sequence[str | None], end_only: bool = False
+) -> tuple[list[tuple[Values, Values]], slice]:
+    """The mean-ablation rule, in one place: for each prompt (its counterfactual ids [1, pos], unpadded), the
+    values (head inputs, MLP outputs; per layer [1, pos or 1, width]) to put in place, and where.
 
+    per position  at every position, the mean over the counterfactual prompts of the prompt's group: the
+                  prompts of the same template and the same token length;
+    END only      at END, the mean END value over all the prompts (word problems: counterfactual = reference).
+    """
+    if end_only:
+        runs = [capture(model, ids) for ids in counterfactual]  # per prompt (z, mlp), per layer [1, pos, width]
 
-def mean_at_end(end_values: Values) -> Values:
-    """END only: the mean END value over the set's prompts, [prompt, width] -> [1, 1, width] (placed at END)."""
-    return [t.mean(dim=0)[None, None] for t in end_values]
+        def end_mean(part: int) -> Values:  # per layer [1, 1, width]
+            return [torch.cat([run[part][layer][:, -1] for run in runs]).mean(0)[None, None] for layer in layers]
+
+        layers = range(model.config.num_hidden_layers)
+        return [(end_mean(0), end_mean(1))] * len(counterfactual), slice(-1, None)
+    groups: dict[tuple[str | None, int], list[int]] = {}
+    for i, (ids, template) in enumerate(zip(counterfactual, templates, strict=True)):
+        groups.setdefault((template, ids.shape[1]), []).append(i)
+    assert min(map(len, groups.values())) >= MIN_GROUP, "a small group, for which the rule may differ"
+    values: list[Any] = [None] * len(counterfactual)
+    for rows in groups.values():
+        z, mlp = capture(model, torch.cat([counterfactual[i] for i in rows]))  # per layer [group, pos, width]
+        means = ([t.mean(0, keepdim=True) for t in z], [t.mean(0, keepdim=True) for t in mlp])  # [1, pos, width]
+        for i in rows:
+            values[i] = means
+    return values, slice(None)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
 
-from reference_knockout import capture, knocked_logits, mean_over_group
+from reference_knockout import knocked_logits, mean_values
 from tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,12 +67,12 @@ def reference_logits(
 ) -> list[torch.Tensor]:
     """Per group: logits [GROUP_SIZE, n, d_vocab] with `config` knocked out, by the hand-written reference."""
     heads, mlps = CONFIGS[config]
+    prompts = [cf[i : i + 1] for _, cf in groups for i in range(GROUP_SIZE)]  # [1, n] each
+    values, _ = mean_values(model, prompts, [f"template-{cf.shape[1]}" for cf in prompts])
     out = []
-    for ref, cf in groups:
-        z, mlp_out = capture(model, cf)
-        if mode == "mean":
-            z, mlp_out = mean_over_group(z), mean_over_group(mlp_out)
-        else:
+    for g, (ref, _) in enumerate(groups):
+        z, mlp_out = values[g * GROUP_SIZE]  # the same for every prompt of the group
+        if mode == "zero":
             z, mlp_out = [torch.zeros_like(t) for t in z], [torch.zeros_like(t) for t in mlp_out]
         out.append(knocked_logits(model, ref, heads, mlps, z, mlp_out))
     return out
