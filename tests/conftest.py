@@ -7,14 +7,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import PreTrainedTokenizerFast
 
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # so tests can `from tiny_models import ...` under any import mode
     sys.path.insert(0, _TESTS_DIR)
 
-from tiny_models import make_tiny_tokenizer, save_tiny_model_dir, seeded_rng  # noqa: E402
+from tiny_models import make_tiny_tokenizer, save_tiny_model_dir, seeded_rng, single_thread  # noqa: E402
 
 DEFAULT_SEED = 0
 
@@ -36,16 +35,13 @@ def device(pytestconfig: pytest.Config) -> str:
 
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
-    """Tiny models run far faster on one thread; on a busy machine OpenMP spinning slows them many times over.
+    """`single_thread` for a whole module: `pytestmark = pytest.mark.usefixtures("one_thread")`.
 
-    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`; the thread count is restored after the module.
+    The thread count is restored after the module; a module that also runs the default model uses
+    `single_thread` around its tiny-model work instead.
     """
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with single_thread():
         yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture

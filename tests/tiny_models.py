@@ -80,6 +80,7 @@ __all__ = [
     "make_tiny_tokenizer",
     "save_tiny_model_dir",
     "seeded_rng",
+    "single_thread",
 ]
 
 # ---------------------------------------------------------------------------
@@ -293,6 +294,20 @@ def seeded_rng(seed: int) -> Iterator[None]:
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Torch on one thread inside the block, the caller's thread count after.
+
+    Tiny models run far faster on one thread; on a busy machine OpenMP spinning slows them many times over.
+    """
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _norm_identity_value(norm: nn.Module) -> float:
