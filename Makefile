@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-update lint clean-venv browser
+.PHONY: venv demo test bench bench-update bench-full-update lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -50,13 +50,20 @@ browser:
 		echo "could not install chromium; the browser test will be skipped"; \
 	else echo "chromium is not installed (apt-get install chromium chromium-driver); the browser test will be skipped"; fi
 
-# Benchmarks at a quick size (about 7 min on 2 idle CPU cores), compared with benchmarks/results.json; fails on a
-# slowdown beyond noise. bench-update stores this run's results as the new previous ones (then commit them).
+# Benchmarks at a quick size (about 6 min on 2 idle CPU cores), compared with benchmarks/results.json; fails on a
+# slowdown beyond noise. bench-update stores this run's results as the new previous ones and renders the README's
+# Performance tables from them (then commit both); bench-full-update does the same at the README's full size
+# (about 15 min).
 bench: venv
 	$(PY) benchmarks/compare.py
 
 bench-update: venv
 	$(PY) benchmarks/compare.py --update
+	$(PY) benchmarks/readme_tables.py --write
+
+bench-full-update: venv
+	$(PY) benchmarks/compare.py --full --update
+	$(PY) benchmarks/readme_tables.py --write
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples

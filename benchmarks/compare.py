@@ -1,15 +1,21 @@
-"""`make bench`: run the benchmarks at a quick fixed size and compare with the previous results in the repo.
+"""`make bench`: run the benchmarks at a fixed size and compare with the previous results in the repo.
 
+The suite (scripts, their quick and full sizes, how each measurement is judged) is declared in `suite.py`.
 Each script records its measurements through `record.py`. Ratios measured within one run (speedups, agreement
 scores) do not depend on the machine and are always compared; absolute times, rates and memory only against
 results from the same machine (CPU model, logical cores, torch version, device). A measurement more than
 --tolerance percent worse than the previous one fails the run (exit status 1); so does a correctness check
 (largest |difference| between the two methods, accuracies agree) that breaks, whatever the speed.
 
-    python benchmarks/compare.py                        # the CPU benchmarks, about 7 min on 2 idle cores
+    python benchmarks/compare.py                        # the CPU benchmarks, about 6 min on 2 idle cores
     python benchmarks/compare.py --only knockout,mediation
     python benchmarks/compare.py --update               # accept these results: make bench-update, then commit
+    python benchmarks/compare.py --full --update        # the README's sizes, about 15 min: make bench-full-update
     python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py and gpu_finetune.py
+
+results.json holds the last accepted entry of each benchmark at each size, with its command, machine, date and
+git sha; the README's Performance tables are rendered from it (`readme_tables.py --write`, which the make
+targets run after --update).
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from record import RECORD_ENV
+from suite import BENCHMARKS, SIZES, Benchmark, Check, Performance, Size
 
 from arithmech.runs import atomic_write_json, git_sha
 
@@ -38,106 +45,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results.json"
 HEARTBEAT_S = 60
 """How often a running benchmark's elapsed time is printed."""
-
-
-@dataclass(frozen=True)
-class Performance:
-    """A measurement compared with the previous one: which way is better, and whether it depends on the machine."""
-
-    higher_is_better: bool
-    same_machine_only: bool
-    worse: str
-    """What a regression of it means, for the verdict."""
-
-
-RATIO = Performance(higher_is_better=True, same_machine_only=False, worse="slower")
-"""A speedup or memory saving of one method over another, both measured in the same run."""
-SCORE = Performance(higher_is_better=True, same_machine_only=False, worse="agrees less")
-"""Agreement of an approximation with the exact method: deterministic, so it moves only when the code does."""
-SECONDS = Performance(higher_is_better=False, same_machine_only=True, worse="slower")
-PER_SECOND = Performance(higher_is_better=True, same_machine_only=True, worse="slower")
-GIB = Performance(higher_is_better=False, same_machine_only=True, worse="uses more memory")
-
-
-@dataclass(frozen=True)
-class Check:
-    """A correctness measurement: broken when `holds` is false, however fast the run and whatever came before."""
-
-    rule: str
-    holds: Callable[[Any], bool]
-
-
-def at_most(limit: float) -> Check:
-    """Two methods computing the same numbers must agree to `limit`."""
-    return Check(f"must be <= {limit:g}", lambda value: isinstance(value, (int, float)) and value <= limit)
-
-
-AGREE = Check("must be true", lambda value: value is True)
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """One script, the arguments `make bench` runs it with, and how each measurement it records is compared."""
-
-    name: str
-    args: tuple[str, ...]
-    metrics: Mapping[str, Performance | Check]
-    needs_cuda: bool = False
-
-    def script_args(self, device: str) -> list[str]:
-        """The script's arguments; gpu_scan.py has no --device (it always runs on CUDA)."""
-        return [*self.args] if self.needs_cuda else [*self.args, "--device", device]
-
-
-# Sizes for about 7 minutes on 2 idle CPU cores (knockout: 2 min, so its ratio is not at the mercy of noise).
-BENCHMARKS = (
-    Benchmark(
-        "path_patching",
-        ("--prompts", "32", "--sample", "8"),
-        {"speedup": RATIO, "fast_s": SECONDS, "loop_s": SECONDS, "max_abs_diff": at_most(1e-4)},
-    ),
-    Benchmark(
-        "knockout",
-        ("--prompts", "32", "--max-k", "8", "--n-random", "2"),
-        {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "accuracies_agree": AGREE},
-    ),
-    Benchmark(
-        "attribution",
-        ("--prompts", "16", "--repeats", "2"),
-        {
-            "speedup": RATIO, "exact_s": SECONDS, "attribution_s": SECONDS,
-            "spearman_all": SCORE, "top10_overlap": SCORE,
-        },
-    ),  # fmt: skip
-    Benchmark(
-        "mediation",
-        ("--pairs", "4", "--sample", "24"),
-        {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "max_scaled_ie_diff": at_most(1e-3)},
-    ),
-    Benchmark(
-        "finetune",
-        ("--steps", "3", "--batch-size", "4", "--max-samples", "64"),
-        {
-            "speedup": RATIO, "memory_ratio": RATIO,
-            "precise_samples_per_s": PER_SECOND, "full_samples_per_s": PER_SECOND,
-        },
-    ),
-    Benchmark(
-        "gpu_scan",
-        ("--prompts", "128", "--layers", "16"),
-        {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB},
-        needs_cuda=True,
-    ),
-    Benchmark(
-        "gpu_finetune",
-        ("--steps", "2", "--layers", "16"),
-        {
-            "speedup": RATIO, "memory_ratio": RATIO, "precise_s_per_step": SECONDS, "full_s_per_step": SECONDS,
-            "precise_peak_gib": GIB, "full_peak_gib": GIB,
-        },
-        needs_cuda=True,
-    ),
-)
 
 
 @dataclass(frozen=True)
@@ -185,19 +92,27 @@ def machine_fingerprint(device: str) -> dict[str, Any]:
     return fingerprint
 
 
-def load_results(path: Path) -> dict[str, dict[str, Any]] | None:
-    """The previous entry of each benchmark, or None when there is no results file yet."""
+Results = dict[str, dict[str, dict[str, Any]]]
+"""size -> benchmark -> entry (metrics, args, command, wall_s, machine, date, git sha)."""
+
+
+def load_results(path: Path) -> Results | None:
+    """The previous entry of each benchmark at each size, or None when there is no results file yet."""
     if not path.exists():
         return None
     try:
-        return dict(json.loads(path.read_text(encoding="utf-8"))["benchmarks"])
-    except (ValueError, KeyError, TypeError) as err:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        unknown = set(stored) - {"written_by", *SIZES}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}, expected {', '.join(SIZES)}")
+        return {size: dict(stored.get(size, {})) for size in SIZES}
+    except (ValueError, TypeError) as err:
         sys.exit(f"{path} is not a results file of compare.py ({err}); restore it from git or delete it")
 
 
-def write_results(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> None:
-    """Store `entries` (benchmark -> metrics, args, machine, date, git sha) atomically."""
-    atomic_write_json(path, {"written_by": "benchmarks/compare.py --update", "benchmarks": dict(entries)})
+def write_results(path: Path, results: Mapping[str, Mapping[str, Any]]) -> None:
+    """Store `results` (size -> benchmark -> entry) atomically."""
+    atomic_write_json(path, {"written_by": "benchmarks/compare.py --update", **{s: dict(results[s]) for s in SIZES}})
 
 
 def read_record(record_file: Path, name: str) -> dict[str, Any] | None:
@@ -207,9 +122,10 @@ def read_record(record_file: Path, name: str) -> dict[str, Any] | None:
     return next((line for line in reversed(found) if line["benchmark"] == name), None)
 
 
-def run_benchmark(bench: Benchmark, device: str, bench_dir: Path = BENCH_DIR) -> dict[str, Any]:
-    """Run one script in its own process; return its recorded entry plus wall time, echoing its output."""
-    command = [sys.executable, str(bench_dir / f"{bench.name}.py"), *bench.script_args(device)]
+def run_benchmark(bench: Benchmark, device: str, size: Size = "quick", bench_dir: Path = BENCH_DIR) -> dict[str, Any]:
+    """Run one script in its own process; return its recorded entry plus command and wall time, echoing its output."""
+    script_args = bench.script_args(device, size)
+    command = [sys.executable, str(bench_dir / f"{bench.name}.py"), *script_args]
     with tempfile.TemporaryDirectory() as scratch:
         record_file, out_file, err_file = (Path(scratch) / n for n in ("record.jsonl", "stdout", "stderr"))
         env = {**os.environ, RECORD_ENV: str(record_file)}
@@ -231,7 +147,8 @@ def run_benchmark(bench: Benchmark, device: str, bench_dir: Path = BENCH_DIR) ->
         entry = read_record(record_file, bench.name)
         if entry is None:
             raise BenchmarkFailed(f"{bench.name} recorded no metrics (does it call record()?); {stderr_tail}")
-    return {"metrics": entry["metrics"], "args": entry["args"], "wall_s": round(wall_s, 1)}
+    shown = " ".join(["python", f"benchmarks/{bench.name}.py", *script_args])
+    return {"metrics": entry["metrics"], "args": entry["args"], "command": shown, "wall_s": round(wall_s, 1)}
 
 
 def _worse_fraction(kind: Performance, previous: float, now: float) -> float:
@@ -362,6 +279,7 @@ def _minutes(seconds: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update", action="store_true", help="store this run's results as the new previous ones")
+    parser.add_argument("--full", action="store_true", help="the README's sizes instead of the quick ones")
     parser.add_argument("--only", default=None, help="comma-separated benchmark names (default: all)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the previous results file")
     parser.add_argument("--device", default="cpu", help="torch device passed to each benchmark")
@@ -369,17 +287,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     benchmarks = select(args.only, args.device)
-    previous = load_results(args.results)
+    size: Size = "full" if args.full else "quick"
+    stored = load_results(args.results)
+    previous = None if stored is None else stored[size]
     machine = machine_fingerprint(args.device)
     current: dict[str, dict[str, Any]] = {}
     script_failures = []
     started = time.perf_counter()
     for i, bench in enumerate(benchmarks, 1):
         took = (previous or {}).get(bench.name, {}).get("wall_s")
-        print(f"[{i}/{len(benchmarks)}] python benchmarks/{bench.name}.py {' '.join(bench.script_args(args.device))}"
+        shown = " ".join(bench.script_args(args.device, size))
+        print(f"[{i}/{len(benchmarks)}] python benchmarks/{bench.name}.py {shown}"
               + (f" (previous run: {_minutes(took)})" if took else ""), flush=True)  # fmt: skip
         try:
-            current[bench.name] = run_benchmark(bench, args.device)
+            current[bench.name] = run_benchmark(bench, args.device, size)
         except BenchmarkFailed as err:
             print(f"FAILED: {err}", file=sys.stderr, flush=True)
             script_failures.append(bench.name)
@@ -395,14 +316,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_are_sound = not script_failures and not any(r.broken for r in rows)
     if args.update and runs_are_sound:
         stamp = {"machine": machine, "date": datetime.date.today().isoformat(), "git_sha": git_sha()}
-        write_results(args.results, {**(previous or {}), **{n: {**e, **stamp} for n, e in current.items()}})
-        print(f"stored as {args.results} (the new previous results); commit it")
+        entries = {**(previous or {}), **{n: {**e, **stamp} for n, e in current.items()}}
+        write_results(args.results, {**(stored or {s: {} for s in SIZES}), size: entries})
+        print(f"stored as the {size}-size results in {args.results}; render the README's tables from it "
+              "(`python benchmarks/readme_tables.py --write`, which the make targets run) and commit both")
         return 0
     if args.update:
         print(f"{args.results} not written: every benchmark must run and pass its correctness checks first.")
     elif previous is None and runs_are_sound:
         print(f"no previous results ({args.results} does not exist); store these with `make bench-update` "
-              "(compare.py --update)")  # fmt: skip
+              "(compare.py --update; add --full for the full size)")  # fmt: skip
         return 0
     if any(r.failed for r in rows):
         print(failure_sentence(rows, args.results, args.tolerance))

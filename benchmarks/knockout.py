@@ -1,8 +1,9 @@
 """Batched knockout sweep vs one configuration per forward pass, on the same prompts, in one run.
 
 The sweep (effect-rank and random-rank configurations for k = 1, 2, 4, ...) runs through the batched engine;
-the loop runs each configuration as its own forward pass over the prompts with `ablate`. Prints both times
-and the ratio, and checks the accuracies agree.
+the loop runs each configuration as its own forward pass over the prompts with `ablate`, unembedding the END
+rows only as the engine does (`reference_patching.end_logits`). Prints both times and the ratio, and checks the
+accuracies agree.
 
     python benchmarks/knockout.py [--prompts 32] [--max-k 16] [--n-random 3] [--from RUN_DIR]
 """
@@ -11,18 +12,25 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
+from pathlib import Path
 
 import torch
-from record import record
 
-from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups
-from arithmech.knockout.batched import knockout_scores
-from arithmech.knockout.sweep import k_values
-from arithmech.models.load import ModelConfig, load_model
-from arithmech.models.sites import all_components
-from arithmech.patching.path import PatchingBatch
-from arithmech.stages.identify import IdentifyConfig, build_reference_set
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from record import record  # noqa: E402
+
+from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups  # noqa: E402
+from arithmech.knockout.batched import knockout_scores  # noqa: E402
+from arithmech.knockout.sweep import k_values  # noqa: E402
+from arithmech.models.load import ModelConfig, load_model  # noqa: E402
+from arithmech.models.sites import all_components  # noqa: E402
+from arithmech.patching.path import PatchingBatch  # noqa: E402
+from arithmech.stages.identify import IdentifyConfig, build_reference_set  # noqa: E402
+
+from reference_patching import end_logits  # noqa: E402
 
 
 def main() -> None:
@@ -56,8 +64,7 @@ def main() -> None:
     loop_accuracy = []
     for config in configs:
         with torch.no_grad(), ablate(handle.view, config, sources):
-            logits = handle.model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask, use_cache=False).logits
-        top = logits[torch.arange(len(batch)), batch.end].argmax(-1)
+            top = end_logits(handle.model, batch.ref_ids, batch.ref_mask, batch.end).argmax(-1).cpu()  # [batch]
         loop_accuracy.append(float((top == batch.answer_ids).float().mean()))
     loop_s = time.perf_counter() - start
 

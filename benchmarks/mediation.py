@@ -2,9 +2,10 @@
 
 The batched engine (`mediation_effects`) computes the IE of the MLP and attention output of every layer at every
 position of a few addition Q/A pairs. The loop runs each intervention as its own full forward pass of the base
-prompt with one hook (as the original implementations do); it is timed on a random sample of interventions and
-scaled to the whole set (its base and alternative runs, once per pair, are not counted). Prints both times, the
-ratio, and the largest IE difference on the sample.
+prompt with one hook (as the original implementations do) and unembeds its last position only
+(`logits_to_keep=1`), as the engine does; it is timed on a random sample of interventions and scaled to the whole
+set (its base and alternative runs, once per pair, are not counted). Prints both times, the ratio, and the
+largest IE difference on the sample.
 
 Two counts for the loop: the interventions the engine runs (positions from the first token where base and
 alternative differ; before it the IE is exactly 0), and every position of the prompt (what a plain loop runs).
@@ -29,6 +30,12 @@ from arithmech.models.load import ModelConfig, load_model
 from arithmech.patching.mediation import indirect_effect, mediation_effects
 
 
+def last_probs(handle, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token probabilities [d_vocab] after one unpadded prompt [pos], unembedding its last position only."""
+    logits = handle.model(input_ids=ids[None].to(handle.device), logits_to_keep=1).logits  # [1, 1, d_vocab]
+    return logits[0, -1].float().softmax(-1)
+
+
 def capture(handle, ids: torch.Tensor, modules: list) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """END probabilities [d_vocab] of one prompt and each module's output [pos, d_model]."""
     saved: list = [None] * len(modules)
@@ -37,7 +44,7 @@ def capture(handle, ids: torch.Tensor, modules: list) -> tuple[torch.Tensor, lis
         return lambda _m, _a, out: saved.__setitem__(s, first_tensor(out)[0].clone())
 
     with torch.no_grad(), hooks(post=[(m, save(s)) for s, m in enumerate(modules)]):
-        probs = handle.model(input_ids=ids[None].to(handle.device)).logits[0, -1].float().softmax(-1)
+        probs = last_probs(handle, ids)
     return probs, saved
 
 
@@ -50,7 +57,7 @@ def one_intervention(handle, item, base: torch.Tensor, module, pos: int, value: 
         return (out, *output[1:]) if isinstance(output, tuple) else out
 
     with torch.no_grad(), hooks(post=[(module, setter)]):
-        star = handle.model(input_ids=item.base_ids[None].to(handle.device)).logits[0, -1].float().softmax(-1)
+        star = last_probs(handle, item.base_ids)
     r, r2 = item.result_id, item.alt_result_id
     return float(indirect_effect(base[r], base[r2], star[r], star[r2]))
 

@@ -6,7 +6,13 @@ AddSub and SingleEq (8-shot chain of thought) and on MMLU, CommonsenseQA and gen
 the base model. Writes <out>/table.md and <out>/table.csv; each training and evaluation lands in its own
 subfolder, so a rerun skips what is finished (the stages resume).
 
+The samples/s column is each training's own measurement (the finetune stage's metadata.json). All trainings run
+one after another before any evaluation, so their rates are measured back to back under the same load;
+--train-only stops there: into a fresh --out it remeasures the column alone (about 7 minutes on 2 idle CPU
+cores for the README's table).
+
     python experiments/sft_table.py --from runs/demo --out runs/sft-table            # about an hour on 2 CPU cores
+    python experiments/sft_table.py --from runs/demo --out runs/sft-speed --train-only
     python experiments/sft_table.py --from runs/demo --train-samples 1024 --eval-limit 50 --device cuda
 """
 
@@ -43,6 +49,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--n-shot", type=int, default=8, help="chain-of-thought exemplars before each math question")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--train-only", action="store_true", help="train (samples/s column) but evaluate nothing")
     args = parser.parse_args()
     out = Path(args.out)
     train = ["--data", "llm_adapters_math_v1", "--target", "rationale", "--max-samples", str(args.train_samples),
@@ -53,12 +60,16 @@ def main() -> None:
         methods[f"precise-top{k}"] = ["--method", "precise", "--from", args.from_run, "--top-k", k]
     methods["full"] = ["--method", "full"]
     methods["lora"] = ["--method", "lora"]
+    for name, how in methods.items():  # every training before any evaluation: their samples/s are comparable
+        if how and not (out / name / "metadata.json").is_file():
+            _run(["finetune", *how, *train, "--out", str(out / name)])
+    groups = () if args.train_only else ("math", "general")
+    evaluations = {"math": (MATH, args.eval_limit), "general": (GENERAL, args.general_limit)}
     rows = []
     for name, how in methods.items():
         folder = out / name
-        if how and not (folder / "metadata.json").is_file():
-            _run(["finetune", *how, *train, "--out", str(folder)])
-        for group, benches, limit in (("math", MATH, args.eval_limit), ("general", GENERAL, args.general_limit)):
+        for group in groups:
+            benches, limit = evaluations[group]
             target = folder / f"eval-{group}"
             if not (target / "metadata.json").is_file():
                 delta = ["--delta", str(folder)] if how else []
@@ -66,11 +77,11 @@ def main() -> None:
                 _run(["evaluate", *delta, *shots, "--benchmarks", ",".join(benches), "--limit", str(limit),
                       "--max-new-tokens", str(args.max_new_tokens), "--base-model", "default", "--device",
                       args.device, "--out", str(target)])  # fmt: skip
-        rows.append(_row(name, folder))
-    _write(out, rows)
+        rows.append(_row(name, folder, groups))
+    _write(out, rows, evaluated=bool(groups))
 
 
-def _row(name: str, folder: Path) -> dict[str, object]:
+def _row(name: str, folder: Path, groups: tuple[str, ...]) -> dict[str, object]:
     row: dict[str, object] = {"method": name}
     meta_path = folder / "metadata.json"
     if meta_path.is_file():
@@ -78,7 +89,7 @@ def _row(name: str, folder: Path) -> dict[str, object]:
         row["trainable_parameters"] = meta["trainable_parameters"]
         row["samples_per_second"] = round(meta["samples_per_second"], 3)
         row["final_loss"] = meta["final_loss"]
-    for group in ("math", "general"):
+    for group in groups:
         for result in csv.DictReader((folder / f"eval-{group}" / "results.csv").open()):
             for key, value in result.items():
                 if key not in ("benchmark",) and value not in ("", None):
@@ -86,14 +97,14 @@ def _row(name: str, folder: Path) -> dict[str, object]:
     return row
 
 
-def _write(out: Path, rows: list[dict[str, object]]) -> None:
+def _write(out: Path, rows: list[dict[str, object]], evaluated: bool) -> None:
     keys = list(dict.fromkeys(k for row in rows for k in row))
     with (out / "table.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    cols = ["method", "trainable_parameters", "samples_per_second",
-            *[f"{b}:accuracy" for b in (*MATH, "mmlu", "csqa")], "general:perplexity", "general:kl"]  # fmt: skip
+    scores = [*[f"{b}:accuracy" for b in (*MATH, "mmlu", "csqa")], "general:perplexity", "general:kl"]
+    cols = ["method", "trainable_parameters", "samples_per_second", *(scores if evaluated else ["final_loss"])]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in rows]
     (out / "table.md").write_text("\n".join(lines) + "\n")

@@ -1,4 +1,5 @@
-"""`make bench` comparison (benchmarks/compare.py) and recording (benchmarks/record.py), without any model."""
+"""`make bench` comparison (benchmarks/compare.py), recording (benchmarks/record.py) and the README's Performance
+tables (benchmarks/readme_tables.py), without any model."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ if str(BENCH_DIR) not in sys.path:  # the benchmark scripts are not a package; t
     sys.path.insert(0, str(BENCH_DIR))
 
 import compare  # noqa: E402
+import readme_tables  # noqa: E402
 import record  # noqa: E402
+import suite  # noqa: E402
 
 MACHINE = {"cpu": "Test CPU", "logical_cores": 2, "torch": "2.13.0", "device": "cpu"}
 OTHER_MACHINE = {**MACHINE, "cpu": "Other CPU"}
 ARGS = {"prompts": 32, "sample": 8, "model": None, "device": "cpu"}
-PATH_PATCHING = next(b for b in compare.BENCHMARKS if b.name == "path_patching")
-KNOCKOUT = next(b for b in compare.BENCHMARKS if b.name == "knockout")
+PATH_PATCHING = next(b for b in suite.BENCHMARKS if b.name == "path_patching")
+KNOCKOUT = next(b for b in suite.BENCHMARKS if b.name == "knockout")
 
 
 def entry(machine: dict[str, Any] = MACHINE, **metrics: Any) -> dict[str, Any]:
@@ -106,9 +109,14 @@ def test_table_and_sentence_name_the_regression() -> None:
 
 @pytest.fixture
 def fake_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
-    """main() with every script replaced by the entry in the returned dict (no process, no model)."""
+    """main() with every script replaced by the entry in the returned dict (no process, no model); a run at the
+    full size records its arguments as {"size": "full"}."""
     runs = {"path_patching": {"metrics": entry()["metrics"], "args": ARGS, "wall_s": 1.0}}
-    monkeypatch.setattr(compare, "run_benchmark", lambda bench, device: runs[bench.name])
+
+    def run(bench: suite.Benchmark, device: str, size: suite.Size) -> dict[str, Any]:
+        return {**runs[bench.name], **({"args": {"size": "full"}} if size == "full" else {})}
+
+    monkeypatch.setattr(compare, "run_benchmark", run)
     monkeypatch.setattr(compare, "machine_fingerprint", lambda device: MACHINE)
     monkeypatch.setattr(compare, "git_sha", lambda: "abc")
     return runs
@@ -122,7 +130,7 @@ def test_update_writes_a_file_that_passes_against_itself(
     assert "store these with `make bench-update`" in capsys.readouterr().out and not results.exists()
 
     assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 0
-    stored = json.loads(results.read_text())["benchmarks"]["path_patching"]
+    stored = json.loads(results.read_text())["quick"]["path_patching"]
     assert stored["machine"] == MACHINE and stored["args"] == ARGS and stored["git_sha"] == "abc" and stored["date"]
     assert compare.main(["--only", "path_patching", "--results", str(results)]) == 0
     assert "no measurement is worse" in capsys.readouterr().out
@@ -135,9 +143,9 @@ def test_update_writes_a_file_that_passes_against_itself(
 def test_update_keeps_other_benchmarks_and_refuses_a_correctness_break(fake_runs: dict[str, dict[str, Any]],
                                                                        tmp_path: Path) -> None:  # fmt: skip
     results = tmp_path / "results.json"
-    compare.write_results(results, {"knockout": {"metrics": {"speedup": 1.4}, "args": {}}})
+    compare.write_results(results, {"quick": {"knockout": {"metrics": {"speedup": 1.4}, "args": {}}}, "full": {}})
     assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 0
-    assert set(compare.load_results(results) or {}) == {"knockout", "path_patching"}
+    assert set((compare.load_results(results) or {})["quick"]) == {"knockout", "path_patching"}
 
     fake_runs["path_patching"] = {**fake_runs["path_patching"], "metrics": entry(max_abs_diff=0.5)["metrics"]}
     before = results.read_text()
@@ -147,7 +155,7 @@ def test_update_keeps_other_benchmarks_and_refuses_a_correctness_break(fake_runs
 
 def test_a_failing_script_is_reported_with_its_stderr(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("import sys\nsys.exit('model weights not found')\n")
-    bench = compare.Benchmark("broken", (), {})
+    bench = suite.Benchmark("broken", (), {})
     with pytest.raises(compare.BenchmarkFailed, match="(?s)broken exited with status 1.*model weights not found"):
         compare.run_benchmark(bench, "cpu", bench_dir=tmp_path)
 
@@ -164,8 +172,13 @@ print("speedup: 3.0x")
 record("fake", args, {{"speedup": 3.0}})
 """
     (tmp_path / "fake.py").write_text(script)
-    result = compare.run_benchmark(compare.Benchmark("fake", ("--prompts", "4"), {}), "cpu", bench_dir=tmp_path)
+    fake = suite.Benchmark("fake", ("--prompts", "4"), {}, full_args=("--prompts", "64"))
+    result = compare.run_benchmark(fake, "cpu", bench_dir=tmp_path)
     assert result["metrics"] == {"speedup": 3.0} and result["args"] == {"prompts": 4, "device": "cpu"}
+    assert result["command"] == "python benchmarks/fake.py --prompts 4 --device cpu"
+    full = compare.run_benchmark(fake, "cpu", "full", bench_dir=tmp_path)
+    assert full["args"] == {"prompts": 64, "device": "cpu"}
+    assert full["command"] == "python benchmarks/fake.py --prompts 64 --device cpu"
 
 
 def test_record_appends_a_line_only_when_the_variable_names_a_file(
@@ -186,3 +199,75 @@ def test_record_appends_a_line_only_when_the_variable_names_a_file(
         {"benchmark": "knockout", "metrics": {"speedup": 1.5}, "args": {"prompts": 16}},
         {"benchmark": "knockout", "metrics": {"speedup": 1.6, "accuracies_agree": True}, "args": {"prompts": 16}},
     ]
+
+
+def test_full_update_stores_its_own_entries_and_keeps_the_quick_ones(
+    fake_runs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    results = tmp_path / "results.json"
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--update"]) == 0
+    quick = json.loads(results.read_text())["quick"]
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--update", "--full"]) == 0
+    stored = json.loads(results.read_text())
+    assert stored["quick"] == quick and quick["path_patching"]["args"] == ARGS
+    assert stored["full"]["path_patching"]["args"] == {"size": "full"} and stored["full"]["path_patching"]["date"]
+    assert compare.main(["--only", "path_patching", "--results", str(results), "--full"]) == 0
+
+
+def test_a_results_file_of_another_layout_is_refused(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"written_by": "benchmarks/compare.py --update", "benchmarks": {}}))
+    with pytest.raises(SystemExit, match="not a results file"):
+        compare.load_results(results)
+
+
+def stamped(metrics: dict[str, Any], date: str = "2025-01-01", machine: dict[str, Any] = MACHINE) -> dict[str, Any]:
+    return {"metrics": metrics, "args": {}, "command": "python benchmarks/x.py --n 1", "machine": machine,
+            "date": date, "git_sha": "abcdef0123"}  # fmt: skip
+
+
+def test_readme_table_rows_caption_and_missing_size() -> None:
+    results = {
+        "full": {},
+        "quick": {
+            "knockout": stamped({"speedup": 1.0938, "batched_s": 50.31, "loop_s": 55.04, "accuracies_agree": True}),
+            "path_patching": stamped(entry()["metrics"], date="2025-02-02", machine=OTHER_MACHINE),
+        },
+    }
+    section = readme_tables.render(results).splitlines()
+    assert section[0] == readme_tables.BEGIN and section[-1] == readme_tables.END
+    assert any(line.startswith("Full size") and line.endswith("nothing recorded yet.") for line in section)
+    caption = next(line for line in section if line.startswith("Quick size"))
+    assert "path_patching: 2025-02-02 on Other CPU, 2 logical cores, torch 2.13.0, cpu, git abcdef0" in caption
+    assert "knockout: 2025-01-01 on Test CPU" in caption
+    rows = [line for line in section if line.startswith("| ") and "`" in line]
+    assert [row.split(" | ")[2:] for row in rows] == [  # suite order, not the file's
+        ["10.0 s", "1,000 s", "**100.0x**", "max \\|fast - loop\\| 1.0e-06 |"],
+        ["50.3 s", "55.0 s", "**1.09x**", "accuracies identical |"],
+    ]
+
+
+def test_every_benchmark_of_the_suite_has_a_readme_row() -> None:
+    assert set(readme_tables.SHOWN) == {b.name for b in suite.BENCHMARKS}
+
+
+def test_readme_section_is_replaced_between_the_markers_only(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{readme_tables.BEGIN}\nstale 107.7x\n{readme_tables.END}\n\nafter\n")
+    results = tmp_path / "results.json"
+    compare.write_results(results, {"full": {}, "quick": {"knockout": stamped({
+        "speedup": 1.5, "batched_s": 2.0, "loop_s": 3.0, "accuracies_agree": True})}})  # fmt: skip
+    args = ["--results", str(results), "--readme", str(readme)]
+    assert readme_tables.main([*args, "--check"]) == 1
+    assert readme_tables.main([*args, "--write"]) == 0 and readme_tables.main([*args, "--check"]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\n\n<!-- bench:begin -->") and text.endswith("<!-- bench:end -->\n\nafter\n")
+    assert "107.7x" not in text and "**1.50x**" in text
+    with pytest.raises(ValueError, match="bench:begin"):
+        readme_tables.replace_section("no markers", "section")
+
+
+def test_readme_performance_tables_are_what_results_json_renders() -> None:
+    """The README quotes no benchmark number that benchmarks/results.json does not hold (make bench-update and
+    make bench-full-update re-render it)."""
+    assert readme_tables.main(["--check"]) == 0, "run `python benchmarks/readme_tables.py --write` and commit README.md"

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from arithmech.models.archs import spec_for_model_type
-from arithmech.models.hooks import count_hooks
-from arithmech.models.sites import all_components
+from arithmech.models.hooks import count_hooks, hooks
+from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, path_patch
 
-from reference_patching import ReferencePatcher
+from reference_patching import ReferencePatcher, end_logits
 from tiny_models import TINY_ARCHS, make_tiny_model
 
 
@@ -71,3 +71,25 @@ def test_patching_clean_into_clean_is_zero() -> None:
         result = path_patch(view, same, variant=variant)
         assert result.per_prompt.abs().max() < 1e-5
         assert abs(result.total_effect) < 1e-6
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_reference_end_logits_are_the_models_own(arch: str) -> None:
+    """END-only readout = the CausalLM's full logits at END (gemma2's soft-cap included), on right-padded rows."""
+    view = view_of(arch)
+    batch = random_batch(int(view.dims.d_vocab), [7, 5, 9, 7])
+    with torch.no_grad():
+        full = view.model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits  # [batch, pos, d_vocab]
+        at_end = end_logits(view.model, batch.ref_ids, batch.ref_mask, batch.end)  # [batch, d_vocab]
+    torch.testing.assert_close(at_end, full[torch.arange(len(batch.end)), batch.end], atol=1e-5, rtol=1e-5)
+
+
+def test_reference_unembeds_end_rows_only() -> None:
+    """The loop baseline must not project every position onto the vocabulary: the fast engine does not."""
+    view = view_of("gemma2")
+    batch = answered_batch(view, [7, 5, 9, 7])
+    rows_unembedded: list[tuple[int, ...]] = []
+    record = (view.model.get_output_embeddings(), lambda _m, args: rows_unembedded.append(tuple(args[0].shape)))
+    with hooks(pre=[record]):
+        ReferencePatcher(view, batch).effect(Component(1, 2), "path")
+    assert rows_unembedded == [(4, view.dims.d_model)] * 3  # reference, counterfactual, one patched pass

@@ -1,0 +1,133 @@
+"""The benchmark suite as data: each script, its two sizes, and how each measurement it records is judged.
+
+Two sizes of every benchmark are kept in benchmarks/results.json:
+
+- quick (`make bench`, `compare.py`): small enough to run after every change (about 6 min on 2 idle CPU cores),
+  compared with the previous quick results to catch a slowdown or a broken correctness check;
+- full (`compare.py --full`): the sizes the README reports (each script's defaults; about 15 min on 2 idle
+  cores). `readme_tables.py` renders the README's Performance tables from both, so the README quotes nothing
+  that results.json does not hold.
+
+`compare.py` runs and compares them; `readme_tables.py` says how each is shown in the README.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Size = Literal["quick", "full"]
+SIZES: tuple[Size, ...] = ("full", "quick")
+"""In the order the README shows them."""
+
+
+@dataclass(frozen=True)
+class Performance:
+    """A measurement compared with the previous one: which way is better, and whether it depends on the machine."""
+
+    higher_is_better: bool
+    same_machine_only: bool
+    worse: str
+    """What a regression of it means, for the verdict."""
+
+
+RATIO = Performance(higher_is_better=True, same_machine_only=False, worse="slower")
+"""A speedup or memory saving of one method over another, both measured in the same run."""
+SCORE = Performance(higher_is_better=True, same_machine_only=False, worse="agrees less")
+"""Agreement of an approximation with the exact method: deterministic, so it moves only when the code does."""
+SECONDS = Performance(higher_is_better=False, same_machine_only=True, worse="slower")
+PER_SECOND = Performance(higher_is_better=True, same_machine_only=True, worse="slower")
+GIB = Performance(higher_is_better=False, same_machine_only=True, worse="uses more memory")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A correctness measurement: broken when `holds` is false, however fast the run and whatever came before."""
+
+    rule: str
+    holds: Callable[[Any], bool]
+
+
+def at_most(limit: float) -> Check:
+    """Two methods computing the same numbers must agree to `limit`."""
+    return Check(f"must be <= {limit:g}", lambda value: isinstance(value, (int, float)) and value <= limit)
+
+
+AGREE = Check("must be true", lambda value: value is True)
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One script, the arguments of each size, and how each measurement it records is compared."""
+
+    name: str
+    args: tuple[str, ...]
+    """Quick size: what `make bench` runs."""
+    metrics: Mapping[str, Performance | Check]
+    full_args: tuple[str, ...] = ()
+    """Full size: what the README reports (`compare.py --full`); the script's defaults, spelled out."""
+    needs_cuda: bool = False
+
+    def script_args(self, device: str, size: Size = "quick") -> list[str]:
+        """The script's arguments; gpu_scan.py has no --device (it always runs on CUDA)."""
+        sized = self.full_args if size == "full" else self.args
+        return [*sized] if self.needs_cuda else [*sized, "--device", device]
+
+
+# Quick sizes: about 6 minutes on 2 idle CPU cores (knockout: 2 min, so its ratio is not at the mercy of noise).
+BENCHMARKS = (
+    Benchmark(
+        "path_patching",
+        ("--prompts", "32", "--sample", "8"),
+        {"speedup": RATIO, "fast_s": SECONDS, "loop_s": SECONDS, "max_abs_diff": at_most(1e-4)},
+        full_args=("--prompts", "64", "--sample", "12"),
+    ),
+    Benchmark(
+        "knockout",
+        ("--prompts", "32", "--max-k", "8", "--n-random", "2"),
+        {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "accuracies_agree": AGREE},
+        full_args=("--prompts", "32", "--max-k", "16", "--n-random", "3"),
+    ),
+    Benchmark(
+        "attribution",
+        ("--prompts", "16", "--repeats", "2"),
+        {
+            "speedup": RATIO, "exact_s": SECONDS, "attribution_s": SECONDS,
+            "spearman_all": SCORE, "top10_overlap": SCORE,
+        },
+        full_args=("--prompts", "64", "--repeats", "2"),
+    ),  # fmt: skip
+    Benchmark(
+        "mediation",
+        ("--pairs", "4", "--sample", "24"),
+        {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "max_scaled_ie_diff": at_most(1e-3)},
+        full_args=("--pairs", "8", "--sample", "48"),
+    ),
+    Benchmark(
+        "finetune",
+        ("--steps", "3", "--batch-size", "4", "--max-samples", "64"),
+        {
+            "speedup": RATIO, "memory_ratio": RATIO,
+            "precise_samples_per_s": PER_SECOND, "full_samples_per_s": PER_SECOND,
+        },
+        full_args=("--steps", "3", "--batch-size", "4", "--max-samples", "64"),  # the defaults are already small
+    ),  # fmt: skip
+    Benchmark(
+        "gpu_scan",
+        ("--prompts", "128", "--layers", "16"),
+        {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB},
+        full_args=("--prompts", "256", "--layers", "32"),
+        needs_cuda=True,
+    ),
+    Benchmark(
+        "gpu_finetune",
+        ("--steps", "2", "--layers", "16"),
+        {
+            "speedup": RATIO, "memory_ratio": RATIO, "precise_s_per_step": SECONDS, "full_s_per_step": SECONDS,
+            "precise_peak_gib": GIB, "full_peak_gib": GIB,
+        },
+        full_args=("--steps", "3", "--layers", "32"),
+        needs_cuda=True,
+    ),
+)
