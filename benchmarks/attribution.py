@@ -17,10 +17,10 @@ import torch
 from record import record
 
 from arithmech.analysis.agreement import compare_methods, top_k
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch
-from arithmech.stages.identify import IdentifyConfig, build_reference_set
 
 
 def main() -> None:
@@ -36,8 +36,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device, dtype=args.dtype))
-    cfg = IdentifyConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
-    t, _, _ = build_reference_set(handle, cfg)
+    cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
+    t = build_reference_set(handle, cfg).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     dims = handle.dims
     tokens = int(t.ref_mask.sum()) / len(batch)

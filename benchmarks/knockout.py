@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from record import record  # noqa: E402
 
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
 from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups  # noqa: E402
 from arithmech.knockout.batched import knockout_scores  # noqa: E402
 from arithmech.knockout.sweep import k_values  # noqa: E402
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
 from arithmech.models.sites import all_components  # noqa: E402
 from arithmech.patching.path import PatchingBatch  # noqa: E402
-from arithmech.stages.identify import IdentifyConfig, build_reference_set  # noqa: E402
 
 from reference_patching import end_logits  # noqa: E402
 
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     handle = load_model(ModelConfig(model=args.model, device=args.device))
-    t, _, _ = build_reference_set(handle, IdentifyConfig(max_prompts=args.prompts))
+    t = build_reference_set(handle, ReferenceSetConfig(max_prompts=args.prompts)).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     groups = alignment_groups([p.template_id for p in t.pairs], t.end + 1)
     sources = ablation_sources(handle.view, batch, "mean", groups)

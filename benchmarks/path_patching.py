@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from record import record  # noqa: E402
 
+from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
 from arithmech.models.sites import all_components  # noqa: E402
 from arithmech.patching.path import PatchingBatch, path_patch  # noqa: E402
-from arithmech.stages.identify import IdentifyConfig, build_reference_set  # noqa: E402
 
 from reference_patching import ReferencePatcher  # noqa: E402
 
@@ -39,8 +39,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device, dtype=args.dtype))
-    cfg = IdentifyConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
-    t, _, counts = build_reference_set(handle, cfg)
+    cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
+    t = build_reference_set(handle, cfg).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     components = all_components(handle.dims)
     print(f"model {handle.source.get('model')}: {handle.dims.n_layers} layers x {handle.dims.n_heads} heads; "
