@@ -213,18 +213,18 @@ def test_bad_input_is_one_clear_error(tiny: tuple[ModelHandle, list[Path]], tmp_
 def test_default_model_transfer(tmp_path: Path) -> None:
     """SmolLM2-135M: the key heads of a small equation-addition run, knocked out on fresh equation prompts and
     on decimals; the model answers most of them, the kept prompts start at 100%, and the knockout lowers the
-    answer's probability below the unablated and the random-rank runs (measured: 0.72 -> 0.46 on equations,
-    0.50 -> 0.44 on decimals, random heads 0.72 and 0.51)."""
+    answer's probability below the unablated and the random-rank runs (measured: 0.69 -> 0.58 on equations,
+    0.54 -> 0.35 on decimals, random heads 0.69 and 0.55)."""
     pytest.importorskip("gguf")
     handle = load_model()
     run = tmp_path / "run"  # the identify stage called directly, so the model is loaded once
     identify(handle, IdentifyConfig(formations=("equation",), n_per_template=1, max_prompts=4), run, quiet=True)
     cfg = TransferConfig(sources=(str(run),), targets=("addition-equation", "decimals-addition-equation"),
-                         n_per_template=1, max_prompts=4, n_random=1)
+                         n_per_template=4, max_prompts=8, n_random=1)  # groups of 4: a per-position mean
     res = transfer(handle, cfg, tmp_path / "transfer", quiet=True)
     assert [r.target for r in res.rows] == list(cfg.targets)
     own = res.rows[0]
-    assert own.n_total == 4 and own.n_answered >= 2 and own.unablated_accuracy == pytest.approx(1.0)
+    assert own.n_total == 16 and own.n_answered >= 4 and own.unablated_accuracy == pytest.approx(1.0)
     for row in res.rows:  # the key heads lower the answer's probability, and more than as many random heads
         assert row.n_prompts > 0 and row.effect_prob < min(row.unablated_prob, row.random_prob_mean)
     assert count_hooks(handle.model) == 0 and (tmp_path / "transfer" / "metadata.json").is_file()
