@@ -3,6 +3,7 @@
 A run is described by one YAML file (or the same keys given as flags), for example:
 
     model: {model: null, device: cpu, dtype: float32}   # ModelConfig fields; null = built-in default model
+                                                        # (model: <id> is short for model: {model: <id>})
     out: runs/demo
     seed: 0                                             # given to every stage that has a seed
     stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES except finetune
@@ -17,28 +18,37 @@ for long also resume inside themselves from <stage>/.partial). A stage about to 
 first, so a run stopped at any point (Ctrl-C, a full disk) never keeps a folder that holds a mix of old and
 new files. A stage whose code is not in this version is reported as unavailable, never faked.
 
+What identify leaves is read by content: its upstream fingerprint for the later stages is the fingerprint of
+its files (`lineage.identify_fingerprint`, also recorded in pipeline.json), so an identify folder replaced by
+another command (`arithmech identify --out <out>/identify`) is rerun, and so are the stages that read it when
+its content changed.
+
+Every value is checked before the model loads: each setting against its field's type (`config_values.py`,
+"knockout.max_k takes a whole number (int); got 'abc'"), every path (`preflight.py`), and settings given for
+a stage left out of `stages` against the folder a chosen stage will read (identify.operations: [multiplication]
+with stages [knockout] and an addition identify/ is refused, not silently ignored).
+
 Python API: `load_run_config(path, overrides)` -> RunConfig, `run_pipeline(cfg)` -> {stage: result}.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import hashlib
 import importlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from arithmech import distributed
+from arithmech import distributed, preflight
+from arithmech.config_values import apply_overrides, coerce, read_yaml_mapping, suggest, typed_settings
 from arithmech.errors import ConfigError
+from arithmech.lineage import identify_fingerprint, read_metadata
 from arithmech.runs import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -142,7 +152,7 @@ def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
 
 
 _PLACEHOLDER = "<from the pipeline>"
-_INJECTED = {"from_run", "sources"}  # config fields the pipeline fills with upstream folders
+_INJECTED = frozenset({"from_run", "sources"})  # config fields the pipeline fills with upstream folders
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,11 @@ class RunConfig:
     seed: int = field(default=0, metadata={"help": "seed given to every stage that has one"})
     stages: tuple[str, ...] = field(default=(), metadata={"help": "stages to run; default every default-on stage"})
     settings: dict[str, Any] = field(default_factory=dict, metadata={"help": "stage name -> its config object"})
+    given: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"help": "settings given for a stage left out of stages whose folder a chosen stage reads: "
+                          "checked against the settings that folder was made with"},
+    )  # fmt: skip
 
 
 def stage_by_name(name: str) -> Stage:
@@ -162,12 +177,7 @@ def stage_by_name(name: str) -> Stage:
             return stage
     if name in PLANNED:
         raise ConfigError(f"stage {name!r} is not available in this version of arithmech; leave it out of stages")
-    raise ConfigError(f"unknown stage {name!r}{_suggest(name, [s.name for s in STAGES])}")
-
-
-def _suggest(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; choose from {', '.join(choices)}"
+    raise ConfigError(f"unknown stage {name!r}{suggest(name, [s.name for s in STAGES])}")
 
 
 def _config_class(stage: Stage) -> type:
@@ -175,71 +185,64 @@ def _config_class(stage: Stage) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def _tuples(value: Any) -> Any:
-    """YAML lists -> tuples, since stage configs are frozen dataclasses with tuple fields."""
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    return value
-
-
-def build_stage_config(stage: Stage, values: dict[str, Any], seed: int) -> Any:
-    """The stage's config object from YAML values; an unknown key is named with the closest real one."""
+def build_stage_config(stage: Stage, values: Any, seed: int) -> Any:
+    """The stage's config object from YAML values, each checked against its field's type; an unknown key is
+    named with the closest real one."""
     cls = _config_class(stage)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in values:
-        if key not in names:
-            raise ConfigError(f"{stage.name} has no setting {key!r}{_suggest(key, names)}")
-    values = _tuples(dict(values))
+    values = typed_settings(cls, values, stage.name)
+    names = {f.name for f in dataclasses.fields(cls)}
     if "seed" in names:
         values.setdefault("seed", seed)
-    for name in _INJECTED & set(names):
+    for name in _INJECTED & names:
         values.setdefault(name, _PLACEHOLDER if name == "from_run" else (_PLACEHOLDER,))
     return cls(**values)
 
 
 def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run description (optional) and apply `overrides` ("identify.max_prompts" -> 32, "out" -> ...)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        source = Path(path)
-        if not source.is_file():
-            raise ConfigError(f"config file {str(source)!r} does not exist; give the path of a YAML file")
-        try:
-            data = yaml.safe_load(source.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(source)!r} is not valid YAML ({err.__class__.__name__})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {str(source)!r} must be a mapping of settings, e.g. 'out: runs/x'")
-    for key, value in (overrides or {}).items():
-        target = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
+    data = apply_overrides(read_yaml_mapping(path) if path is not None else {}, overrides or {})
     top = {"out", "model", "seed", "stages"}
     stage_names = [s.name for s in STAGES] + list(PLANNED)
     for key in data:
         if key not in top and key not in stage_names:
-            raise ConfigError(f"unknown config key {key!r}{_suggest(key, sorted(top) + stage_names)}")
-    chosen = data.get("stages") or [s.name for s in STAGES if s.default_on]
-    if isinstance(chosen, str):
-        chosen = chosen.split(",")
-    stages = tuple(str(name).strip() for name in chosen if str(name).strip())
+            raise ConfigError(f"unknown config key {key!r}{suggest(str(key), sorted(top) + stage_names)}")
+    chosen = coerce(data.get("stages") or [s.name for s in STAGES if s.default_on], tuple[str, ...], "stages")
+    stages = tuple(name.strip() for name in chosen if name.strip())
     for name in stages:
         stage_by_name(name)
-    model = dict(data.get("model") or {})
     from arithmech.models.load import ModelConfig
 
-    known = [f.name for f in dataclasses.fields(ModelConfig)]
-    for key in model:
-        if key not in known:
-            raise ConfigError(f"model has no setting {key!r}{_suggest(key, known)}")
-    seed = int(data.get("seed", 0))
-    settings = {s.name: build_stage_config(s, data.get(s.name) or {}, seed) for s in STAGES if s.name in stages}
-    out = str(data.get("out", "runs/pipeline"))
-    return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings)
+    model = typed_settings(ModelConfig, data.get("model"), "model")
+    seed = coerce(data.get("seed", 0), int, "seed")
+    settings = {s.name: build_stage_config(s, data.get(s.name), seed) for s in STAGES if s.name in stages}
+    read = {n for s in STAGES if s.name in stages for n in (*s.needs, *s.reads) if n not in stages and data.get(n)}
+    given = {n: typed_settings(_config_class(stage_by_name(n)), data[n], n) for n in sorted(read)}
+    out = coerce(data.get("out", "runs/pipeline"), str, "out")
+    return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings, given=given)
+
+
+def _check_given(run_dir: Path, given: dict[str, dict[str, Any]]) -> None:
+    """Refuse settings given for a stage not run whose finished folder was made with other values."""
+
+    def plain(value: Any) -> Any:
+        return json.loads(json.dumps(value, default=str))
+
+    for name, values in given.items():
+        metadata = read_metadata(run_dir / name) or {}
+        recorded = metadata.get("config") if isinstance(metadata.get("config"), dict) else {}
+        for key, value in values.items():
+            if key in recorded and plain(recorded[key]) != plain(value):
+                raise ConfigError(
+                    f"{name}.{key} is {plain(value)!r} in this config, but {str(run_dir / name)!r} was made with "
+                    f"{recorded[key]!r} and stages leaves {name} out; add {name} to stages to rerun it, or drop "
+                    f"{name}.{key}"
+                )
+
+
+def _result_print(name: str, out: Path) -> str | None:
+    """The fingerprint of what a finished stage folder holds, for the stages whose results are read by content
+    (identify: `lineage.identify_fingerprint`); None for the others."""
+    return identify_fingerprint(out) if name == "identify" and (out / "metadata.json").is_file() else None
 
 
 def _load(**model: Any) -> Any:
@@ -261,9 +264,11 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     """Run the chosen stages in order into cfg.out, skipping those already done with the same fingerprint.
 
     Returns {stage: result} for the stages that ran; skipped stages map to their folder's Path. The model is
-    loaded only when a stage has to run (or `handle` is used if given).
+    loaded only when a stage has to run (or `handle` is used if given), after every path was checked.
     """
-    run_dir = Path(cfg.out)
+    run_dir = preflight.out_folder(cfg.out, option="out", stage="pipeline")
+    settings = {name: preflight.stage_paths(c, prefix=name, skip=_INJECTED) for name, c in cfg.settings.items()}
+    _check_given(run_dir, cfg.given)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -277,14 +282,17 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
         if missing:
             raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
         used = [*stage.needs, *(n for n in stage.reads if n in prints or (run_dir / n / "metadata.json").is_file())]
-        upstream = {n: prints.get(n) or done.get(n, {}).get("fingerprint", "") for n in used}
-        stage_cfg = cfg.settings[stage.name]
+        upstream = {n: prints.get(n) or _result_print(n, run_dir / n) or done.get(n, {}).get("fingerprint", "")
+                    for n in used}  # fmt: skip
+        stage_cfg = settings[stage.name]
         mark = fingerprint(stage, stage_cfg, cfg.model, upstream)
-        prints[stage.name] = mark
         out = run_dir / stage.name
-        if done.get(stage.name, {}).get("fingerprint") == mark and (out / "metadata.json").is_file():
+        kept = done.get(stage.name, {})
+        held = _result_print(stage.name, out)  # what the folder holds now: another command may have replaced it
+        if kept.get("fingerprint") == mark and (out / "metadata.json").is_file() and kept.get("result", held) == held:
             logger.info("%s: unchanged since the last run, kept %s", stage.name, out)
             results[stage.name] = out
+            prints[stage.name] = held or mark
             continue
         if handle is None:
             handle = distributed.local_device(functools.partial(_load, **cfg.model))()
@@ -296,8 +304,10 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
         if stage.sharded or distributed.is_main():
             results[stage.name] = stage.run(handle, stage_cfg, out, run_dir, quiet or not distributed.is_main())
         distributed.barrier()  # under a launch, every process waits until the stage's folder is complete
+        held = _result_print(stage.name, out)
+        prints[stage.name] = held or mark
         done[stage.name] = {"fingerprint": mark, "seconds": round(time.perf_counter() - start, 1),
-                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **({"result": held} if held else {})}
         if distributed.is_main():
             atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})
     return results

@@ -3,6 +3,10 @@
 Every file is written to a temporary name in the same folder and renamed into place, so an interrupted run
 never leaves a half-written file: a reader sees the old file, the new file, or none. When the disk fills up
 meanwhile, the error names the file being written (not its temporary name), so the CLI can say which.
+
+Permissions are those of a plain `open()`: a new file gets 0o666 and a staging folder 0o777, less the umask
+(so with umask 0022 colleagues on a shared machine can read the results), and a file written again keeps
+its mode. `tempfile` itself would leave them 0o600 / 0o700, readable by their owner only.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import errno
 import io
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,6 +40,29 @@ def disk_full_error(err: BaseException) -> OSError | None:
     return None
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (/proc/self/status); elsewhere it is
+    set and restored at once (os.umask is the only portable way to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def staging_folder(target: str | os.PathLike[str]) -> Path:
+    """A new empty folder beside `target` (to fill, then rename onto it), with the umask's permissions."""
+    final = Path(target)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    os.chmod(staging, 0o777 & ~current_umask())
+    return staging
+
+
 @contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
     """Open a temporary file beside `path`; on success rename it to `path`, on any error delete it.
@@ -44,10 +72,15 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        file_mode = stat.S_IMODE(target.stat().st_mode)  # a file written again keeps its mode
+    except FileNotFoundError:
+        file_mode = 0o666 & ~current_umask()
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     binary = "b" in mode
     try:
         with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+            os.chmod(tmp_name, file_mode)
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

@@ -28,6 +28,7 @@ def analyze_attention(
 ) -> None:
     """Where each key head looks from the last token: operand A, operand B, operator, prefix (Figures 5, 7)."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.analyze_attention import AttentionConfig
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
@@ -40,8 +41,9 @@ def analyze_attention(
         batch_size=batch_size,
         seed=seed,
     )
+    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "attention", "analyze_attention")
     handle = load()
-    result = run_attention(handle, cfg, from_run, out or from_run / "attention", quiet=quiet)  # type: ignore[arg-type]
+    result = run_attention(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
     typer.echo("head    A     B     op    prefix other  label")
     for head, row, label in zip(result.heads, result.scores.tolist(), result.labels, strict=True):
         typer.echo(f"{head.name:6s} " + " ".join(f"{v:5.2f}" for v in row) + f"  {label}")
@@ -66,6 +68,7 @@ def analyze_mlp(
 ) -> None:
     """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer (Figure 6)?"""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.analyze_mlp import AnalyzeMlpConfig
     from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
 
@@ -77,8 +80,9 @@ def analyze_mlp(
         max_number=max_number,
         seed=seed,
     )
+    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "mlp", "analyze-mlp")
     handle = load()
-    result = run_mlp(handle, cfg, from_run, out or from_run / "mlp", quiet=quiet)  # type: ignore[arg-type]
+    result = run_mlp(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
     gap = result.mean["cos_update_C"] - result.mean["cos_update_C_wrong"]
     best = sorted(range(len(result.layers)), key=lambda i: -gap[i])[:5]
     typer.echo(
@@ -105,14 +109,15 @@ def analyze_agreement(
 ) -> None:
     """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap)."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.agreement import AgreementConfig, method_agreement
 
-    cfg = AgreementConfig(
+    cfg, out_dir = preflight.check(AgreementConfig(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
         batch_size=batch_size, seed=seed,
-    )  # fmt: skip
+    ), out or from_run / "agreement", "agreement")  # fmt: skip
     handle = load()
-    result = method_agreement(handle, cfg, out or from_run / "agreement", quiet=quiet)
+    result = method_agreement(handle, cfg, out_dir, quiet=quiet)
     typer.echo("level  method A       method B       Spearman  top-10 overlap")
     for row in result.rows:
         overlap = row.get("top10_overlap", float("nan"))

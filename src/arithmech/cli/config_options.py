@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import types
 import typing
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -19,20 +18,12 @@ from typing import Annotated, Any
 import typer
 
 from arithmech.cli.options import ints, split
-
-
-def _base_type(hint: Any) -> tuple[Any, bool]:
-    """(the non-None type of a hint, whether None is allowed)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return rest[0], True
-    return hint, False
+from arithmech.config_values import optional_base
 
 
 def _option(field: dataclasses.Field, hint: Any, flag: str) -> tuple[Any, Any, Callable[[Any], Any]]:
     """(annotation, default, converter from the CLI value to the config value) of one field."""
-    base, optional = _base_type(hint)
+    base, optional = optional_base(hint)
     help_text = field.metadata.get("help", "")
     default = field.default if field.default is not dataclasses.MISSING else None
     if typing.get_origin(base) is tuple:
@@ -94,4 +85,4 @@ def config_command(
 
 
 def _nullable(hint: Any) -> bool:
-    return _base_type(hint)[1]
+    return optional_base(hint)[1]

@@ -63,11 +63,11 @@ def identify(
 ) -> None:
     """Path-patch every attention head and MLP at the last token and write the key components."""
     setup_logging(quiet)
-    from arithmech import distributed
+    from arithmech import distributed, preflight
     from arithmech.stages.identify import IdentifyConfig
     from arithmech.stages.identify import identify as run_identify
 
-    cfg = IdentifyConfig(
+    cfg, out_dir = preflight.check(IdentifyConfig(
         operations=split(operations),
         formations=split(formations),
         n_per_template=n_per_template,
@@ -85,7 +85,7 @@ def identify(
         top_k=top_k,
         batch_size=batch_size,
         seed=seed,
-    )
+    ), out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S"), "identify")
     if cfg.prompts_file is None:
         cfg.generation()  # validate before the model loads
         if cfg.templates_file:
@@ -93,7 +93,6 @@ def identify(
 
             load_templates(cfg.templates_file)
     handle = distributed.local_device(load)()
-    out_dir = out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S")
     result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     if distributed.is_main():
         _print_identify_summary(result)

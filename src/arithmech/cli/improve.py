@@ -30,11 +30,13 @@ def finetune(
 ) -> None:
     """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.distributed import local_device
     from arithmech.stages.finetune import finetune as run_finetune
 
+    default = Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
+    cfg, out_dir = preflight.check(cfg, out or default, "finetune")
     handle = local_device(load)()
-    out_dir = out or Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
     result = run_finetune(handle, cfg, out_dir, quiet=quiet)
     meta = result.metadata
     typer.echo(
@@ -59,14 +61,16 @@ def evaluate(
     """Math (GSM8K, SVAMP, AddSub, SingleEq) and general (MMLU, CommonsenseQA, perplexity/KL) benchmarks,
     and lm-evaluation-harness tasks (--harness-tasks arc_easy,hellaswag)."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.evaluate import evaluate_stage
 
+    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S"), "evaluate")
+    delta_dir = preflight.delta_folder(delta) if delta is not None else None
     handle = load()
-    if delta is not None:
+    if delta_dir is not None:
         from arithmech.finetune.delta import apply_delta
 
-        apply_delta(handle.model, delta)
-    out_dir = out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S")
+        apply_delta(handle.model, delta_dir)
     result = evaluate_stage(handle, cfg, out_dir, quiet=quiet)
     for name, bench in result.benchmarks.items():
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"

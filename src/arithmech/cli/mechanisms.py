@@ -30,12 +30,13 @@ def mediate_command(
 ) -> None:
     """Causal mediation: indirect effect of every MLP and attention output per layer and position (Stolfo et al.)."""
     setup_logging(quiet)
-    from arithmech import distributed
+    from arithmech import distributed, preflight
     from arithmech.data.mediation_tokens import POSITION_CLASSES
     from arithmech.stages.mediate import mediate
 
+    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), "mediate")
     handle = distributed.local_device(load)()
-    result = mediate(handle, cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), quiet=quiet)
+    result = mediate(handle, cfg, out_dir, quiet=quiet)
     if not distributed.is_main():
         return
     last = POSITION_CLASSES.index("last")
@@ -63,10 +64,12 @@ def neurons_command(
 ) -> None:
     """Comparative neuron analysis: head importance per operation, CNA neurons, pruning, LoRA (Yu & Ananiadou)."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.neurons import neurons
 
+    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("neurons-%Y%m%d-%H%M%S"), "neurons")
     handle = load()
-    result = neurons(handle, cfg, out or Path("runs") / time.strftime("neurons-%Y%m%d-%H%M%S"), quiet=quiet)
+    result = neurons(handle, cfg, out_dir, quiet=quiet)
     spec = result.specialisation
     for op, heads in spec.top.items():
         typer.echo(f"{op:15s} top heads {', '.join(h.name for h in heads)} ({spec.share[op]:.0%} of the drop)")

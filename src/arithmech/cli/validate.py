@@ -43,11 +43,11 @@ def knockout(
 ) -> None:
     """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
     setup_logging(quiet)
-    from arithmech import distributed
+    from arithmech import distributed, preflight
     from arithmech.stages.knockout import KnockoutConfig, summarize
     from arithmech.stages.knockout import knockout as run_knockout
 
-    cfg = KnockoutConfig(
+    cfg, out_dir = preflight.check(KnockoutConfig(
         from_run=str(from_run) if from_run else None,
         components=split(components) if components else None,
         ablation=ablation,
@@ -59,9 +59,8 @@ def knockout(
         min_group_size=min_group_size,
         batch_size=batch_size,
         seed=seed,
-    )
+    ), out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S"), "knockout")
     handle = distributed.local_device(load)()
-    out_dir = out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S")
     result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     if not distributed.is_main():
         return
@@ -112,10 +111,11 @@ def transfer(
 ) -> None:
     """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
     setup_logging(quiet)
+    from arithmech import preflight
     from arithmech.stages.transfer import DEFAULT_TARGETS, TransferConfig
     from arithmech.stages.transfer import transfer as run_transfer
 
-    cfg = TransferConfig(
+    cfg, out_dir = preflight.check(TransferConfig(
         sources=tuple(str(p) for p in from_runs),
         targets=split(targets) if targets else DEFAULT_TARGETS,
         k=k,
@@ -129,9 +129,8 @@ def transfer(
         data_dir=str(data_dir) if data_dir else None,
         batch_size=batch_size,
         seed=seed,
-    )
+    ), out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S"), "transfer")
     handle = load()
-    out_dir = out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S")
     result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")
     for row in result.rows:

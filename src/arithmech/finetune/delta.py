@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ from torch import nn
 
 from arithmech.errors import DataError
 from arithmech.finetune.head_slices import DeltaEntry
-from arithmech.runs import atomic_open, atomic_write_json
+from arithmech.runs import atomic_open, atomic_write_json, staging_folder
 
 DELTA_FORMAT = "arithmech-delta"
 DELTA_VERSION = 1
@@ -131,8 +130,7 @@ def apply_delta(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
 def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
     """A staging folder beside `target` that replaces `target` when the block succeeds (removed on error)."""
     final = Path(target)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    staging = staging_folder(final)
     try:
         yield staging
         shutil.rmtree(final, ignore_errors=True)

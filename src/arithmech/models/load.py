@@ -15,7 +15,6 @@ import importlib.metadata
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from arithmech.errors import ArithmechError, ConfigError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.spec import ArchSpec
 from arithmech.models.view import Dims, ModelView
+from arithmech.runs import staging_folder
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +138,7 @@ def _convert_gguf_to_cache(gguf: Path, sha: str) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # dequantized already; the folder is a plain checkpoint
     model.hf_quantizer = None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = staging_folder(target)
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -10,10 +10,12 @@ What it shows
 
 Rules
     The report only reads the run folder: it never recomputes a number and never loads a model. A stage
-    without a folder says "not run" and one whose folder has no metadata.json says "did not finish"; neither
-    shows numbers. A finished folder whose files cannot be read says so, with the reason, and the rest of the
-    report is still written. Figures are the stages' own PNGs, embedded as base64, so the page needs no
-    network and no other file (report/page.py); the written file is atomic (runs.atomic_write_text).
+    without a folder says "not run" and one whose folder has no metadata.json says "did not finish"; an
+    analysis computed from an earlier identify run than the one in the folder says "stale", with a banner
+    that says why and how to refresh it. None of them shows numbers. A finished folder whose files cannot be
+    read says so, with the reason, and the rest of the report is still written. Figures are the stages' own
+    PNGs, embedded as base64, so the page needs no network and no other file (report/page.py); the written
+    file is atomic (runs.atomic_write_text).
     Both run layouts are read (report/run_folder.py): `arithmech run` folders and the flat folders of
     separate commands (identify's files in the run folder, `--from` stages in subfolders).
 
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.report.page import Body, Section, Table, num, render_page
-from arithmech.report.run_folder import DONE, RunFolder, StageFolder, open_run
+from arithmech.report.run_folder import DONE, STALE, RunFolder, StageFolder, open_run
 from arithmech.report.sections import attention_body, identify_body, knockout_body, mlp_body, transfer_body
 from arithmech.report.sections_mechanisms import (
     agreement_body,
@@ -64,6 +66,11 @@ UNREADABLE = "could not be read"
 
 def build_section(stage: StageFolder, title: str, builder: Callable[[StageFolder], Body]) -> Section:
     """One section; a finished folder with malformed or missing files becomes a note, not a crash."""
+    if stage.status == STALE:
+        note = (f"STALE: these {stage.name} results are not shown, because {stage.stale}: identify was run again "
+                f"after them. Rerun the {stage.name} stage on this identify run to refresh them (it says which "
+                "folder it read).")  # fmt: skip
+        return Section(stage.name, title, STALE, folder=stage.path, note=note)
     if stage.status != DONE:
         return Section(stage.name, title, stage.status, folder=stage.path)
     try:

@@ -51,7 +51,7 @@ class Section:
     stage: str
     title: str
     status: str
-    """"done", "not run", "did not finish" or "could not be read"."""
+    """"done", "not run", "did not finish", "stale" or "could not be read"."""
     body: Body | None = None
     folder: Path | None = None
     note: str = ""
@@ -136,6 +136,7 @@ figcaption { font-size: .85rem; color: #444; }
 .done { color: #005a8c; border-color: #0072B2; } .missing { color: #555; border-color: #999; }
 .unfinished { color: #8f3e00; border-color: #D55E00; }
 .reading { background: #f7f7f7; border-left: 4px solid #0072B2; padding: .5rem .8rem; }
+.banner { background: #fff4e5; border-left: 4px solid #D55E00; padding: .5rem .8rem; font-weight: 600; }
 dl.meta { display: grid; grid-template-columns: max-content auto; gap: .1rem 1rem; font-size: .9rem; }
 dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; word-break: break-all; }
 footer { border-top: 1px solid #ccc; margin-top: 2rem; padding-top: 1rem; font-size: .85rem; }
@@ -191,7 +192,7 @@ def section_html(section: Section, out_dir: Path) -> str:
             "did not finish": "This stage's folder has no metadata.json: the stage did not finish, so its "
             "files are not shown (rerun the same command to complete it).",
         }.get(section.status, "")
-        parts.append(f"<p>{clean(message or section.note)}</p>")
+        parts.append(f"<p>{clean(message)}</p>" if message else f'<p class="banner">{clean(section.note)}</p>')
     else:
         if section.folder is not None:
             rel = Path(os.path.relpath(section.folder.resolve(), out_dir.resolve())).as_posix()

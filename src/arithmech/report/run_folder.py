@@ -8,12 +8,15 @@ Two layouts exist:
                `--from R` commands (knockout, attention, mlp, agreement, ...) write R/<stage> subfolders.
 
 A stage's folder is finished when its metadata.json exists (every stage writes it last): no folder means the
-stage was not run, a folder without metadata.json means it did not finish.
+stage was not run, a folder without metadata.json means it did not finish. A finished analysis that records
+another identify run than the one beside it (its fingerprint, `lineage.stale_reason`) is stale: identify was
+run again since, so its numbers belong to an earlier run and are not shown as this run's.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass, field
@@ -21,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.errors import ConfigError
+from arithmech.lineage import identify_fingerprint, stale_reason
 from arithmech.pipeline import STAGES
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
 """Every stage a report has a section for, in pipeline order."""
 
-DONE, NOT_RUN, UNFINISHED = "done", "not run", "did not finish"
+DONE, NOT_RUN, UNFINISHED, STALE = "done", "not run", "did not finish", "stale"
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class StageFolder:
     status: str
     record: dict[str, Any] = field(default_factory=dict)
     """The stage's entry in pipeline.json (fingerprint, seconds, finished), when there is one."""
+    stale: str = ""
+    """Why the folder's results are not those of the identify run beside it (status STALE), else empty."""
 
     @property
     def folder(self) -> Path:
@@ -120,6 +126,7 @@ def open_run(run_dir: str | Path) -> RunFolder:
             stages[name] = StageFolder(name, None, NOT_RUN, records.get(name, {}))
             continue
         stages[name] = StageFolder(name, folder, status, records.get(name, {}))
+    _mark_stale(stages)
     run = RunFolder(path, "flat" if flat else "pipeline", pipeline, stages)
     if not run.present():
         raise ConfigError(
@@ -127,3 +134,15 @@ def open_run(run_dir: str | Path) -> RunFolder:
             "give the --out folder of `arithmech run` or of `arithmech identify`"
         )
     return run
+
+
+def _mark_stale(stages: dict[str, StageFolder]) -> None:
+    """Give every finished analysis made from another identify run than the finished one beside it STALE."""
+    identify = stages["identify"]
+    if identify.status != DONE:
+        return
+    current, created = identify_fingerprint(identify.folder), identify.metadata.get("created")
+    for name, stage in stages.items():
+        reason = stale_reason(stage.metadata, current, created) if name != "identify" and stage.status == DONE else None
+        if reason:
+            stages[name] = dataclasses.replace(stage, status=STALE, stale=reason)

@@ -175,7 +175,7 @@ def analyze_attention(
         "stage": "analyze_attention",
         "model": handle.source,
         "dims": asdict(handle.dims),
-        "identify_run": str(Path(run_dir).resolve()),
+        "identify_run": run.record,
         "config": asdict(cfg),
         "heads": [h.name for h in heads],
         "heads_source": heads_source,

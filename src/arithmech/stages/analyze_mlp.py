@@ -187,11 +187,7 @@ def analyze_mlp(
         "stage": "analyze-mlp",
         "model": handle.source,
         "dims": asdict(dims),
-        "identify_run": {
-            "path": str(run_path),
-            "created": run.metadata.get("created"),
-            "git_sha": run.metadata.get("git_sha"),
-        },
+        "identify_run": {**run.record, "git_sha": run.metadata.get("git_sha")},
         "config": asdict(cfg),
         "counts": {"prompts": len(pairs), "prompts_in_run": len(run.pairs), "layers": len(layers)},
         "prompts": sample,

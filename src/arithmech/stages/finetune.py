@@ -39,6 +39,7 @@ from arithmech.finetune.methods import (
     total_parameters,
 )
 from arithmech.finetune.train import TrainConfig, TrainResult, accelerator_for, train
+from arithmech.lineage import identify_folder, identify_record
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
@@ -144,7 +145,9 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     start = time.perf_counter()
     if handle.source.get("device") == "auto":
         raise ConfigError("finetune needs the whole model on one device per process; use --device cpu or cuda")
-    heads, mlps = select_components(handle, cfg) if cfg.method == "precise" else ([], [])
+    precise = cfg.method == "precise"
+    identify_run = identify_record(identify_folder(cfg.from_run)) if precise and cfg.from_run else None
+    heads, mlps = select_components(handle, cfg) if precise else ([], [])
     path = resolve_sft_data(cfg.data, cfg.data_dir)
     examples, read_counts = read_sft_examples(path, cfg.target)
     if cfg.max_samples is not None and cfg.max_samples < len(examples):
@@ -157,8 +160,9 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     trainable = make_trainable(cfg.method, handle.view, heads, mlps, cfg.grad_scale, lora)
     selection = trainable.summary()
     config = {k: v for k, v in asdict(cfg).items() if k not in _NOT_FINGERPRINTED}
+    read = {"identify_run": identify_run["fingerprint"]} if identify_run else {}  # its heads are trained
     fingerprint = json.loads(json.dumps({"config": config, "model": handle.source.get("gguf_sha256")
-                                         or handle.source.get("model"), "examples": len(data)}, default=str))
+                                         or handle.source.get("model"), "examples": len(data), **read}, default=str))
     if accelerator.is_main_process and not cfg.resume:  # a fresh run: no stale result or checkpoint
         (out / "metadata.json").unlink(missing_ok=True)
         remove_checkpoints(out)
@@ -172,6 +176,7 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
         metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, path, start)
+        metadata["identify_run"] = identify_run
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:

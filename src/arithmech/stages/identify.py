@@ -1,7 +1,8 @@
 """The identify stage: prompts -> reference set the model answers -> path patching -> key components.
 
 Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
-template_accuracy.csv and metadata.json, each atomically; metadata.json is written last.
+template_accuracy.csv and metadata.json, each atomically; metadata.json is written last, with the run's
+fingerprint (`lineage.py`). Analyses of an earlier identify run found in the folder are moved aside.
 
 Under `accelerate launch` every process builds the same reference set, patches its own chunks of it, and
 gathers everyone's per-prompt effects (bit-identical to one process); rank 0 writes the folder.
@@ -28,6 +29,7 @@ from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
 from arithmech.errors import ConfigError
+from arithmech.lineage import identify_fingerprint, move_aside_stale
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, path_patch, resume_key
@@ -227,6 +229,8 @@ def write_identify_outputs(
 ) -> None:
     """Write every artefact atomically; metadata.json last, so its presence means the folder is complete.
 
+    metadata.json records the run's fingerprint; analyses in `out`'s subfolders made from an earlier run (another
+    fingerprint) are moved aside to out/stale-<time>/ with a warning, so none is mistaken for one of this run.
     With `attribution` (method "both"), its estimates go to attribution_effects.csv and the agreement of the
     two rankings (Spearman, top-k overlap) to agreement.json.
     """
@@ -240,6 +244,8 @@ def write_identify_outputs(
         atomic_write_text(out / "attribution_effects.csv", effects_csv(attribution, key))
         atomic_write_json(out / "agreement.json", metadata["agreement"])
     write_prompt_file(out / "prompts.jsonl", pairs)
+    metadata["fingerprint"] = identify_fingerprint(out)  # of the files analyses read (lineage.py)
+    move_aside_stale(out, metadata["fingerprint"], metadata["created"])  # analyses of an earlier run in `out`
     columns = ["pairs", "rejected_length_mismatch", "kept", "correct"]
     rows = ["template_id," + ",".join(columns) + ",accuracy"] + [
         f"{k}," + ",".join(str(v[c]) for c in columns) + f",{v['accuracy']:.4f}" for k, v in accuracy.items()

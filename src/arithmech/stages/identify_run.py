@@ -1,7 +1,9 @@
 """Reading a finished identify run folder: the effects, key components and reference prompts later stages use.
 
 A folder is finished when its metadata.json exists (identify writes it last). A folder made with another model
-is refused, since its component names and prompts would not mean the same thing.
+is refused, since its component names and prompts would not mean the same thing. Each reader records the run's
+`record` (its fingerprint among it) in its own metadata.json, so a report can tell an analysis of an earlier
+run apart (`lineage.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from arithmech.data import PromptPair, read_prompt_file
 from arithmech.errors import ConfigError
+from arithmech.lineage import identify_folder, identify_record
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 
@@ -30,6 +33,8 @@ class IdentifyRun:
     pairs: list[PromptPair]
     """The reference set that was patched (prompts the model answered)."""
     metadata: dict[str, Any]
+    record: dict[str, Any]
+    """What an analysis records of the run it read: path, fingerprint, created (`lineage.identify_record`)."""
 
     def ranked(self, kind: str | None = None) -> list[Component]:
         """Components by effect, most negative first; kind "head" or "mlp" keeps only those."""
@@ -43,18 +48,10 @@ def model_identity(source: dict[str, Any]) -> str:
 
 
 def read_identify_run(run_dir: str | Path, handle: ModelHandle) -> IdentifyRun:
-    """Read an identify run folder made with the same model as `handle`."""
-    path = Path(run_dir)
-    metadata_path = path / "metadata.json"
-    if not path.is_dir():
-        raise ConfigError(f"run folder {str(path)!r} does not exist; give the --out folder of an identify run")
-    if not metadata_path.is_file():
-        raise ConfigError(
-            f"run folder {str(path)!r} has no metadata.json, so its identify run did not finish; rerun identify"
-        )
-    metadata = json.loads(metadata_path.read_text())
-    if metadata.get("stage") != "identify":
-        raise ConfigError(f"run folder {str(path)!r} is not an identify run (stage {metadata.get('stage')!r})")
+    """Read an identify run folder made with the same model as `handle`; `run_dir` may also be the top of an
+    `arithmech run` folder (its identify/ is read; `lineage.identify_folder` says which folders are accepted)."""
+    path = identify_folder(run_dir)
+    metadata = json.loads((path / "metadata.json").read_text())
     made_with, loaded = model_identity(metadata.get("model", {})), model_identity(handle.source)
     if made_with != loaded or metadata.get("dims", {}).get("n_heads") != handle.dims.n_heads:
         raise ConfigError(
@@ -66,4 +63,5 @@ def read_identify_run(run_dir: str | Path, handle: ModelHandle) -> IdentifyRun:
             parse_component(row["component"], handle.dims): float(row["effect"]) for row in csv.DictReader(handle_csv)
         }
     key = json.loads((path / "key_components.json").read_text())
-    return IdentifyRun(path, effects, key, read_prompt_file(path / "prompts.jsonl"), metadata)
+    pairs = read_prompt_file(path / "prompts.jsonl")
+    return IdentifyRun(path, effects, key, pairs, metadata, identify_record(path))

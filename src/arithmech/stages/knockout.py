@@ -93,8 +93,11 @@ class KnockoutResult:
     metadata: dict[str, Any]
 
 
-def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list[Component], list[PromptPair]]:
-    """The ranking, and the whole prompt set: the identify run's reference set, or one built as identify does."""
+def _ranking_and_prompts(
+    handle: ModelHandle, cfg: KnockoutConfig
+) -> tuple[list[Component], list[PromptPair], dict[str, Any] | None]:
+    """The ranking, the whole prompt set (the identify run's reference set, or one built as identify does) and
+    the record of the identify run read, if any."""
     run = read_identify_run(cfg.from_run, handle) if cfg.from_run else None
     if cfg.components:
         ranked = [parse_component(name, handle.dims) for name in cfg.components]
@@ -102,9 +105,9 @@ def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list
         assert run is not None
         ranked = run.ranked(None if cfg.include_mlps else "head")
     if run is not None:
-        return ranked, run.pairs
+        return ranked, run.pairs, run.record
     reference = build_reference_set(handle, ReferenceSetConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
-    return ranked, reference.tokenized.pairs
+    return ranked, reference.tokenized.pairs, None
 
 
 def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:
@@ -113,7 +116,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
 
     out = Path(out_dir)
     start = time.perf_counter()
-    ranked, pairs = _ranking_and_prompts(handle, cfg)
+    ranked, pairs, identify_run = _ranking_and_prompts(handle, cfg)
     pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     whole = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
@@ -143,6 +146,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
+        "identify_run": identify_run,
         "seed": cfg.seed,
         "counts": {"prompts": len(batch), "configurations": n_configs},
         "prompts": sample_record(t.pairs, chosen),

@@ -194,6 +194,8 @@ class SourcePlan:
     source_set: str
     effect: list[Component]
     randoms: list[list[Component]]
+    record: dict[str, Any]
+    """The source identify run's record (path, fingerprint, created), for metadata.json."""
 
 
 def describe_source(run: IdentifyRun) -> str:
@@ -216,7 +218,7 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
         if k > min(len(pool), len(ranked)):
             raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
         randoms = [random.Random(f"{cfg.seed}-{k}-{s}").sample(pool, k) for s in range(cfg.n_random)]
-        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms))
+        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record))
     return plans
 
 
@@ -319,6 +321,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         "seed": cfg.seed,
         "sources": [{"path": p.label, "source_set": p.source_set, "k": len(p.effect),
                      "components": [c.name for c in p.effect]} for p in plans],
+        "identify_runs": [p.record for p in plans],
         "targets": targets_meta,
         "timings": {"transfer_s": time.perf_counter() - start},
         "versions": package_versions(),
