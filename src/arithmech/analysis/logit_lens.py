@@ -228,9 +228,8 @@ def mlp_cosines(
 # -- ranks --
 @torch.no_grad()
 def update_logits(view: ModelView, update: torch.Tensor) -> torch.Tensor:
-    """unembed(final_norm(update)) without soft-cap: [..., d_model] -> [..., d_vocab] float32."""
-    normed = view.final_norm(update.to(view.final_norm.weight.device))
-    return view.unembed(normed.to(view.unembed.weight.device)).float()
+    """unembed(final_norm(update)) without soft-cap, read out in float32: [..., d_model] -> [..., d_vocab]."""
+    return view.vocab_logits(update, softcap=False).float()
 
 
 @torch.no_grad()

@@ -77,10 +77,10 @@ class _Prefix:
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
         self.view, self.batch, self.p = view, batch, prefix_len
         self.device = view.o_proj(0).weight.device
-        self.arg = cache_kwarg(view.model)
+        self.arg = cache_kwarg(view.model.base_model)
         self.cache = None  # no shared prefix: whole prompts
         if prefix_len:
-            out = view.model(input_ids=batch.ref_ids[:1, :prefix_len].to(self.device), use_cache=True)
+            out = view.model.base_model(input_ids=batch.ref_ids[:1, :prefix_len].to(self.device), use_cache=True)
             self.cache = getattr(out, self.arg)
 
     def logits(self, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,14 +90,14 @@ class _Prefix:
         ids = self.batch.ref_ids[prompts, self.p : self.p + width].to(self.device)
         mask = self.batch.ref_mask[prompts, self.p : self.p + width].to(self.device)
         if self.cache is None:
-            out = self.view.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            resid = self.view.final_resid(input_ids=ids, attention_mask=mask, use_cache=False)
         else:
             past = copy.deepcopy(self.cache)
             past.batch_repeat_interleave(len(prompts))
             full_mask = torch.cat([mask.new_ones(len(prompts), self.p), mask], dim=1)
-            out = self.view.model(input_ids=ids, attention_mask=full_mask, use_cache=True, **{self.arg: past})
-        rows = torch.arange(len(prompts), device=out.logits.device)
-        return out.logits[rows, end.to(out.logits.device)].float(), end
+            resid = self.view.final_resid(input_ids=ids, attention_mask=full_mask, use_cache=True, **{self.arg: past})
+        rows = torch.arange(len(prompts), device=resid.device)
+        return self.view.vocab_logits(resid[rows, end.to(resid.device)]).float(), end  # as `ModelView.end_logits`
 
 
 @torch.no_grad()

@@ -28,7 +28,10 @@ def finetune(
     quiet: QuietOpt = False,
     load: Any = None,
 ) -> None:
-    """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines."""
+    """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines.
+
+    Under AdamW the paper's H / h_l gradient scaling is nearly a no-op; --head-scale learning-rate makes it act.
+    """
     setup_logging(quiet)
     from arithmech import preflight
     from arithmech.distributed import local_device

@@ -20,8 +20,9 @@ How
     own rows (context + option), right-padded, sorted by length, `batch_size` rows per forward pass. Right
     padding needs no attention mask: in a causal model no real position sees the pads after it, and leaving
     the pads unmasked avoids fully masked rows (NaN in some eager float64 sliding-window masks). Logits
-    come from the base model's last hidden state through the unembedding (and Gemma's soft-cap) at the scored
-    positions only, as `ModelView.end_logits` does. Rows longer than the model's context keep their last tokens.
+    come from the residual entering the final norm, read out in float32 (final norm, unembedding, Gemma's
+    soft-cap) at the scored positions only, as `ModelView.end_logits` does. Rows longer than the model's
+    context keep their last tokens.
 
 Usage
     >>> scores = score_choices(handle.view, handle.tokenizer, ["Q: 2+2?\\nAnswer:"], [[" 3", " 4"]])
@@ -129,17 +130,12 @@ def score_choices(
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         for b, row in enumerate(batch):  # right padding: [batch, width]; no mask needed (see above)
             ids[b, : len(row.ids)] = torch.tensor(row.ids)
-        hidden = view.model.base_model(
-            input_ids=ids.to(device), use_cache=False
-        ).last_hidden_state  # [batch, width, d_model], after the final norm
+        resid = view.final_resid(input_ids=ids.to(device), use_cache=False)  # [batch, width, d_model]
         which = torch.tensor([b for b, row in enumerate(batch) for _ in row.targets])
         pos = torch.tensor([p for row in batch for p, _ in row.targets])
         tokens = torch.tensor([t for row in batch for _, t in row.targets])
-        picked = hidden[which.to(hidden.device), pos.to(hidden.device)]  # [targets, d_model]
-        logits = view.unembed(picked.to(view.unembed.weight.device))  # [targets, d_vocab]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32, or float64 if the model is
-        if view.logit_softcap is not None:
-            logits = torch.tanh(logits / view.logit_softcap) * view.logit_softcap
+        picked = resid[which.to(resid.device), pos.to(resid.device)]  # [targets, d_model], before the final norm
+        logits = view.vocab_logits(picked)  # [targets, d_vocab], float32 (float64 for a float64 model)
         logprobs = logits.log_softmax(-1).gather(1, tokens.to(logits.device)[:, None])[:, 0].cpu().tolist()
         owners = [o for row in batch for o in row.owners]
         for (i, j), lp in zip(owners, logprobs, strict=True):

@@ -123,15 +123,10 @@ def _log_probs(view: ModelView, rows: list[list[int]], pad: int) -> list[torch.T
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     for b, row in enumerate(rows):  # right padding: [batch, width]; no attention mask (see choice.py)
         ids[b, : len(row)] = torch.tensor(row)
-    hidden = view.model.base_model(
-        input_ids=ids.to(device), use_cache=False
-    ).last_hidden_state  # [batch, width, d_model], after the final norm
+    resid = view.final_resid(input_ids=ids.to(device), use_cache=False)  # [batch, width, d_model]
     out = []
     for b, row in enumerate(rows):
-        logits = view.unembed(hidden[b, : len(row) - 1].to(view.unembed.weight.device))  # [n-1, d_vocab]
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if view.logit_softcap is not None:
-            logits = torch.tanh(logits / view.logit_softcap) * view.logit_softcap
+        logits = view.vocab_logits(resid[b, : len(row) - 1])  # [n-1, d_vocab], float32 readout
         out.append(logits.log_softmax(-1))
     return out
 

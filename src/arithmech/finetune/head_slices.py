@@ -7,6 +7,17 @@ Background
     Following Yu et al. (2023), the gradient of layer l's head slices is multiplied by H / h_l (H heads per layer,
     h_l of them selected). Everything else stays bit-identical.
 
+H / h_l under AdamW: on the gradient or on the learning rate (`HEAD_SCALES`)
+    Adam divides each entry's first moment by the root of its second, so a gradient multiplied by a constant c
+    gives the update m / (sqrt(v) + eps / c) instead of m / (sqrt(v) + eps): the paper's scaling changes Adam's
+    steps only through eps (and through gradient clipping, whose global norm it raises). Decoupled weight decay
+    does not read the gradient. Under SGD the same scaling multiplies the step by c. The form that means
+    "layer l's slices move H / h_l times faster" under Adam is a learning rate of lr * H / h_l for those slices:
+        gradient        the paper's: gradients times H / h_l (default; nearly a no-op under AdamW)
+        learning-rate   each layer's slices are their own optimizer groups with lr_scale = H / h_l (the schedule
+                        scales every group alike; decoupled decay, lr * wd * W, follows the group's lr)
+        none            no scaling
+
 How, structurally (peft's "trainable tokens" idea, applied to heads)
     Every weight of the model is frozen. Each projection that a selected head touches gets one trainable delta
     holding only the selected rows (Q/K/V: output side) or columns (O: input side), in the weight's own layout,
@@ -25,8 +36,8 @@ How, structurally (peft's "trainable tokens" idea, applied to heads)
       brought each group in (also logged).
     - Biases: the q/k/v bias entries of selected heads train with their rows (Qwen2, GPT-2, GPT-NeoX); an o_proj
       bias is shared by all heads and stays frozen.
-    - H / h_l: identity in the forward pass and a gradient multiplied by H / h_l in the backward pass
-      (`scale_grad`), so the forward value is exact; K/V deltas and biases of layer l take the same factor.
+    - H / h_l (gradient form): identity in the forward pass and a gradient multiplied by H / h_l in the backward
+      pass (`scale_grad`), so the forward value is exact; K/V deltas and biases of layer l take the same factor.
     - Deltas are float32 whatever the model dtype (a "master" copy); the hooks cast them to the activation dtype.
     - Fused Q/K/V (GPT-2 c_attn, GPT-NeoX query_key_value, Phi-3 qkv_proj) get one delta with the union of the
       rows, found through `ModelView.head_weight_slices`, which knows each layout.
@@ -51,11 +62,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from arithmech.errors import ConfigError
 from arithmech.models.hooks import PostHook, hooks
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 
 logger = logging.getLogger(__name__)
+
+HEAD_SCALES: tuple[str, ...] = ("gradient", "learning-rate", "none")
+"""How H / h_l acts on a layer's head slices: on their gradient (paper), on their learning rate, or not at all."""
 
 
 class _GradScale(torch.autograd.Function):
@@ -177,9 +192,12 @@ class PreciseSlices(nn.Module):
         view: ModelView,
         heads: Sequence[Component],
         mlp_layers: Sequence[int] = (),
-        grad_scale: bool = True,
+        head_scale: str = "gradient",
     ) -> None:
         super().__init__()
+        if head_scale not in HEAD_SCALES:
+            raise ConfigError(f"head_scale {head_scale!r} is not one of {', '.join(HEAD_SCALES)}")
+        self.head_scale = head_scale
         dims = view.dims
         self.heads = sorted({c for c in heads if c.head is not None})
         self.mlp_layers = sorted(set(mlp_layers))
@@ -192,12 +210,14 @@ class PreciseSlices(nn.Module):
             by_layer.setdefault(c.layer, []).append(c.head)
         self.kv_groups: dict[int, dict[int, list[int]]] = {}
         self.layer_scale: dict[int, float] = {}
+        """H / h_l of each layer with selected heads, whatever `head_scale` does with it."""
+        self.delta_layer: dict[str, int] = {}
         deltas: dict[str, SliceDelta] = {}
         self.target_names: dict[str, str] = {}
         self.roles: dict[str, list[str]] = {}
         for layer, selected in sorted(by_layer.items()):
-            scale = dims.n_heads / len(selected) if grad_scale else 1.0
             self.layer_scale[layer] = dims.n_heads / len(selected)
+            scale = self.layer_scale[layer] if head_scale == "gradient" else 1.0
             groups: dict[int, list[int]] = {}
             for head in selected:
                 groups.setdefault(head // dims.group_size, []).append(head)
@@ -217,6 +237,7 @@ class PreciseSlices(nn.Module):
                 )
                 self.target_names[key] = name
                 self.roles[key] = sorted(entry.roles)
+                self.delta_layer[key] = layer
         self.deltas = nn.ModuleDict(deltas)
         self.mlp_names = [names[id(view.mlp(layer))] for layer in self.mlp_layers]
         for layer in self.mlp_layers:
@@ -234,6 +255,10 @@ class PreciseSlices(nn.Module):
         for name in self.mlp_names:
             out += [(f"{name}.{p}", param) for p, param in self.model.get_submodule(name).named_parameters()]
         return out
+
+    def lr_scale(self, layer: int) -> float:
+        """Learning-rate multiplier of `layer`'s slices: H / h_l in the learning-rate form, else 1."""
+        return self.layer_scale[layer] if self.head_scale == "learning-rate" else 1.0
 
     def trainable_parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters()) + sum(p.numel() for _, p in self.mlp_parameters())
@@ -258,12 +283,12 @@ class PreciseSlices(nn.Module):
         return entries
 
     def summary(self) -> dict[str, Any]:
-        """The selection as written to metadata: heads, MLPs, per-layer H / h_l, K/V groups, touched modules."""
+        """The selection as written to metadata: heads, MLPs, H / h_l and its form, K/V groups, touched modules."""
         return {
             "heads": [c.name for c in self.heads],
             "mlps": [f"mlp.{layer}" for layer in self.mlp_layers],
-            "grad_scale": {str(layer): s for layer, s in self.layer_scale.items()},
-            "grad_scale_applied": any(d.grad_scale != 1.0 for d in self.deltas.values()),  # type: ignore[union-attr]
+            "head_scale": self.head_scale,
+            "layer_scale": {str(layer): s for layer, s in self.layer_scale.items()},
             "kv_groups_trained": {
                 str(layer): {str(g): heads for g, heads in groups.items()} for layer, groups in self.kv_groups.items()
             },

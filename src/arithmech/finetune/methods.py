@@ -49,22 +49,30 @@ class PreciseTrainable:
 
     method = "precise"
 
-    def __init__(self, view: ModelView, heads: list[Component], mlp_layers: list[int], grad_scale: bool) -> None:
-        self.slices = PreciseSlices(view, heads, mlp_layers, grad_scale)
+    def __init__(self, view: ModelView, heads: list[Component], mlp_layers: list[int], head_scale: str) -> None:
+        self.slices = PreciseSlices(view, heads, mlp_layers, head_scale)
         self.module = PreciseModel(view.model, self.slices)
 
     def optimizer_groups(self, weight_decay: float) -> tuple[list[dict[str, Any]], dict[int, Anchor]]:
-        anchored, anchors, no_decay = [], {}, []
-        for delta in self.slices.deltas.values():
-            assert isinstance(delta, SliceDelta)
-            anchored.append(delta.weight)
-            anchors[id(delta.weight)] = delta.weight_anchor
-            if delta.bias is not None:
-                no_decay.append(delta.bias)
-        groups = [
-            {"params": anchored, "weight_decay": 0.0, "anchored_decay": weight_decay, "name": "head_slices"},
-            {"params": no_decay, "weight_decay": 0.0, "name": "head_slice_biases"},
-        ]
+        """Per layer with selected heads: its slice weights (decayed through their anchors) and its slice biases
+        (not decayed), both with that layer's `lr_scale`; then the whole MLPs' groups."""
+        anchors: dict[int, Anchor] = {}
+        groups = []
+        for layer in self.slices.layer_scale:
+            anchored, no_decay = [], []
+            for key, delta in self.slices.deltas.items():
+                assert isinstance(delta, SliceDelta)
+                if self.slices.delta_layer[key] != layer:
+                    continue
+                anchored.append(delta.weight)
+                anchors[id(delta.weight)] = delta.weight_anchor
+                if delta.bias is not None:
+                    no_decay.append(delta.bias)
+            common = {"weight_decay": 0.0, "lr_scale": self.slices.lr_scale(layer)}
+            groups += [
+                {"params": anchored, "anchored_decay": weight_decay, "name": f"head_slices.{layer}", **common},
+                {"params": no_decay, "name": f"head_slice_biases.{layer}", **common},
+            ]
         groups += decay_groups(self.slices.mlp_parameters(), weight_decay)
         return [g for g in groups if g["params"]], anchors
 
@@ -168,12 +176,12 @@ def make_trainable(
     view: ModelView,
     heads: list[Component] | None = None,
     mlp_layers: list[int] | None = None,
-    grad_scale: bool = True,
+    head_scale: str = "gradient",
     lora: dict[str, Any] | None = None,
 ) -> Trainable:
     """Freeze/unfreeze `view.model` for `method` and return its Trainable."""
     if method == "precise":
-        return PreciseTrainable(view, heads or [], mlp_layers or [], grad_scale)
+        return PreciseTrainable(view, heads or [], mlp_layers or [], head_scale)
     if method == "full":
         return FullTrainable(view.model)
     if method == "lora":

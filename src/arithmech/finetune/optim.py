@@ -17,7 +17,9 @@ Background
 
 Schedule
     Linear warm-up from 0 over ceil(warmup_ratio * total_steps) steps, then linear decay to 0 (the HF Trainer's
-    default, used by LLM-Adapters) or cosine decay to 0; `transformers.get_scheduler` builds both.
+    default, used by LLM-Adapters) or cosine decay to 0; `transformers.get_scheduler` builds both. A group with
+    an `lr_scale` (precise SFT's learning-rate form of H / h_l) starts at lr * lr_scale (`with_group_lrs`) and
+    the schedule multiplies every group's own lr by the same factor, so the ratios hold at every step.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ def decay_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float)
         {"params": decay, "weight_decay": weight_decay, "name": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
     ]
+
+
+def with_group_lrs(groups: Iterable[dict[str, Any]], lr: float) -> list[dict[str, Any]]:
+    """The groups with their own lr = lr * group["lr_scale"] (1 when absent); the schedule then scales each."""
+    return [{**g, "lr": lr * g.get("lr_scale", 1.0)} for g in groups]
 
 
 def build_scheduler(

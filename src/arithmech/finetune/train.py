@@ -57,7 +57,7 @@ from arithmech.errors import ConfigError
 from arithmech.finetune.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arithmech.finetune.data import BatchPlan, TokenizedExample, collate, rank_micro_batches
 from arithmech.finetune.methods import Trainable
-from arithmech.finetune.optim import SCHEDULES, AnchoredAdamW, build_scheduler
+from arithmech.finetune.optim import SCHEDULES, AnchoredAdamW, build_scheduler, with_group_lrs
 from arithmech.finetune.sharded import whole
 
 logger = logging.getLogger(__name__)
@@ -196,6 +196,7 @@ def train(
         )
     plan = BatchPlan(len(data), cfg.batch_size, cfg.epochs, cfg.seed, cfg.max_steps)
     groups, anchors = trainable.optimizer_groups(cfg.weight_decay)
+    groups = with_group_lrs(groups, cfg.lr)
     module, sharded = trainable.module, kind == "FSDP"
     home = next(module.parameters()).device
     if sharded:  # shard a copy (fully_shard moves it to the device); the caller's model stays whole, on the CPU
@@ -293,7 +294,7 @@ class _Loop:
         grad_norm = math.nan
         if cfg.max_grad_norm > 0:
             grad_norm = float(acc.clip_grad_norm_([p for _, p in self.named], cfg.max_grad_norm))
-        lr = float(self.scheduler.get_last_lr()[0])
+        lr = float(self.scheduler.get_last_lr()[0]) / self.optimizer.param_groups[0].get("lr_scale", 1.0)  # base lr
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,7 +7,10 @@ It resolves an `ArchSpec` against a loaded model and gives every stage the same 
 - per-head Q/K/V/O weight slices (grouped-query attention maps query head h to kv head h // (H / H_kv));
 - the MLP's contribution to the residual from the residual it reads, and the attention's from its output
   (Gemma 2/3 norm both before the add);
-- the readout of a residual vector: final norm, raw unembedding rows, bias and soft-cap, as the model does.
+- the readout of a residual vector: final norm, raw unembedding rows, bias and soft-cap, as the model does
+  but always in float32 (float64 for a float64 model): in bfloat16 a logit near 20 moves in steps of 0.125,
+  as large as the head effects that path patching ranks. Every score and both sides of every difference
+  (reference and patched logit, intact and knocked-out probability) go through this one readout.
 
 d_head is read from the weights (o_proj input width / heads), never assumed to be d_model / heads.
 """
@@ -16,12 +19,17 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from arithmech.errors import SpecError
+from arithmech.models.hooks import hooks
 from arithmech.models.spec import ArchSpec
+
+_CAST_ELEMENTS = 2**24
+"""Most unembedding numbers cast to float32 at once by `ModelView.vocab_logits` (64 MiB)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,19 @@ class WeightSlice:
 def cache_kwarg(model: nn.Module) -> str:
     """Name of the key/value cache argument of `model.forward`: `cache` in transformers 5.x, else `past_key_values`."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def forward_in_dtype(module: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """module(x) computed in `dtype`: x and the module's parameters are cast for this call only.
+
+    A bfloat16 norm read in float32 this way works for every family (nn.LayerNorm refuses mixed dtypes), and
+    the cast copy of the parameters is made afresh, so it is never stale after training. The module's hooks run.
+    """
+    x = x.to(dtype)
+    if all(p.dtype == dtype for p in module.parameters()):
+        return module(x)
+    params = {name: p.to(dtype) for name, p in module.named_parameters()}
+    return torch.func.functional_call(module, params, (x,))
 
 
 def _first_attr(config: object, names: tuple[str, ...]) -> int | None:
@@ -215,37 +236,83 @@ class ModelView:
         norm = self.mlp_out_norm(layer)
         return norm(out) if norm is not None else out
 
-    def answer_logits(self, resid: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """Logit of token_ids[i] read from the final residual resid[..., i, :], exactly as the model does.
+    # -- readout, in float32 whatever the model dtype ------------------------------------------------------
+    @property
+    def readout_dtype(self) -> torch.dtype:
+        """float32 for half-precision and float32 models, float64 for float64 ones."""
+        return torch.promote_types(self.final_norm.weight.dtype, torch.float32)
 
-        resid: [..., batch, d_model], token_ids: [batch] -> [..., batch] float32.
+    def normed(self, resid: torch.Tensor) -> torch.Tensor:
+        """The final norm of resid [..., d_model], computed in `readout_dtype`, on the unembedding's device.
+
+        The norm module's own forward, its parameters cast for the call (`forward_in_dtype`). Call it outside
+        any hook on the final norm: the module's hooks run too.
         """
-        normed = self.final_norm(resid.to(self.final_norm.weight.device))
-        rows = self.unembed.weight[token_ids.to(self.unembed.weight.device)]  # [batch, d_model]
+        norm = self.final_norm
+        out = forward_in_dtype(norm, resid.to(norm.weight.device), self.readout_dtype)
+        return out.to(self.unembed.weight.device)
+
+    def answer_logits(self, resid: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logit of token_ids[i] read from the final residual resid[..., i, :], as the model does but in float32.
+
+        resid: [..., batch, d_model], token_ids: [batch] -> [..., batch] float32. The final norm, the
+        unembedding rows and bias are applied in `readout_dtype`: a bfloat16 logit near 20 would otherwise
+        move in steps of 0.125, as large as the effects that patching ranks.
+        """
+        normed = self.normed(resid)
+        ids = token_ids.to(normed.device)
+        rows = self.unembed.weight[ids].to(normed.dtype)  # [batch, d_model]
         logits = (normed * rows).sum(-1)
         bias = getattr(self.unembed, "bias", None)
         if bias is not None:
-            logits = logits + bias[token_ids.to(bias.device)]
-        logits = logits.float()
-        if self.logit_softcap is not None:
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits
+            logits = logits + bias[ids].to(normed.dtype)
+        return self._softcap(logits.float())
+
+    def vocab_logits(self, resid: torch.Tensor, softcap: bool = True) -> torch.Tensor:
+        """Full-vocabulary logits of final residuals: [..., d_model] -> [..., d_vocab] in `readout_dtype`.
+
+        Half-precision unembeddings are cast to float32 a block of rows at a time (at most
+        `_CAST_ELEMENTS` numbers), so a large vocabulary never needs a whole float32 copy. `softcap=False`
+        leaves out the model's final soft-cap (for ranks, which it cannot change but can tie).
+        """
+        normed = self.normed(resid)
+        w = self.unembed.weight  # [d_vocab, d_model]
+        if w.dtype == normed.dtype:
+            logits = self.unembed(normed)
+            return self._softcap(logits) if softcap else logits
+        bias = getattr(self.unembed, "bias", None)
+        step = max(1, _CAST_ELEMENTS // int(w.shape[1]))
+        parts = []
+        for start in range(0, int(w.shape[0]), step):
+            b = None if bias is None else bias[start : start + step].to(normed.dtype)
+            parts.append(torch.nn.functional.linear(normed, w[start : start + step].to(normed.dtype), b))
+        logits = torch.cat(parts, dim=-1)  # [..., d_vocab]
+        return self._softcap(logits) if softcap else logits
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.logit_softcap is None:
+            return logits
+        return torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+
+    def final_resid(self, **inputs: Any) -> torch.Tensor:
+        """Run the base model on `inputs` (input_ids, attention_mask, cache...) and return the residual entering
+        the final norm [batch, pos, d_model], in the model dtype and graph (no gradient is cut)."""
+        seen: list[torch.Tensor] = []
+        with hooks(pre=[(self.final_norm, lambda _module, args: seen.append(args[0]))]):
+            self.model.base_model(**inputs)
+        return seen[-1]
 
     def end_logits(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, end: torch.Tensor
     ) -> torch.Tensor:
-        """Full-vocabulary logits at each row's END [batch, d_vocab] (float32), unembedding END only.
+        """Full-vocabulary logits at each row's END [batch, d_vocab] float32, read out at END only.
 
-        Runs the base model (its output is already through the final norm) and applies the unembedding and
-        soft-cap to the END rows alone, which saves the vocabulary projection of every other position.
+        Runs the base model, takes the residual entering the final norm at END and reads it out with
+        `vocab_logits`, which saves the vocabulary projection of every other position.
         """
         device = self.o_proj(0).weight.device
-        hidden = self.model.base_model(
+        resid = self.final_resid(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
-        ).last_hidden_state  # [batch, pos, d_model], after the final norm
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        at_end = hidden[rows, end.to(hidden.device)]  # [batch, d_model]
-        logits = self.unembed(at_end.to(self.unembed.weight.device)).float()
-        if self.logit_softcap is not None:
-            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits
+        )  # [batch, pos, d_model]
+        rows = torch.arange(resid.shape[0], device=resid.device)
+        return self.vocab_logits(resid[rows, end.to(resid.device)]).float()  # [batch, d_vocab]

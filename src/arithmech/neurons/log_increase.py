@@ -131,7 +131,7 @@ def end_states(view: ModelView, batch: EndBatch, layers: Sequence[int]) -> EndSt
 def predictions(view: ModelView, states: EndStates) -> torch.Tensor:
     """The model's top token at END [row], read from the final residual through the real final norm."""
     with torch.no_grad():
-        normed = view.final_norm(states.final.to(view.final_norm.weight.device))
+        normed = view.normed(states.final)  # float32 (float64 for a float64 model), as `compute_dtype`
     return log_probs(view, normed.to(states.final.dtype)).argmax(-1).cpu()
 
 

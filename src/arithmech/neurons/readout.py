@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from arithmech.errors import SpecError
-from arithmech.models.view import ModelView
+from arithmech.models.view import ModelView, forward_in_dtype
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class FixedNorm:
         else:
             with torch.no_grad():
                 ones = torch.ones(1, d_model, dtype=dtype, device=device)
-                gain = module(ones)[0].to(dtype) * (1.0 + float(eps)) ** 0.5  # [d_model]
+                gain = forward_in_dtype(module, ones, dtype)[0] * (1.0 + float(eps)) ** 0.5  # [d_model]
             norm = cls(False, gain, None, float(eps))
         norm._verify(module, d_model, dtype, device)
         return norm
@@ -79,7 +79,7 @@ class FixedNorm:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(2, d_model, generator=gen, dtype=torch.float64).to(device, dtype) * 3 + 0.5
         with torch.no_grad():
-            expected = module(x).to(dtype)
+            expected = forward_in_dtype(module, x, dtype)  # a bfloat16 module, read in float32 as the readout is
         got = self.apply(x, self.scale(x))
         if not torch.allclose(got, expected, rtol=1e-3, atol=1e-3 * float(expected.abs().max())):
             raise SpecError(

@@ -278,13 +278,9 @@ def _device(view: ModelView) -> torch.device:
 
 def _end_logits(view: ModelView, ids: torch.Tensor, cache: Any = None) -> torch.Tensor:
     """Full-vocabulary logits [row, d_vocab] (float32) at the last position of `ids` [row, pos]."""
-    base = view.model.base_model
-    kwargs = {cache_kwarg(base): cache} if cache is not None else {}
-    hidden = base(input_ids=ids.to(_device(view)), use_cache=cache is not None, **kwargs).last_hidden_state
-    logits = view.unembed(hidden[:, -1].to(view.unembed.weight.device)).float()  # [row, d_vocab]
-    if view.logit_softcap is not None:
-        logits = torch.tanh(logits / view.logit_softcap) * view.logit_softcap
-    return logits
+    kwargs = {cache_kwarg(view.model.base_model): cache} if cache is not None else {}
+    resid = view.final_resid(input_ids=ids.to(_device(view)), use_cache=cache is not None, **kwargs)
+    return view.vocab_logits(resid[:, -1])  # [row, d_vocab], the float32 readout of base and intervened runs
 
 
 class _BasePrefix:

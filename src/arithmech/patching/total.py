@@ -34,7 +34,8 @@ def total_patched_logits(
     """Answer logits [component, batch] with one sender's END output from `cf` at a time.
 
     `read(logits [row, d_vocab], answers [row]) -> [row]` reads something else instead (e.g. the answer's
-    probability); `cf` may hold any replacement values (zeros give END-only zero ablation).
+    probability); `cf` may hold any replacement values (zeros give END-only zero ablation). Both are read
+    from the residual entering the final norm through the view's float32 readout, as the reference is.
     """
     dims = view.dims
     n_senders = dims.n_layers * (dims.n_heads + 1)
@@ -60,11 +61,15 @@ def total_patched_logits(
                 step_cache = copy.deepcopy(cache)
                 step_cache.batch_select_indices(local.to(device))
             with hooks(**_replace_hooks(view, senders, prompts[local], cf)):
-                kwargs = {cache_kwarg(view.model): step_cache} if step_cache is not None else {}
-                logits = view.model(input_ids=last[local][:, None], use_cache=cache is not None, **kwargs)
-                logits = logits.logits[:, -1]  # [row, d_vocab]
-            answers = batch.answer_ids[prompts[local]].to(logits.device)
-            value = logits.gather(1, answers[:, None])[:, 0] if read is None else read(logits, answers)
+                kwargs = {cache_kwarg(view.model.base_model): step_cache} if step_cache is not None else {}
+                resid = view.final_resid(input_ids=last[local][:, None], use_cache=cache is not None, **kwargs)
+            resid = resid[:, -1]  # [row, d_model], entering the final norm
+            answers = batch.answer_ids[prompts[local]]
+            if read is None:  # the same float32 readout as the reference logit (`ModelView.answer_logits`)
+                value = view.answer_logits(resid, answers)
+            else:
+                logits = view.vocab_logits(resid)  # [row, d_vocab]
+                value = read(logits, answers.to(logits.device))
             out[senders, prompts[local]] = value.float().to(out.device)
     return out
 

@@ -1,7 +1,9 @@
 """The finetune stage: precise SFT of the key heads (paper sec. 4.3), or the full-SFT / LoRA baselines.
 
 Selection (precise): the top-k heads by path-patching effect of an identify run (`from_run`, `top_k`), or the
-heads named in `components` (MLPs named there, in `mlps`, or the run's `top_mlps`, are trained whole). Data,
+heads named in `components` (MLPs named there, in `mlps`, or the run's `top_mlps`, are trained whole). The
+paper's H / h_l acts on the slices' gradients by default (`head_scale`); under AdamW that changes little, and
+`head_scale: learning-rate` puts it on their learning rate instead (finetune/head_slices.py). Data,
 schedule and hyperparameters are the same for every method (finetune/train.py). Runs under `accelerate launch`
 as it is: every process calls `finetune`, the main one writes the files.
 
@@ -10,8 +12,8 @@ Writes into the output folder (atomically, metadata.json last):
     merged/                         with `save_merged`: the whole trained model and tokenizer (HF format)
     lora_adapter/                   for LoRA: the adapter in peft's format
     train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds
-    metadata.json                   selection (heads, MLPs, H/h_l, K/V groups), counts, trainable and total
-                                    parameters, samples/second, peak memory, timings, versions
+    metadata.json                   selection (heads, MLPs, H/h_l per layer and its form, K/V groups), counts,
+                                    trainable and total parameters, samples/second, peak memory, timings, versions
 Checkpoints live in checkpoints/ while training and are removed once the outputs are written.
 """
 
@@ -31,6 +33,7 @@ from arithmech.errors import ConfigError
 from arithmech.finetune.checkpoint import remove_checkpoints
 from arithmech.finetune.data import TARGETS, read_sft_examples, resolve_sft_data, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
+from arithmech.finetune.head_slices import HEAD_SCALES
 from arithmech.finetune.methods import (
     METHODS,
     make_trainable,
@@ -65,7 +68,12 @@ class FinetuneConfig(TrainConfig):
     top_k: int = field(default=32, metadata={"help": "heads taken from the identify run, most negative effect first"})
     mlps: tuple[str, ...] = field(default=(), metadata={"help": "MLP layers trained whole as well (mlp.20 or 20)"})
     top_mlps: int = field(default=0, metadata={"help": "also train the run's top MLPs by effect (paper: 3 is best)"})
-    grad_scale: bool = field(default=True, metadata={"help": "scale head-slice gradients by H / h_l (paper)"})
+    head_scale: str = field(
+        default="gradient",
+        metadata={"help": "H / h_l (heads per layer / selected there) on a layer's head slices: gradient (paper; "
+                          "under AdamW nearly a no-op, Adam divides a constant gradient scale out), learning-rate "
+                          "(their lr times H / h_l: the form that changes AdamW's steps) or none"},
+    )  # fmt: skip
     data: str = field(
         default="llm_adapters_math_v1",
         metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits) or a JSONL path"},
@@ -90,6 +98,8 @@ class FinetuneConfig(TrainConfig):
                 object.__setattr__(self, name, tuple(value.split(",") if isinstance(value, str) else value))
         if self.method not in METHODS:
             raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.head_scale not in HEAD_SCALES:
+            raise ConfigError(f"head_scale {self.head_scale!r} is not one of {', '.join(HEAD_SCALES)}")
         if self.target not in TARGETS:
             raise ConfigError(f"target {self.target!r} is not one of {', '.join(TARGETS)}")
         if self.method == "precise" and self.from_run is None and not self.components and not self.mlps:
@@ -157,7 +167,7 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     handle.model.to(accelerator.device)
     flags = requires_grad_state(handle.model)
     lora = {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "dropout": cfg.lora_dropout, "seed": cfg.seed}
-    trainable = make_trainable(cfg.method, handle.view, heads, mlps, cfg.grad_scale, lora)
+    trainable = make_trainable(cfg.method, handle.view, heads, mlps, cfg.head_scale, lora)
     selection = trainable.summary()
     config = {k: v for k, v in asdict(cfg).items() if k not in _NOT_FINGERPRINTED}
     read = {"identify_run": identify_run["fingerprint"]} if identify_run else {}  # its heads are trained

@@ -85,6 +85,7 @@ def settings_for(method: str, data: Path) -> dict[str, Any]:
         "micro_batch_size": 2,  # per process: 2 micro-batches of 2 examples in each of the 2 processes
         "max_steps": 3,
         "lr": 1e-4,  # small: Adam scales near-zero gradients up, so their rounding differences grow with lr
+        "head_scale": "learning-rate",  # precise: per-layer optimizer groups of their own lr, sharded and resumed
         "warmup_ratio": 0.0,
         "lora_dropout": 0.0,  # dropout masks depend on the process, so runs on 1 and 2 processes would differ
     }

@@ -114,9 +114,12 @@ def test_delta_applied_to_the_base_model_reproduces_the_trained_logits(method: s
             assert torch.equal(merged.model(input_ids=ids).logits, trained.model(input_ids=ids).logits)
 
 
-@pytest.mark.parametrize("method", ["precise", "lora"])  # lora has dropout: the RNG must be restored too
-def test_resume_after_a_crash_gives_the_same_weights(method: str, handle_of, sft_jsonl, tmp_path) -> None:
-    overrides = {"method": method, "components": ("0.1", "1.2"), "mlps": ("0",), "max_steps": 4, "lora_dropout": 0.3}
+@pytest.mark.parametrize(  # lora has dropout: the RNG must be restored too; learning-rate: per-layer group lrs
+    ("method", "head_scale"), [("precise", "gradient"), ("precise", "learning-rate"), ("lora", "gradient")]
+)
+def test_resume_after_a_crash_gives_the_same_weights(method: str, head_scale: str, handle_of, sft_jsonl, tmp_path):
+    overrides = {"method": method, "components": ("0.1", "1.2", "1.3"), "mlps": ("0",), "max_steps": 4,
+                 "lora_dropout": 0.3, "head_scale": head_scale}  # fmt: skip
     finetune(handle_of("llama"), config(sft_jsonl, **overrides), tmp_path / "straight", quiet=True)
     part = finetune(handle_of("llama"), config(sft_jsonl, stop_after=2, **overrides), tmp_path / "split", quiet=True)
     assert not part.train.finished and part.train.steps == 2
@@ -128,6 +131,19 @@ def test_resume_after_a_crash_gives_the_same_weights(method: str, handle_of, sft
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     losses = [r["loss"] for r in csv.DictReader((tmp_path / "straight" / "train_log.csv").open())]
     assert losses == [r["loss"] for r in csv.DictReader((tmp_path / "split" / "train_log.csv").open())]
+
+
+def test_head_scale_is_recorded_and_the_log_shows_the_base_lr(handle_of, sft_jsonl, tmp_path) -> None:
+    """The learning-rate form: per-layer H / h_l in the metadata; train_log.csv's lr is the schedule's base lr
+    (the head groups run at it times H / h_l), warm-up over 2 of 4 steps, then linear decay."""
+    cfg = config(sft_jsonl, components=("0.1", "1.2", "1.3"), head_scale="learning-rate", max_steps=4, warmup_ratio=0.5)
+    finetune(handle_of("llama"), cfg, tmp_path, quiet=True)
+    meta = json.loads((tmp_path / "metadata.json").read_text())
+    assert meta["config"]["head_scale"] == "learning-rate"
+    assert meta["selection"]["head_scale"] == "learning-rate"
+    assert meta["selection"]["layer_scale"] == {"0": 4.0, "1": 2.0}  # 4 heads; 1 and 2 selected
+    lrs = [float(row["lr"]) for row in csv.DictReader((tmp_path / "train_log.csv").open())]
+    assert lrs == pytest.approx([0.0, 0.5 * FAST["lr"], FAST["lr"], 0.5 * FAST["lr"]])
 
 
 def test_resume_refuses_other_settings_or_a_missing_checkpoint(handle_of, sft_jsonl, tmp_path) -> None:
@@ -198,6 +214,7 @@ def test_selection_from_an_identify_run(handle_of, fake_identify_run) -> None:
         ({"components": ("1.0",), "batch_size": 10, "micro_batch_size": 4}, "not a multiple of micro_batch_size"),
         ({"method": "full", "top_mlps": 2}, "top_mlps ranks MLPs by an identify run"),
         ({"components": ("1.0",), "lr_schedule": "step"}, "lr_schedule 'step'"),
+        ({"components": ("1.0",), "head_scale": "lr"}, "head_scale 'lr' is not one of gradient, learning-rate, none"),
     ],
 )
 def test_config_errors_are_one_clear_sentence(overrides: dict[str, Any], message: str) -> None:

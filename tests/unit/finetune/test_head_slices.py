@@ -50,16 +50,17 @@ def test_fresh_wrapper_is_exact_and_leaves_no_hooks(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "gpt-neox"])
-@pytest.mark.parametrize("grad_scale", [True, False])
-def test_slice_gradient_is_full_gradient_times_h_over_h_l(arch: str, grad_scale: bool) -> None:
+@pytest.mark.parametrize("head_scale", ["gradient", "learning-rate", "none"])
+def test_slice_gradient_is_full_gradient_times_h_over_h_l(arch: str, head_scale: str) -> None:
+    """Only the gradient form scales gradients; the learning-rate form scales the slices' lr (test_head_scale)."""
     ids = toy_batch()
     plain = view_of(arch)
     loss = lm_loss(plain.model(input_ids=ids).logits, ids)
     loss.backward()
     view = view_of(arch)
-    slices = PreciseSlices(view, HEADS, grad_scale=grad_scale)
+    slices = PreciseSlices(view, HEADS, head_scale=head_scale)
     lm_loss(PreciseModel(view.model, slices)(input_ids=ids).logits, ids).backward()
-    expected_scale = {1: 4 / 2, 0: 4 / 1} if grad_scale else {0: 1.0, 1: 1.0}
+    expected_scale = {1: 4 / 2, 0: 4 / 1} if head_scale == "gradient" else {0: 1.0, 1: 1.0}
     assert all(p.grad is None for p in view.model.parameters())  # no full-matrix gradient is ever formed
     for key, delta in slices.deltas.items():
         assert isinstance(delta, SliceDelta)
@@ -71,7 +72,8 @@ def test_slice_gradient_is_full_gradient_times_h_over_h_l(arch: str, grad_scale:
         if delta.bias is not None:
             want_b = full.bias.grad.index_select(0, delta.index) * expected_scale[layer]
             torch.testing.assert_close(delta.bias.grad, want_b, rtol=1e-5, atol=1e-7)
-    assert {s for s in slices.summary()["grad_scale"].values()} == {2.0, 4.0}
+    summary = slices.summary()
+    assert summary["head_scale"] == head_scale and summary["layer_scale"] == {"0": 4.0, "1": 2.0}
 
 
 def _kv_rows(slices: PreciseSlices, layer: int) -> list[int]:
@@ -103,7 +105,7 @@ def test_optimizer_state_is_the_size_of_the_slices(arch: str) -> None:
     view = view_of(arch)
     d = view.dims
     heads = [Component(0, 0), Component(0, 1), Component(1, 2)]  # layer 0: kv group 0; layer 1: kv group 1
-    trainable = PreciseTrainable(view, heads, [], grad_scale=True)
+    trainable = PreciseTrainable(view, heads, [], head_scale="gradient")
     per_layer = {0: (2, 1), 1: (1, 1)}  # (query heads, kv groups)
     bias = arch == "qwen2"
     expected = sum(

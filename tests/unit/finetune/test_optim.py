@@ -43,7 +43,7 @@ def lm_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 def precise_run(arch: str, steps: int, anchored: bool = True) -> tuple[ModelView, PreciseTrainable]:
     view = view_of(arch)
-    trainable = PreciseTrainable(view, HEADS, [], grad_scale=True)
+    trainable = PreciseTrainable(view, HEADS, [], head_scale="gradient")
     groups, anchors = trainable.optimizer_groups(WD)
     if not anchored:  # the wrong way: decay the delta itself (pulls W towards W0, not towards 0)
         for g in groups:

@@ -177,6 +177,22 @@ def test_attention_li_matches_direct_computation(arch: str) -> None:
     torch.testing.assert_close(attention_li(view, batch, layers), expected, **TOL)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox"])
+def test_neuron_li_of_a_bfloat16_model_is_read_out_in_float32(arch: str) -> None:
+    """LI of a bfloat16 model (its norms read in float32, also nn.LayerNorm, which refuses mixed dtypes) equals
+    the LI of the same weights in float32 up to the bfloat16 forward pass: |difference| <= 0.05, measured <= 0.02
+    where the largest |LI| is ~1."""
+    float32 = view_of(arch, torch.float32)
+    for p in float32.model.parameters():
+        p.data = p.data.to(torch.bfloat16).float()  # the same bfloat16-rounded weights in both
+    bf16 = view_of(arch, torch.bfloat16)
+    batch = make_batch(float32)
+    want = neuron_li(float32, batch, [0, 1], target=batch.answer_ids)
+    got = neuron_li(bf16, batch, [0, 1], target=batch.answer_ids)
+    assert got.dtype == torch.float32 and float(want.abs().max()) > 0.1
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0)
+
+
 def test_li_rejects_bad_input() -> None:
     view = view_of("llama")
     batch = make_batch(view)

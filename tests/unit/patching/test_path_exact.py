@@ -33,9 +33,9 @@ def random_batch(vocab: int, lengths: list[int], seed: int = 1) -> PatchingBatch
     return PatchingBatch(ref, mask, cf, mask.clone(), end, answers)
 
 
-def answered_batch(view: ModelView, lengths: list[int]) -> PatchingBatch:
+def answered_batch(view: ModelView, lengths: list[int], seed: int = 1) -> PatchingBatch:
     """A random batch whose answer is the model's own top token, as in a filtered reference set."""
-    batch = random_batch(int(view.dims.d_vocab), lengths)
+    batch = random_batch(int(view.dims.d_vocab), lengths, seed)
     with torch.no_grad():
         logits = view.model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits
     top = logits[torch.arange(len(lengths)), batch.end].argmax(-1)
