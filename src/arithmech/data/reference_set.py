@@ -10,7 +10,9 @@ Background
 Steps (`build_reference_set`)
     1. pairs: a user's prompt file (`read_prompt_file`), or `generate_pairs` over the templates (a templates
        file, or the shipped ones);
-    2. tokens: `tokenize_pairs`; a pair whose counterfactual has another token length is rejected and counted;
+    2. tokens: `tokenize_pairs`; a pair whose answer is not one whole token, or whose counterfactual changes
+       nothing, is refused (`pair_checks`); one whose counterfactual has another token length is rejected,
+       counted and named;
     3. filter: keep the prompts whose top token at END is the answer's first token (unless filter_correct is
        off), with the accuracy of every template;
     4. sample: max_prompts of the kept prompts, seeded and stratified by operation and template
