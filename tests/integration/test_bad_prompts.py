@@ -229,3 +229,58 @@ def test_byte_order_mark_is_read(model_dirs: dict[str, Path], tmp_path: Path, ca
     assert code == 0, stderr
     kept = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert [row["reference"] for row in kept] == [GOOD["reference"], "1 + 2 = "]
+
+
+def test_undefined_numbers_are_empty_cells(model_dirs: dict[str, Path], tmp_path: Path, capsys) -> None:
+    """A template none of whose pairs is kept has no accuracy; knockout with no random draws has no random-rank
+    mean or spread. Both are empty cells, and no file of either folder holds a NaN."""
+    templates = tmp_path / "templates.json"
+    base = {"operation": "addition", "formation": "equation", "text": "{A} + {B} = ", "operator": "+"}
+    templates.write_text(json.dumps([
+        {**base, "id": "t-same-length", "counterfactual_operator": "@"},
+        {**base, "id": "t-longer", "counterfactual_operator": "@@"},  # every pair rejected
+    ]))  # fmt: skip
+    run = tmp_path / "identify"
+    args = ["identify", "--model", str(model_dirs["bytes"]), "--templates", str(templates), "--few-shot", "0"]
+    assert main([*args, "--n-per-template", "4", "--keep-incorrect", "--out", str(run), "--quiet"]) == 0
+    accuracy = {r["template_id"]: r for r in csv.DictReader((run / "template_accuracy.csv").open())}
+    assert accuracy["t-longer"]["kept"] == "0" and accuracy["t-longer"]["accuracy"] == ""
+    assert float(accuracy["t-same-length"]["accuracy"]) >= 0
+    knockout = tmp_path / "knockout"
+    args = ["knockout", "--model", str(model_dirs["bytes"]), "--from", str(run), "--n-random", "0"]
+    capsys.readouterr()
+    assert main([*args, "--max-k", "2", "--out", str(knockout), "--quiet"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert "nan" not in printed.out and "n/a (--n-random 0)" in printed.out and "Traceback" not in printed.err
+    summary = list(csv.DictReader((knockout / "knockout_summary.csv").open()))
+    assert [r["k"] for r in summary] == ["1", "2"]
+    for row in summary:
+        assert float(row["effect_accuracy"]) >= 0
+        assert row["random_accuracy_mean"] == row["random_accuracy_std"] == row["random_prob_mean"] == ""
+    assert_all_finite(run)
+    assert_all_finite(knockout)
+
+
+def test_undefined_patching_effect_is_refused(model_dirs: dict[str, Path], tmp_path: Path, capsys, monkeypatch) -> None:
+    """An answer logit of 0 (or NaN, e.g. a float16 overflow) leaves (patched - ref) / |ref| undefined there."""
+    import arithmech.stages.identify as identify_stage
+
+    real = identify_stage.path_patch
+
+    def overflowing(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.ref_logit[1] = float("nan")  # the second prompt's answer logit overflowed
+        return result
+
+    monkeypatch.setattr(identify_stage, "path_patch", overflowing)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(jsonl([GOOD, pair("1 + 2 = ", "3"), pair("2 + 2 = ", "4")]))
+    out = tmp_path / "run"
+    code, _, stderr = identify(model_dirs["bytes"], prompts, out, capsys, "--keep-incorrect")
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, stderr
+    for text in (f"prompt file {prompts}, line 2 (1 of 3 pairs)", "the path patching effect is undefined",
+                 "logit is 0 or not finite", "--dtype float32"):  # fmt: skip
+        assert text in errors[0], errors[0]
+    assert "Traceback" not in stderr
+    assert not [p for p in out.rglob("*") if p.is_file()]
