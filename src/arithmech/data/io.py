@@ -40,7 +40,8 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[PromptPair]:
     source = Path(path)
     if not source.is_file():
         raise DataError(f"prompt file {source} does not exist; check the path")
-    rows = [(number, line) for number, line in enumerate(_text(source).splitlines(), 1) if line.strip()]
+    lines = _text(source).split("\n")  # not splitlines(): U+2028 and the like may stand inside a JSON string
+    rows = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
     findings = Findings(total=len(rows), noun="line")
     pairs: list[PromptPair] = []
     for number, line in rows:

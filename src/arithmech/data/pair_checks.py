@@ -90,25 +90,21 @@ class Findings:
         if problem is not None:
             self.groups.setdefault(problem.what, (problem, []))[1].append(where)
 
-    def __bool__(self) -> bool:
-        return bool(self.groups)
-
-    def message(self, problem: Problem, rows: list[Location]) -> str:
-        """One sentence: where, what (an example), and the fix."""
-        return f"{describe(rows, self.total, self.noun)}: {problem.what} ({problem.example}); {problem.fix}"
-
     def refuse(self) -> None:
-        """Raise one DataError for the first kind of problem (and count the rows with other problems)."""
+        """Raise one DataError for the first kind of problem: where, what (an example) and the fix, and a count
+        of the rows with other problems."""
         if not self.groups:
             return
         (problem, rows), *others = self.groups.values()
         rest = sum(len(more) for _, more in others)
         tail = f" ({rest} other {self.noun}{'s' if rest != 1 else ''} with other problems)" if rest else ""
-        raise DataError(self.message(problem, rows) + tail)
+        where = describe(rows, self.total, self.noun)
+        raise DataError(f"{where}: {problem.what} ({problem.example}); {problem.fix}{tail}")
 
 
 def describe(rows: list[Location], total: int, noun: str = "pair") -> str:
-    """"prompt file p.jsonl, lines 3, 5 and 9 (3 of 40 pairs)", or "pairs 2 and 7 (templates t1, t2; ...)"."""
+    """"prompt file p.jsonl, lines 3, 5 and 9 (3 of 40 pairs)", or "pairs 2 and 7 (templates t1 and t2) (2 of 9
+    pairs)" for pairs made in memory."""
     first = rows[0]
     numbers = sorted({r.number for r in rows})
     if first.source is not None:

@@ -129,3 +129,10 @@ def test_files_saved_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
     facts = tmp_path / "facts.json"
     facts.write_bytes(bom + json.dumps({"relations": []}).encode())
     assert load_facts(facts) == []
+
+
+def test_a_line_separator_inside_a_prompt_survives(tmp_path: Path) -> None:
+    pairs = [PromptPair("Q:\u2028 3 + 5 = ", "Q:\u2028 3 @ 5 = ", "8"), PromptPair("1 + 1 = ", "1 @ 1 = ", "2")]
+    write_prompt_file(tmp_path / "p.jsonl", pairs)  # written unescaped (ensure_ascii=False)
+    assert read_prompt_file(tmp_path / "p.jsonl") == pairs
+    assert [p.line for p in read_prompt_file(tmp_path / "p.jsonl")] == [1, 2]
