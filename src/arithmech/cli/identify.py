@@ -113,9 +113,10 @@ def _print_identify_summary(result: object) -> None:
     typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")
     agreement = result.metadata.get("agreement")  # type: ignore[attr-defined]
     if agreement:
+        rho = {k: "n/a" if v is None else f"{v:.2f}" for k, v in agreement.items()}  # None: a constant ranking
         typer.echo(
-            f"attribution vs exact: Spearman {agreement['spearman_all']:.2f} (heads {agreement['spearman_heads']:.2f},"
-            f" MLPs {agreement['spearman_mlps']:.2f})"
+            f"attribution vs exact: Spearman {rho['spearman_all']} (heads {rho['spearman_heads']},"
+            f" MLPs {rho['spearman_mlps']})"
             + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
         )
     typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]

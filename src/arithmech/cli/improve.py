@@ -42,9 +42,10 @@ def finetune(
     handle = local_device(load)()
     result = run_finetune(handle, cfg, out_dir, quiet=quiet)
     meta = result.metadata
+    speed = meta["samples_per_second"]  # None when no step ran now (a resume of a finished run)
     typer.echo(
         f"{cfg.method}: trained {meta['trainable_parameters']:,} of {meta['total_parameters']:,} parameters, "
-        f"{meta['samples_per_second']:.2f} samples/s, final loss {meta['final_loss']}"
+        f"{'n/a' if speed is None else f'{speed:.2f}'} samples/s, final loss {meta['final_loss']}"
     )
     typer.echo(f"results in {result.out_dir}")
 

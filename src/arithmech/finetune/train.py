@@ -117,9 +117,10 @@ class TrainResult:
     """Optimizer steps done in all (including before a resume)."""
     total_steps: int
     finished: bool
-    log: list[dict[str, float]]
-    """One row per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds."""
-    samples_per_second: float
+    log: list[dict[str, float | None]]
+    """One row per optimizer step: step, epoch, lr, loss, grad_norm (None without clipping), tokens, seconds."""
+    samples_per_second: float | None
+    """None when this invocation ran no step (a resume of a finished run)."""
     train_seconds: float
     """Time in optimizer steps during this invocation."""
     peak_memory: dict[str, Any]
@@ -237,7 +238,7 @@ def train(
         total_steps=plan.total_steps,
         finished=steps_done >= plan.total_steps,
         log=loop.log,
-        samples_per_second=loop.done * cfg.batch_size / loop.seconds if loop.seconds > 0 else math.nan,
+        samples_per_second=loop.done * cfg.batch_size / loop.seconds if loop.seconds > 0 else None,
         train_seconds=loop.seconds,
         peak_memory=peak_memory(device),
         world_size=world,
@@ -276,7 +277,7 @@ class _Loop:
         self.start, self.log = 0, []
         self.done, self.seconds = 0, 0.0
 
-    def step(self, step: int) -> dict[str, float]:
+    def step(self, step: int) -> dict[str, float | None]:
         """One optimizer step on the global batch of `step`; returns its log row."""
         acc, cfg, device = self.accelerator, self.cfg, self.accelerator.device
         world = acc.num_processes
@@ -291,7 +292,7 @@ class _Loop:
                 micro_loss = token_loss_sum(out.logits, batch["labels"])
                 acc.backward(micro_loss * (world / n_tokens))
             loss_sum += micro_loss.detach()
-        grad_norm = math.nan
+        grad_norm = None
         if cfg.max_grad_norm > 0:
             grad_norm = float(acc.clip_grad_norm_([p for _, p in self.named], cfg.max_grad_norm))
         lr = float(self.scheduler.get_last_lr()[0]) / self.optimizer.param_groups[0].get("lr_scale", 1.0)  # base lr
@@ -299,6 +300,11 @@ class _Loop:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = float(acc.reduce(loss_sum, "sum")) / n_tokens
+        if not math.isfinite(loss):  # the same on every process (a reduced sum), so all stop together
+            raise ConfigError(
+                f"training diverged at step {step + 1} of {self.plan.total_steps}: the loss is {loss}; lower the "
+                f"learning rate (now {cfg.lr:g}) or clip gradients (max_grad_norm), and start afresh"
+            )
         epoch = round(self.plan.epoch_of(step + 1), 4)
         return {"step": step + 1, "epoch": epoch, "lr": lr, "loss": loss, "grad_norm": grad_norm, "tokens": n_tokens}
 

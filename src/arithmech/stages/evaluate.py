@@ -52,7 +52,7 @@ from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_nam
 from arithmech.evaluate.harness import HarnessOptions, HarnessResult, lm_eval_version, run_harness, task_manager
 from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate_benchmark
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, cell, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
 
@@ -322,5 +322,5 @@ def results_csv(results: Any, harness: Any = ()) -> str:
             rows.append([f"harness:{s.task}", "harness", s.n, s.correct, s.accuracy, s.accuracy_norm, None, None,
                          None, None, result.seconds, s.metric, s.value])  # fmt: skip
     for cells in rows:
-        writer.writerow(["" if c is None else (f"{c:.6f}" if isinstance(c, float) else c) for c in cells])
+        writer.writerow([cell(c, ".6f") if c is None or isinstance(c, float) else c for c in cells])
     return buffer.getvalue()

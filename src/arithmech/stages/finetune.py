@@ -11,7 +11,8 @@ Writes into the output folder (atomically, metadata.json last):
     delta.safetensors, delta.json   what changed (finetune/delta.py); `apply_delta(base_model, folder)`
     merged/                         with `save_merged`: the whole trained model and tokenizer (HF format)
     lora_adapter/                   for LoRA: the adapter in peft's format
-    train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds
+    train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm (empty without
+                                    clipping), tokens, seconds
     metadata.json                   selection (heads, MLPs, H/h_l per layer and its form, K/V groups), counts,
                                     trainable and total parameters, samples/second, peak memory, timings, versions
 Checkpoints live in checkpoints/ while training and are removed once the outputs are written.

@@ -16,7 +16,9 @@ Steps (METHODS.md sec. 6; the engines are in `arithmech/neurons/`):
 Each step's result is saved under <out>/.partial/ (keyed by model and settings) as soon as it is done, so an
 interrupted run restarts at the step that did not finish. Writes head_importance.csv, specialisation.json,
 head_importance.png, attention_li.csv, cna_neurons.csv, pruning.csv, pruning.png, lora_coefficients.csv
-(and lora_adapter/ when trained here), then metadata.json last.
+(and lora_adapter/ when trained here), then metadata.json last. An undefined number is an empty cell (a mean
+or spread over too few prompts in pruning.csv, a coefficient ratio over a zero coefficient in
+lora_coefficients.csv), or null (share_of_drop of an operation whose heads lower nothing, specialisation.json).
 """
 
 from __future__ import annotations
@@ -38,7 +40,16 @@ from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.runs import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_text,
+    csv_text,
+    defined,
+    defined_row,
+    git_sha,
+    package_versions,
+)
 from arithmech.stages.identify_run import model_identity
 
 PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
@@ -276,7 +287,8 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
     atomic_write_text(out / "head_importance.csv", _csv(rows))
     spec = result.specialisation
     atomic_write_json(out / "specialisation.json", {
-        "top": {op: [h.name for h in hs] for op, hs in spec.top.items()}, "share_of_drop": spec.share,
+        "top": {op: [h.name for h in hs] for op, hs in spec.top.items()},
+        "share_of_drop": {op: defined(v) for op, v in spec.share.items()},
         "only_this_operation": {op: [h.name for h in hs] for op, hs in spec.only.items()},
         "shared_by_all": [h.name for h in spec.shared],
         "base_accuracy": dict(zip(imp.operations, imp.base_accuracy.tolist(), strict=True)),
@@ -305,4 +317,4 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
-    return csv_text(rows, float_format=".6g")
+    return csv_text([defined_row(row) for row in rows], float_format=".6g")
