@@ -107,6 +107,7 @@ def _ranking_and_prompts(handle: ModelHandle, cfg: KnockoutConfig) -> tuple[list
     return ranked, reference.tokenized.pairs
 
 
+@torch.no_grad()
 def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:
     """Run the effect-rank vs random-rank sweep and write its run folder."""
     from tqdm.auto import tqdm
