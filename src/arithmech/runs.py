@@ -70,15 +70,19 @@ def csv_text(
     rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str] | None = None, float_format: str | None = None
 ) -> str:
     """`rows` as CSV text, header first: columns `fieldnames`, else the first row's keys; floats written with
-    `float_format` (e.g. ".6f") when given, else as Python prints them."""
+    `float_format` (e.g. ".6f") when given, else as Python prints them.
+
+    The csv writer quotes only the line terminator's characters, so a field holding a carriage return (a token
+    such as "\\r") would split its row when read back; such a row is written with every field quoted."""
     columns = list(fieldnames) if fieldnames is not None else list(rows[0]) if rows else []
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    quoted = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for row in rows:
         if float_format is not None:
             row = {k: format(v, float_format) if isinstance(v, float) else v for k, v in row.items()}
-        writer.writerow(row)
+        (quoted if any("\r" in str(v) for v in row.values()) else writer).writerow(row)
     return buffer.getvalue()
 
 

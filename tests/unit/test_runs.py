@@ -106,3 +106,15 @@ def test_csv_text_orders_columns_and_formats_floats() -> None:
     assert csv_text(rows) == f"k,acc,name\n1,0.5,a\n2,{1 / 3},b\n"
     assert csv_text(rows, ("name", "acc", "k"), ".3f") == "name,acc,k\na,0.500,1\nb,0.333,2\n"
     assert csv_text([], ("a", "b")) == "a,b\n"
+
+
+def test_csv_text_rows_with_a_carriage_return_read_back_whole() -> None:
+    """A decoded token can be "\\r"; the csv writer does not quote it (only the "\\n" terminator), so unquoted it
+    split the row in two when read back (the report then failed on a missing column)."""
+    import csv
+
+    rows = [{"neuron": "1_4", "tokens": "a | \r | b", "li": 0.5}, {"neuron": "1_5", "tokens": "c", "li": 1.5}]
+    text = csv_text(rows)
+    read = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert read == [{k: str(v) for k, v in row.items()} for row in rows]
+    assert text.split("\n")[2] == "1_5,c,1.5"  # rows without one are written as before
