@@ -135,10 +135,14 @@ def csv_text(
 ) -> str:
     """`rows` as CSV text, header first: columns `fieldnames`, else the first row's keys; floats written with
     `float_format` (e.g. ".6f") when given, else as Python prints them; None as an empty cell (undefined).
-    A NaN or infinity is refused (ValueError): its writer must say what an undefined value is."""
+    A NaN or infinity is refused (ValueError): its writer must say what an undefined value is.
+
+    The csv writer quotes only the line terminator's characters, so a field holding a carriage return (a token
+    such as "\\r") would split its row when read back; such a row is written with every field quoted."""
     columns = list(fieldnames) if fieldnames is not None else list(rows[0]) if rows else []
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    quoted = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
     for number, row in enumerate(rows, 1):
         bad = next((key for key, value in row.items() if _nonfinite(value)), None)
@@ -146,7 +150,7 @@ def csv_text(
             raise ValueError(f"column {bad!r} of CSV row {number} is {row[bad]}; {_UNDEFINED}")
         if float_format is not None:
             row = {k: format(v, float_format) if isinstance(v, float) else v for k, v in row.items()}
-        writer.writerow(row)
+        (quoted if any("\r" in str(v) for v in row.values()) else writer).writerow(row)
     return buffer.getvalue()
 
 

@@ -37,8 +37,8 @@ SMALL: dict[str, Any] = {  # every stage on a few prompts; transfer keeps its de
     "agreement": {"max_prompts": 4, "methods": ["path", "attribution"]},
     "neurons": {"max_prompts": 2, "filter_correct": False, "importance_layers": [1, 2], "keep_sizes": [0, 8],
                 "n_random": 1, "lora_steps": 1, "lora_rank": 2, "top_neurons": 4, "top_heads": 2, "few_shot": 1},
-    "finetune": {"top_k": 2, "max_samples": 8, "batch_size": 2, "micro_batch_size": 2, "max_steps": 1,
-                 "max_length": 512, "target": "answer"},
+    "finetune": {"top_k": 2, "max_samples": 64, "batch_size": 2, "micro_batch_size": 2, "max_steps": 1,
+                 "max_length": 512, "target": "answer"},  # 4 of the 64 fit the tiny model's 128 positions
     "evaluate": {"limit": 2, "n_shot": 0, "max_new_tokens": 2, "general_max_tokens": 32},
 }  # fmt: skip
 

@@ -129,3 +129,15 @@ def test_undefined_numbers_are_null_or_empty(tmp_path: Path) -> None:
     assert defined(np.float64(2.5)) == 2.5 and defined(None) is None and cell(None, ".6f") == ""
     atomic_write_json(tmp_path / "m.json", {"share": defined(float("nan")), "n": 3})
     assert json.loads((tmp_path / "m.json").read_text()) == {"share": None, "n": 3}
+
+
+def test_csv_text_rows_with_a_carriage_return_read_back_whole() -> None:
+    """A decoded token can be "\\r"; the csv writer does not quote it (only the "\\n" terminator), so unquoted it
+    split the row in two when read back (the report then failed on a missing column)."""
+    import csv
+
+    rows = [{"neuron": "1_4", "tokens": "a | \r | b", "li": 0.5}, {"neuron": "1_5", "tokens": "c", "li": 1.5}]
+    text = csv_text(rows)
+    read = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert read == [{k: str(v) for k, v in row.items()} for row in rows]
+    assert text.split("\n")[2] == "1_5,c,1.5"  # rows without one are written as before

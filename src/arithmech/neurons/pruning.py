@@ -140,6 +140,7 @@ def random_keep_sets(
     return [_split_flat(perm[:k], layers, width) for k in keep_sizes]
 
 
+@torch.no_grad()
 def pruned_predictions(
     view: ModelView,
     ids: torch.Tensor,
@@ -154,6 +155,7 @@ def pruned_predictions(
         return predict_at_end(view, ids, mask, end, answer_ids, batch_size)
 
 
+@torch.no_grad()
 def pruning_sweep(
     view: ModelView,
     ids: torch.Tensor,

@@ -112,6 +112,7 @@ class AgreementResult:
     metadata: dict[str, Any]
 
 
+@torch.no_grad()
 def method_agreement(
     handle: ModelHandle, cfg: AgreementConfig, out_dir: str | Path, quiet: bool = False
 ) -> AgreementResult:

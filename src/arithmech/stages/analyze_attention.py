@@ -141,6 +141,7 @@ def token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
     return out
 
 
+@torch.no_grad()
 def analyze_attention(
     handle: ModelHandle, cfg: AttentionConfig, run_dir: str | Path, out_dir: str | Path, quiet: bool = False
 ) -> AttentionResult:

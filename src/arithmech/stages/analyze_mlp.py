@@ -120,6 +120,7 @@ def _label(tokenizer: Any, token_id: int) -> str:
     return str(tokenizer.decode([token_id])).replace(" ", "␣").replace("\n", "⏎")
 
 
+@torch.no_grad()
 def analyze_mlp(
     handle: ModelHandle, cfg: AnalyzeMlpConfig, run_dir: str | Path, out_dir: str | Path, quiet: bool = False
 ) -> MlpLensResult:

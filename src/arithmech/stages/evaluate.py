@@ -242,6 +242,7 @@ def _load_base(handle: ModelHandle, name: str) -> ModelHandle:
                                   dtype=handle.source.get("dtype", "float32")))
 
 
+@torch.no_grad()
 def evaluate_stage(
     handle: ModelHandle,
     cfg: EvaluateConfig,

@@ -31,6 +31,7 @@ from typing import Any
 from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
+from arithmech.evaluate.generation import context_length
 from arithmech.finetune.checkpoint import remove_checkpoints
 from arithmech.finetune.data import TARGETS, read_sft_examples, resolve_sft_data, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
@@ -163,7 +164,9 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     examples, read_counts = read_sft_examples(path, cfg.target)
     if cfg.max_samples is not None and cfg.max_samples < len(examples):
         examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
-    data, tok_counts = tokenize_examples(handle.tokenizer, examples, cfg.max_length, cfg.chat_template)
+    max_length = _max_length(handle, cfg)
+    data, tok_counts = tokenize_examples(handle.tokenizer, examples, max_length, cfg.chat_template)
+    tok_counts["max_length"] = max_length  # the limit applied: cfg.max_length or the context length
     accelerator = accelerator_for(handle.device)
     handle.model.to(accelerator.device)
     flags = requires_grad_state(handle.model)
@@ -200,6 +203,17 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
         restore_requires_grad(handle.model, flags)
     handle.model.eval()
     return FinetuneResult(out, result, selection, metadata)
+
+
+def _max_length(handle: ModelHandle, cfg: FinetuneConfig) -> int:
+    """cfg.max_length, or the model's context length where that is shorter: an example longer than the context
+    cannot be trained on (GPT-2's learned positions end there), so it is dropped like any too-long one."""
+    context = context_length(handle.model)
+    if context is None or context >= cfg.max_length:
+        return cfg.max_length
+    logger.info("max_length %d is longer than the model's context; examples over %d tokens are dropped",
+                cfg.max_length, context)  # fmt: skip
+    return context
 
 
 def _metadata(

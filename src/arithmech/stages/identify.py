@@ -79,6 +79,7 @@ class IdentifyResult:
     metadata: dict[str, Any]
 
 
+@torch.no_grad()
 def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
     """Run the identify stage and write its run folder."""
     out = Path(out_dir)

@@ -112,6 +112,7 @@ def _ranking_and_prompts(
     return ranked, reference.tokenized.pairs, None
 
 
+@torch.no_grad()
 def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:
     """Run the effect-rank vs random-rank sweep and write its run folder."""
     from tqdm.auto import tqdm

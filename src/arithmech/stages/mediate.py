@@ -223,6 +223,7 @@ def _balanced(pairs: list[MediationPair]) -> list[MediationPair]:
 
 
 # -- the stage ----------------------------------------------------------------------------------------------
+@torch.no_grad()
 def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet: bool = False) -> MediateResult:
     """Run causal mediation on every task of `cfg`, compare their neurons, and write the run folder."""
     from tqdm.auto import tqdm

@@ -147,6 +147,7 @@ class _Steps:
         return value
 
 
+@torch.no_grad()
 def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet: bool = False) -> NeuronsResult:
     """Head importance per operation, CNA of the key head, pruning and LoRA analysis; writes the folder."""
     from tqdm.auto import tqdm

@@ -53,6 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from arithmech.analysis.shared_prefix import end_knockout_scores
 from arithmech.data.target_sets import (
     TargetOptions,
@@ -284,6 +286,7 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
     )
 
 
+@torch.no_grad()
 def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quiet: bool = False) -> TransferResult:
     """Knock out each source's key components on each target set and write the matrix."""
     from tqdm.auto import tqdm

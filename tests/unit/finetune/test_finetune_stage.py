@@ -243,3 +243,15 @@ def test_no_nan_reaches_the_train_log(handle_of, sft_jsonl, tmp_path, monkeypatc
     with pytest.raises(ConfigError, match=r"training diverged at step 1 of 3: the loss is nan; lower the learning"):
         finetune(handle, config(sft_jsonl, components=("0.1",)), tmp_path / "diverged", quiet=True)
     assert not (tmp_path / "diverged" / "metadata.json").exists()
+
+
+def test_examples_longer_than_the_context_are_dropped(handle_of, sft_jsonl, tmp_path) -> None:
+    """GPT-2's learned positions end at its context (128 in the tiny model): max_length 512 must not reach them."""
+    handle = handle_of("gpt2")
+    rows = [json.loads(line) for line in sft_jsonl.read_text().splitlines()][:9]
+    rows[0]["question"] = "Count the apples in this very long story. " * 4  # ~190 byte tokens with the answer
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = finetune(handle, config(data, method="full", max_steps=1, max_length=512), tmp_path / "out", quiet=True)
+    assert result.train.finished
+    assert result.metadata["data"]["max_length"] == 128 and result.metadata["data"]["too_long"] == 1
