@@ -15,8 +15,8 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
-from arithmech.stages.mediate import MediateConfig
-from arithmech.stages.neurons import NeuronsConfig
+from arithmech.stages.mediate_config import MediateConfig
+from arithmech.stages.neurons_config import NeuronsConfig
 
 
 @app.command("mediate")
