@@ -50,3 +50,57 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         assert modules == [], f"{argv} imported {modules}"
         assert code == (0 if argv.endswith("--help") else 2), argv
     assert not list(tmp_path.iterdir())
+
+
+def _commands() -> list[tuple[list[str], object]]:
+    """(argv prefix, click command) of every leaf command of the app."""
+    import typer.main
+
+    from arithmech.cli import app
+
+    out: list[tuple[list[str], object]] = []
+
+    def walk(prefix: list[str], command: object) -> None:
+        children = getattr(command, "commands", None)
+        if children is None:
+            out.append((prefix, command))
+            return
+        for name, child in children.items():
+            walk([*prefix, name], child)
+
+    walk([], typer.main.get_command(app))
+    return out
+
+
+def test_every_help_shows_flags_as_flags_and_brackets_as_written(capsys) -> None:
+    """No --flag shows a value placeholder (<bool>), and help text such as "pip install 'arithmech[lm-eval]'"
+    keeps its square brackets, in every command's --help."""
+    from arithmech.cli import main
+
+    commands = _commands()
+    assert len(commands) == 12
+    bracketed = 0
+    for argv, command in commands:
+        assert main([*argv, "--help"]) == 0
+        text = capsys.readouterr().out
+        squeezed = "".join(text.split())
+        assert "<bool>" not in text, argv
+        for param in command.params:  # type: ignore[attr-defined]
+            if getattr(param, "is_flag", False):  # shown as "--flag" or "--flag / --no-flag", then its help
+                assert " / ".join([*param.opts, *param.secondary_opts]) in text, (argv, param.opts)
+            help_text = getattr(param, "help", None) or ""
+            if "[" in help_text:
+                bracketed += 1
+                assert "".join(help_text.split()) in squeezed, (argv, help_text)
+    assert bracketed >= 1  # evaluate's --harness-tasks
+    assert main(["evaluate", "--help"]) == 0
+    assert "arithmech[lm-eval]" in "".join(capsys.readouterr().out.split())
+
+
+def test_version(capsys) -> None:
+    from arithmech.cli import main
+
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"arithmech {arithmech.__version__}"), out
+    assert "\n" not in out

@@ -34,12 +34,14 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Run folder (overrides the config's out).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed given to every stage (overrides the config's).")] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override one setting, e.g. --set knockout.max_k=8; repeat.")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override one setting, e.g. --set knockout.max_k=8; repeat."),
     ] = None,
     quiet: QuietOpt = False,
     load: Any = None,
 ) -> None:
-    """Run identify -> knockout -> transfer -> attention -> mlp -> mediation -> agreement into one run folder.
+    """Run identify -> knockout -> transfer -> attention -> mlp -> mediation -> agreement -> neurons -> evaluate
+    (and finetune, when named) into one run folder.
 
     A stage whose settings and inputs are unchanged since the last run into the same folder is not recomputed,
     so rerunning after an interruption resumes where it stopped.
