@@ -242,10 +242,11 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings)
 
 
-def _load(**model: Any) -> Any:
+def _load(quiet: bool = False, **model: Any) -> Any:
+    """Keyword arguments only: `distributed.local_device` changes its `device`."""
     from arithmech.models.load import ModelConfig, load_model
 
-    return load_model(ModelConfig(**model))
+    return load_model(ModelConfig(**model), quiet=quiet)
 
 
 def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[str, str]) -> str:
@@ -287,7 +288,7 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
             results[stage.name] = out
             continue
         if handle is None:
-            handle = distributed.local_device(functools.partial(_load, **cfg.model))()
+            handle = distributed.local_device(functools.partial(_load, quiet=quiet, **cfg.model))()
         if done.pop(stage.name, None) is not None and distributed.is_main():
             # until its new record is written the folder may hold a mix of old and new files: never keep it
             atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})

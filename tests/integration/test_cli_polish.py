@@ -104,3 +104,28 @@ def test_version(capsys) -> None:
     out = capsys.readouterr().out.strip()
     assert out.startswith(f"arithmech {arithmech.__version__}"), out
     assert "\n" not in out
+
+
+def test_quiet_silences_library_progress_bars_and_threads_are_set(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    """--quiet: nothing on stderr, not even transformers' "Loading weights" bar; --threads N: torch uses N."""
+    import torch
+
+    from arithmech.cli import main
+
+    args = ["evaluate", "--model", str(tiny_model_dir("llama")), "--benchmarks", "general", "--limit", "1",
+            "--general-max-tokens", "8"]  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        assert main([*args, "--out", str(tmp_path / "loud")]) == 0
+        assert "Loading weights" in capsys.readouterr().err  # what --quiet must silence
+        assert main([*args, "--out", str(tmp_path / "quiet"), "--quiet", "--threads", "1"]) == 0
+        captured = capsys.readouterr()
+        assert captured.err == ""
+        assert "general" in captured.out
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert main([*args, "--out", str(tmp_path / "zero"), "--threads", "0"]) == 2
+    assert "--threads" in capsys.readouterr().err
+    assert not (tmp_path / "zero").exists()
+

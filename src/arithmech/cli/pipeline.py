@@ -50,7 +50,8 @@ def run(
     from arithmech.pipeline import load_run_config, run_pipeline
 
     overrides = _assignments(set_ or [])
-    overrides.update({f"model.{k}": v for k, v in load.keywords.items() if v != _MODEL_DEFAULTS[k]})
+    model = {k: v for k, v in load.keywords.items() if k in _MODEL_DEFAULTS}  # not threads, quiet: no results
+    overrides.update({f"model.{k}": v for k, v in model.items() if v != _MODEL_DEFAULTS[k]})
     if stages is not None:
         overrides["stages"] = stages
     if out is not None:
@@ -58,6 +59,9 @@ def run(
     if seed is not None:
         overrides["seed"] = seed
     cfg = load_run_config(config, overrides)
+    from arithmech.models.load import set_threads
+
+    set_threads(load.keywords["threads"])
     results = run_pipeline(cfg, quiet=quiet)
     for name, result in results.items():
         state = "kept (unchanged)" if isinstance(result, Path) else "done"

@@ -121,10 +121,10 @@ def _write_benchmark(examples: Path, stem: str, fingerprint: str, result: Benchm
     atomic_write_json(examples / f"{stem}.summary.json", {"fingerprint": fingerprint, "result": _summary(result)})
 
 
-def _load_base(handle: ModelHandle, name: str) -> ModelHandle:
+def _load_base(handle: ModelHandle, name: str, quiet: bool) -> ModelHandle:
     model = None if name == "default" else name
     return load_model(ModelConfig(model=model, device=handle.source.get("device", "cpu"),
-                                  dtype=handle.source.get("dtype", "float32")))
+                                  dtype=handle.source.get("dtype", "float32")), quiet=quiet)
 
 
 def evaluate_stage(
@@ -142,7 +142,7 @@ def evaluate_stage(
     start = time.perf_counter()
     harness = cfg.harness_options()
     if base_handle is None and cfg.base_model and GENERAL in cfg.benchmarks:
-        base_handle = _load_base(handle, cfg.base_model)
+        base_handle = _load_base(handle, cfg.base_model, quiet)
     identity = _identity(handle)
     base_identity = _identity(base_handle) if base_handle is not None else None
     options = cfg.options()
