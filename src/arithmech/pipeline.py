@@ -9,6 +9,11 @@ A run is described by one YAML file (or the same keys given as flags), for examp
     identify: {operations: [addition], fraction_threshold: 0.1}
     knockout: {max_k: 16, n_random: 3}
 
+A stage may also be named after the command that runs it alone: `mediate` for mediation, `analyze attention`,
+`analyze mlp` and `analyze agreement` (or with - or _ for the space) for attention, mlp and agreement; in
+`stages`, as a settings key and in --set, e.g. --set mediate.n_pairs=8. The folder and the record always use
+the stage's own name (STAGE_ALIASES).
+
 Each stage writes into <out>/<stage>/ and its own metadata.json last. After a stage finishes, its fingerprint
 (a hash of its settings, the model settings, the fingerprints of the stages it reads and the arithmech
 version) is recorded in <out>/pipeline.json; a later run skips a stage whose fingerprint is unchanged and whose
@@ -105,6 +110,17 @@ STAGES: tuple[Stage, ...] = (
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
 
+STAGE_ALIASES: dict[str, str] = {
+    "mediate": "mediation",
+    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "agreement") for sep in (" ", "-", "_")},
+}
+"""Command names that name a stage: `arithmech mediate` runs the mediation stage, `arithmech analyze mlp` mlp."""
+
+
+def canonical_stage(name: str) -> str:
+    """The stage's own name for a name or command name ('mediate' -> 'mediation'); other names unchanged."""
+    return STAGE_ALIASES.get(" ".join(name.split()), name)
+
 
 def _finetune(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:
     """Train into <run>/finetune on a copy of the model, so later stages still see the base model."""
@@ -158,7 +174,7 @@ class RunConfig:
 
 def stage_by_name(name: str) -> Stage:
     for stage in STAGES:
-        if stage.name == name:
+        if stage.name == canonical_stage(name):
             return stage
     if name in PLANNED:
         raise ConfigError(f"stage {name!r} is not available in this version of arithmech; leave it out of stages")
@@ -212,7 +228,10 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
             raise ConfigError(f"config file {str(source)!r} is not valid YAML ({err.__class__.__name__})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {str(source)!r} must be a mapping of settings, e.g. 'out: runs/x'")
+    data = _canonical_keys(data)
     for key, value in (overrides or {}).items():
+        head, dot, rest = key.partition(".")
+        key = canonical_stage(head) + dot + rest
         target = data
         *parents, leaf = key.split(".")
         for part in parents:
@@ -226,7 +245,7 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     chosen = data.get("stages") or [s.name for s in STAGES if s.default_on]
     if isinstance(chosen, str):
         chosen = chosen.split(",")
-    stages = tuple(str(name).strip() for name in chosen if str(name).strip())
+    stages = tuple(canonical_stage(str(name).strip()) for name in chosen if str(name).strip())
     for name in stages:
         stage_by_name(name)
     model = dict(data.get("model") or {})
@@ -240,6 +259,17 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     settings = {s.name: build_stage_config(s, data.get(s.name) or {}, seed) for s in STAGES if s.name in stages}
     out = str(data.get("out", "runs/pipeline"))
     return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings)
+
+
+def _canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """The config with stage aliases as settings keys renamed to the stage's name; both at once is an error."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = canonical_stage(str(key))
+        if name in out:
+            raise ConfigError(f"config keys {name!r} and {key!r} name the same stage; keep one of them")
+        out[name] = value
+    return out
 
 
 def _load(quiet: bool = False, **model: Any) -> Any:

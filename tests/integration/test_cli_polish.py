@@ -129,3 +129,39 @@ def test_quiet_silences_library_progress_bars_and_threads_are_set(tiny_model_dir
     assert "--threads" in capsys.readouterr().err
     assert not (tmp_path / "zero").exists()
 
+
+ALIASES = [  # (name in a config, the stage, one of its settings and a value)
+    ("mediate", "mediation", "n_pairs", 3),
+    ("analyze attention", "attention", "tau", 0.4),
+    ("analyze-mlp", "mlp", "max_prompts", 8),
+    ("analyze_agreement", "agreement", "max_prompts", 4),
+]
+
+
+def test_stage_aliases_in_configs_stages_and_set(tmp_path: Path) -> None:
+    """A stage may be named after its command (mediate, analyze mlp, ...) as a YAML key, in stages and in --set;
+    the run uses the stage's own name."""
+    from arithmech.pipeline import load_run_config
+
+    yaml_text = "".join(f"{alias}: {{{field}: {value}}}\n" for alias, _, field, value in ALIASES)
+    stages = ["identify", *(alias for alias, _, _, _ in ALIASES)]
+    config = tmp_path / "aliases.yaml"
+    config.write_text(yaml_text + f"stages: {json.dumps(stages)}\n")
+    cfg = load_run_config(config, {"mediate.few_shot": 2})
+    assert cfg.stages == ("identify", "mediation", "attention", "mlp", "agreement")
+    for _, stage, field, value in ALIASES:
+        assert getattr(cfg.settings[stage], field) == value, stage
+    assert cfg.settings["mediation"].few_shot == 2
+    assert load_run_config(None, {"stages": "identify,analyze mlp"}).stages == ("identify", "mlp")
+
+
+def test_a_stage_named_twice_by_alias_is_refused(tmp_path: Path, capsys) -> None:
+    from arithmech.cli import main
+
+    config = tmp_path / "twice.yaml"
+    config.write_text("mediation: {n_pairs: 2}\nmediate: {n_pairs: 4}\n")
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(config), "--stages", "mediate", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "'mediation' and 'mediate' name the same stage; keep one of them" in err and "Traceback" not in err
+    assert not out.exists()
