@@ -165,3 +165,47 @@ def test_a_stage_named_twice_by_alias_is_refused(tmp_path: Path, capsys) -> None
     err = capsys.readouterr().err
     assert "'mediation' and 'mediate' name the same stage; keep one of them" in err and "Traceback" not in err
     assert not out.exists()
+
+
+KO_HEADER = "k,ranking,seed,accuracy,mean_prob,components\n0,none,,1.0,0.76,\n1,effect,,0.5,0.4,14.2\n"
+KO_SUMMARY = ("k,effect_accuracy,random_accuracy_mean,random_accuracy_std,effect_prob,random_prob_mean,"
+              "random_prob_std\n1,0.5,1.0,0.0,0.4,0.75,0.01\n")  # fmt: skip
+EVAL_HEADER = "benchmark,kind,n,correct,accuracy,accuracy_norm,perplexity,base_perplexity,kl,excluded,seconds\n"
+MEDIATION_ROWS = ("task,component,layer,class,mean_ie,median_ie,n_pairs\n"
+                  "addition,mlp,29,last,2207124,1103562,{n}\naddition,attn,23,last,0.6,0.5,{n}\n")  # fmt: skip
+SMALL_SAMPLE_CASES = [  # (stage, its files with {n} for the sample size, the phrase the warning must hold)
+    ("mediation", {"mediation_by_class.csv": MEDIATION_ROWS,
+                   "mediation_total.csv": "task,pairs,mean_te,median_te,number_accuracy\naddition,{n},3e5,1.5,0.5\n",
+                   "metadata.json": "{{}}"}, "{n} pairs for addition"),
+    ("knockout", {"knockout.csv": KO_HEADER, "knockout_summary.csv": KO_SUMMARY,
+                  "metadata.json": '{{"config": {{"n_random": 1}}, "counts": {{"prompts": {n}}}}}'}, "{n} prompts"),
+    ("evaluate", {"base/results.csv": EVAL_HEADER + "gsm8k,generate,{n},1,0.25,,,,,0,1\n", "base/metadata.json": "{{}}",
+                  "metadata.json": "{{}}"}, "{n} rows for gsm8k"),
+]  # fmt: skip
+
+
+def _run_folder(root: Path, stage: str, files: dict[str, str], n: int) -> Path:
+    for name, text in files.items():
+        path = root / stage / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.format(n=n))
+    return root
+
+
+def test_report_warns_about_numbers_from_few_prompts_or_pairs(tmp_path: Path, capsys) -> None:
+    """A section whose numbers rest on fewer than 10 prompts or pairs shows a small-sample warning (and badge);
+    one with enough shows none."""
+    from arithmech.cli import main
+
+    for stage, files, phrase in SMALL_SAMPLE_CASES:
+        for n, warned in ((2, True), (40, False)):
+            run = _run_folder(tmp_path / f"{stage}-{n}", stage, files, n)
+            assert main(["report", str(run), "--quiet"]) == 0
+            html = (run / "report.html").read_text()
+            section = html[html.index(f'<section id="{stage}">'):]
+            section = section[: section.index("</section>")]
+            assert ("Small sample." in section) is warned, (stage, n)
+            assert ("small sample</span>" in section) is warned, (stage, n)
+            if warned:
+                assert f"rest on {phrase.format(n=n)}, fewer than 10" in section, (stage, section)
+    assert "Traceback" not in capsys.readouterr().err
