@@ -209,3 +209,33 @@ def test_report_warns_about_numbers_from_few_prompts_or_pairs(tmp_path: Path, ca
             if warned:
                 assert f"rest on {phrase.format(n=n)}, fewer than 10" in section, (stage, section)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_cli_summaries_warn_about_small_samples(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    """identify on 4 prompts and mediate on 1 pair per task say that their numbers rest on a small sample."""
+    from arithmech.cli import main
+
+    model = ["--model", str(tiny_model_dir("llama")), "--quiet", "--threads", "1"]
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["identify", *model, "--n-per-template", "1", "--formations", "equation", "--few-shot", "0",
+                     "--keep-incorrect", "--max-prompts", "4", "--out", str(tmp_path / "id")]) == 0  # fmt: skip
+        assert "small sample: effects of 4 prompts change with another sample" in capsys.readouterr().out
+        assert main(["mediate", *model, "--n-pairs", "1", "--few-shot", "0", "--neuron-k", "2",
+                     "--out", str(tmp_path / "med")]) == 0  # fmt: skip
+        out = capsys.readouterr().out
+        assert "(1 pair)" in out and "small sample: medians of 1 pair change with another sample" in out
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_report_header_says_a_gguf_model_was_converted(tmp_path: Path) -> None:
+    from arithmech.report.html import write_report
+
+    run = _run_folder(tmp_path, *SMALL_SAMPLE_CASES[1][:2], n=40)
+    meta = run / "knockout" / "metadata.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "model": {"gguf_file": "/m/x.Q4_1.gguf"}}))
+    assert "/m/x.Q4_1.gguf (GGUF, converted to float32; quantized weights keep their rounding)" in \
+        write_report(run).read_text()  # fmt: skip

@@ -30,7 +30,9 @@ _MODEL_PARAMS: list[tuple[str, Any, Any]] = [
         Annotated[
             str | None,
             typer.Option(
-                "--model", help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct."
+                "--model",
+                help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct (the Q4_1 "
+                "GGUF, dequantized to float32).",
             ),
         ],
         None,
