@@ -88,17 +88,14 @@ def load_handle(
     threads: int | None = None,
     quiet: bool = False,
 ) -> Any:
-    """Load the model named by the options, logging where it came from, how long it took and the CPU threads."""
-    import torch
-
+    """Load the model named by the options, logging where it came from and how long it took."""
     from arithmech.models.load import ModelConfig, load_model, set_threads
 
     cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
     set_threads(threads)
     start = time.perf_counter()
     handle = load_model(cfg, quiet=quiet)
-    logger.info("loaded %s in %.1f s; torch uses %d CPU threads (--threads)", handle.source.get("model"),
-                time.perf_counter() - start, torch.get_num_threads())  # fmt: skip
+    logger.info("loaded %s in %.1f s", handle.source.get("model"), time.perf_counter() - start)
     return handle
 
 

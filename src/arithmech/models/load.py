@@ -236,7 +236,10 @@ def load_model(cfg: ModelConfig | None = None, quiet: bool = False) -> ModelHand
 
     `quiet`: without the libraries' progress bars and stderr output (`quiet_libraries`)."""
     with quiet_libraries(quiet):
-        return _load_model(cfg or ModelConfig())
+        handle = _load_model(cfg or ModelConfig())
+    if handle.device.type == "cpu":
+        logger.info("CPU threads for torch: %d (--threads N to change)", torch.get_num_threads())
+    return handle
 
 
 def _load_model(cfg: ModelConfig) -> ModelHandle:
