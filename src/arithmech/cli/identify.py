@@ -14,6 +14,7 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.report.page import SMALL_SAMPLE
 
 
 @app.command()
@@ -119,4 +120,7 @@ def _print_identify_summary(result: object) -> None:
             f" MLPs {rho['spearman_mlps']})"
             + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
         )
+    if counts["used"] < SMALL_SAMPLE:
+        typer.echo(f"small sample: effects of {counts['used']} prompts change with another sample; use "
+                   f"{SMALL_SAMPLE} or more (--max-prompts, --n-per-template) before relying on them")  # fmt: skip
     typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
-from arithmech.stages.evaluate import EvaluateConfig
-from arithmech.stages.finetune import FinetuneConfig
+from arithmech.stages.evaluate_config import EvaluateConfig
+from arithmech.stages.finetune_config import FinetuneConfig
 
 
 @app.command()

@@ -44,6 +44,8 @@ from arithmech.errors import ConfigError, DataError
 TASKS: tuple[str, ...] = (*OPERATIONS, "retrieval", "factual")
 FORMATS: tuple[str, ...] = ("qa", "statement", "equation")
 INTERVENTIONS: tuple[str, ...] = ("operands-and-result", "operands-same-result", "operator")
+COMPONENTS: tuple[str, ...] = ("mlp", "attn")
+"""What a mediation run intervenes on in each layer: the MLP's or the attention's output (patching/mediation.py)."""
 APPLICABLE = {
     **{op: INTERVENTIONS for op in OPERATIONS},
     "retrieval": ("operands-and-result", "operands-same-result"),

@@ -8,7 +8,19 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from arithmech.report.page import Body, Figure, Table, count, fixed, is_number, listing, num, pct, to_float
+from arithmech.report.page import (
+    Body,
+    Figure,
+    Table,
+    count,
+    fixed,
+    is_number,
+    listing,
+    num,
+    pct,
+    small_samples,
+    to_float,
+)
 from arithmech.report.run_folder import StageFolder
 from arithmech.report.sections import plural
 
@@ -72,12 +84,13 @@ def mediation_body(stage: StageFolder) -> Body:
                "attention rows, one column per task; red = the component carries the result.")
         for s in ("mean", "median") if stage.has(f"mediation_{s}.png")
     ]  # fmt: skip
-    return Body(" ".join(text), figures, tables)
+    return Body(" ".join(text), figures, tables, small_samples({t: r.get("pairs") for t, r in totals.items()}, "pair"))
 
 
 def agreement_body(stage: StageFolder) -> Body:
     rows = stage.csv("agreement.csv")
-    prompts = stage.metadata.get("counts", {}).get("prompts", "n/a")
+    counts: dict[str, Any] = stage.metadata.get("counts", {})
+    prompts = counts.get("prompts", "n/a")
     text = [f"Every pair of methods scored on the same {prompts} prompts."]
     for level in dict.fromkeys(r["level"] for r in rows):
         mine = [r for r in rows if r["level"] == level and is_number(to_float(r["spearman"]))]
@@ -103,7 +116,8 @@ def agreement_body(stage: StageFolder) -> Body:
     figures = [Figure(stage.folder / "agreement.png",
                       "Spearman correlation (and top-10 overlap) between the methods' component rankings, per "
                       "level.")] if stage.has("agreement.png") else []  # fmt: skip
-    return Body(" ".join(text), figures, [table])
+    small = small_samples({"": prompts}, "prompt") + small_samples({"mediation": counts.get("mediation_pairs")}, "pair")
+    return Body(" ".join(text), figures, [table], small)
 
 
 def _tokens(text: str, n: int = 6) -> str:
@@ -199,7 +213,11 @@ def neurons_body(stage: StageFolder) -> Body:
         figures.append(Figure(stage.folder / "pruning.png",
                               "Accuracy with only the top-scored neurons of the deep layers kept vs as many random "
                               "ones (mean ± sd)."))  # fmt: skip
-    return Body(" ".join(text), figures, tables)
+    counts: dict[str, Any] = meta.get("counts", {})
+    prompts = counts.get("prompts")  # per operation
+    small = small_samples(prompts if isinstance(prompts, dict) else {"": prompts}, "prompt")
+    small += small_samples({f"pruning ({k})": v for k, v in counts.get("pruning_prompts", {}).items()}, "prompt")
+    return Body(" ".join(text), figures, tables, small)
 
 
 def finetune_body(stage: StageFolder) -> Body:
@@ -267,4 +285,5 @@ def evaluate_body(stage: StageFolder) -> Body:
     reading = f"{lead} on {plural(len(names), 'benchmark')}: " + "; ".join(text) + "." if names else \
         "No benchmark results were written."  # fmt: skip
     table = Table("Benchmark results", ("benchmark", "kind", "n", "base", "tuned", "change"), rows)
-    return Body(reading, [], [table])
+    return Body(reading, [], [table], small_samples({name: (base.get(name) or tuned[name]).get("n") for name in names},
+                                                    "row"))
