@@ -161,15 +161,12 @@ MAY_BE_EMPTY = frozenset({
     "accuracy_norm",  # evaluate: choice benchmarks only
     "perplexity", "base_perplexity", "kl",  # evaluate: the general-text row only; base and KL for a tuned model
     "score",  # evaluate: lm-evaluation-harness rows only
+    "effect_drop", "random_drop",  # transfer.csv: drops relative to the unablated accuracy, undefined where it is 0
+    "top5_overlap", "top10_overlap", "top20_overlap",  # agreement.csv: undefined where fewer sites than k are ranked
 })  # fmt: skip
-"""Numeric CSV columns whose cell may be empty: the quantity does not apply to that row."""
-
-MAY_BE_NAN = frozenset({
-    "effect_drop", "random_drop",  # transfer.csv: drops relative to the unablated accuracy, NaN where it is 0
-    "top5_overlap", "top10_overlap", "top20_overlap",  # agreement.csv: NaN where fewer sites than k are ranked
-})  # fmt: skip
-"""Numeric CSV columns (and JSON keys) that may be NaN by definition. JSON null means "not set" or "does not
-apply" and is not checked; JSON NaN and Infinity are."""
+"""Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
+(an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not
+set", "does not apply" or "undefined" and is not checked; any NaN or Infinity, in a CSV cell or JSON, is."""
 
 
 def _number_problem(value: str) -> str | None:
@@ -187,7 +184,7 @@ def _json_nonfinite(value: Any, where: str, key: str = "") -> Iterator[str]:
     elif isinstance(value, list):
         for v in value:
             yield from _json_nonfinite(v, where, key)
-    elif isinstance(value, float) and not math.isfinite(value) and key not in MAY_BE_NAN:
+    elif isinstance(value, float) and not math.isfinite(value):
         yield f"{where} {key!r}: {value}"
 
 
@@ -203,7 +200,7 @@ def nonfinite(folder: Path) -> list[str]:
                         if column in TEXT_COLUMNS or (value == "" and column in MAY_BE_EMPTY):
                             continue
                         why = _number_problem(value or "")
-                        if why and not (value.lower() == "nan" and column in MAY_BE_NAN):
+                        if why:
                             problems.append(f"{name}:{line} {column}: {value!r} ({why})")
         elif path.suffix in (".json", ".jsonl"):
             problems += list(_json_nonfinite(_parse(path), name))

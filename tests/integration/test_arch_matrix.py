@@ -107,7 +107,8 @@ def arch_run(
 def _check_folder(folder: Path) -> None:
     assert (folder / "metadata.json").is_file(), folder
     check_intact(folder)
-    assert nonfinite(folder) == []
+    problems = nonfinite(folder)
+    assert problems == [], "\n".join(problems)
 
 
 def test_every_stage_and_the_report(arch_run: ArchRun) -> None:
