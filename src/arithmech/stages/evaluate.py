@@ -9,6 +9,10 @@ Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomica
                                        fingerprint of the config and model that produced it
     results.csv                        one row per benchmark: n, correct, accuracy, accuracy_norm (choice),
                                        perplexity, base_perplexity, kl (general), excluded rows, seconds
+    arithmetic.csv, split.json         with arithmetic benchmarks: per benchmark, operation and (operation,
+                                       formation), first-token accuracy and exact match with Wilson 95%
+                                       intervals; and the train/test split they were drawn from
+                                       (data/arithmetic_split.py)
     harness/                           lm-evaluation-harness tasks (--harness-tasks): results.json and
                                        samples/<task>.jsonl -- see evaluate/harness.py
     metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
@@ -46,13 +50,15 @@ from typing import Any
 
 import torch
 
+from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
+from arithmech.evaluate.arithmetic import GROUP_COLUMNS
 from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_names
 from arithmech.evaluate.harness import HarnessOptions, HarnessResult, lm_eval_version, run_harness, task_manager
 from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate_benchmark
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +77,8 @@ class EvaluateConfig:
     benchmarks: tuple[str, ...] | None = field(
         default=None,
         metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
-                          "or a .jsonl file; default gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when "
-                          "harness tasks are given"},
+                          "arithmetic[-<operation>], arithmetic-multidigit[-<operation>], or a .jsonl file; default "
+                          "gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when harness tasks are given"},
     )
     limit: int | None = field(
         default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
@@ -107,6 +113,14 @@ class EvaluateConfig:
         default=None,
         metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
     )
+    split_seed: int = field(
+        default=0, metadata={"help": "seed of the arithmetic train/test split; the same as the finetune stage's"}
+    )
+    arithmetic_part: str = field(
+        default="test",
+        metadata={"help": "arithmetic benchmarks ask: test (held-out templates and operand pairs) or validation "
+                          "(train templates, validation pairs: for choosing hyperparameters)"},
+    )  # fmt: skip
     harness_tasks: tuple[str, ...] = field(
         default=(),
         metadata={"help": "lm-evaluation-harness tasks, groups or tags (e.g. arc_easy,hellaswag); needs "
@@ -141,6 +155,10 @@ class EvaluateConfig:
             raise ConfigError(f"general_max_tokens must be at least 2 (got {self.general_max_tokens})")
         if self.n_shot is not None and self.n_shot < 0:
             raise ConfigError(f"n_shot must be 0 or more (got {self.n_shot})")
+        if self.arithmetic_part not in ("test", "validation"):
+            raise ConfigError(f"arithmetic_part {self.arithmetic_part!r} is not test or validation")
+        if self.arithmetic_part != "test" and any(n.startswith("arithmetic-multidigit") for n in self.benchmarks):
+            raise ConfigError("the multi-digit transfer set is held out for testing only; use arithmetic_part test")
         if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
             raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
 
@@ -279,6 +297,11 @@ def evaluate_stage(
         results[name] = result
     harness_results = run_harness(handle, harness, out / "harness", identity) if harness.tasks else {}
     atomic_write_text(out / "results.csv", results_csv(results.values(), harness_results.values()))
+    arithmetic = [r for r in results.values() if r.kind == "arithmetic"]
+    if arithmetic:
+        atomic_write_text(out / "arithmetic.csv", csv_text([g for r in arithmetic for g in r.info["groups"]],
+                                                           GROUP_COLUMNS, ".6f"))  # fmt: skip
+        atomic_write_json(out / "split.json", make_split(cfg.split_seed).record())
     metadata = {
         "stage": "evaluate",
         "model": handle.source,

@@ -12,6 +12,7 @@ Writes into the output folder (atomically, metadata.json last):
     merged/                         with `save_merged`: the whole trained model and tokenizer (HF format)
     lora_adapter/                   for LoRA: the adapter in peft's format
     train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds
+    split.json                      with `data: arithmetic`: the train/test split its prompts came from
     metadata.json                   selection (heads, MLPs, H/h_l per layer and its form, K/V groups), counts,
                                     trainable and total parameters, samples/second, peak memory, timings, versions
 Checkpoints live in checkpoints/ while training and are removed once the outputs are written.
@@ -28,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.data.locate import data_sha256
+from arithmech.data.templates import OPERATIONS
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
+from arithmech.finetune.arithmetic_data import ARITHMETIC, arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
-from arithmech.finetune.data import TARGETS, read_sft_examples, resolve_sft_data, tokenize_examples
+from arithmech.finetune.data import TARGETS, TokenizedExample, read_sft_examples, resolve_sft_data, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
 from arithmech.finetune.head_slices import HEAD_SCALES
 from arithmech.finetune.methods import (
@@ -76,13 +79,24 @@ class FinetuneConfig(TrainConfig):
     )  # fmt: skip
     data: str = field(
         default="llm_adapters_math_v1",
-        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits) or a JSONL path"},
+        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits), a JSONL path, or arithmetic (train "
+                          "part of the template split: answer targets, plain few-shot prompts, no chat template)"},
+    )
+    operations: tuple[str, ...] = field(
+        default=OPERATIONS, metadata={"help": "arithmetic data: the operations of its prompts (e.g. subtraction)"}
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "arithmetic data: seed of the train/test split; evaluate with the same one"}
     )
     data_dir: str | None = field(
         default=None, metadata={"help": "folder holding the data sets (default $ARITHMECH_DATA, then shipped)"}
     )
     target: str = field(default="rationale", metadata={"help": "rationale (correct ones only) or answer"})
-    max_samples: int | None = field(default=None, metadata={"help": "use at most this many rows (seeded sample)"})
+    max_samples: int | None = field(
+        default=None,
+        metadata={"help": "use at most this many rows (seeded sample); arithmetic: this many prompts (default one per "
+                          "train template and operand pair)"},
+    )  # fmt: skip
     max_length: int = field(default=512, metadata={"help": "drop examples longer than this many tokens"})
     chat_template: bool = field(default=True, metadata={"help": "use the tokenizer's chat template when it has one"})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
@@ -92,10 +106,12 @@ class FinetuneConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("components", "mlps"):
+        for name in ("components", "mlps", "operations"):
             value = getattr(self, name)
             if isinstance(value, list | str):
                 object.__setattr__(self, name, tuple(value.split(",") if isinstance(value, str) else value))
+        if not self.operations or any(op not in OPERATIONS for op in self.operations):
+            raise ConfigError(f"operations must be drawn from {', '.join(OPERATIONS)}; got {self.operations!r}")
         if self.method not in METHODS:
             raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
         if self.head_scale not in HEAD_SCALES:
@@ -158,11 +174,8 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     precise = cfg.method == "precise"
     identify_run = identify_record(identify_folder(cfg.from_run)) if precise and cfg.from_run else None
     heads, mlps = select_components(handle, cfg) if precise else ([], [])
-    path = resolve_sft_data(cfg.data, cfg.data_dir)
-    examples, read_counts = read_sft_examples(path, cfg.target)
-    if cfg.max_samples is not None and cfg.max_samples < len(examples):
-        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
-    data, tok_counts = tokenize_examples(handle.tokenizer, examples, cfg.max_length, cfg.chat_template)
+    data, data_record = _training_data(handle, cfg)
+    split = data_record.pop("split", None)
     accelerator = accelerator_for(handle.device)
     handle.model.to(accelerator.device)
     flags = requires_grad_state(handle.model)
@@ -185,13 +198,15 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
                 trainable.save_native(staging)
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
-        metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, path, start)
+        metadata = _metadata(handle, cfg, result, selection, data_record, start)
         metadata["identify_run"] = identify_run
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:
                 save_merged(handle.model, handle.tokenizer, out / "merged")
             atomic_write_text(out / "train_log.csv", csv_text(result.log, LOG_FIELDS))
+            if split is not None:
+                atomic_write_json(out / "split.json", split)
             atomic_write_json(out / "metadata.json", metadata)
             remove_checkpoints(out)
         accelerator.wait_for_everyone()
@@ -201,14 +216,25 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     return FinetuneResult(out, result, selection, metadata)
 
 
+def _training_data(handle: ModelHandle, cfg: FinetuneConfig) -> tuple[list[TokenizedExample], dict[str, Any]]:
+    """The tokenized examples, and what metadata.json records of them (arithmetic: also its split)."""
+    if cfg.data == ARITHMETIC:
+        return arithmetic_examples(handle.tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed, cfg.seed,
+                                   cfg.max_length)  # fmt: skip
+    path = resolve_sft_data(cfg.data, cfg.data_dir)
+    examples, read_counts = read_sft_examples(path, cfg.target)
+    if cfg.max_samples is not None and cfg.max_samples < len(examples):
+        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
+    data, tok_counts = tokenize_examples(handle.tokenizer, examples, cfg.max_length, cfg.chat_template)
+    return data, {"path": str(path), "sha256": data_sha256(path), **read_counts, **tok_counts}
+
+
 def _metadata(
     handle: ModelHandle,
     cfg: FinetuneConfig,
     result: TrainResult,
     selection: dict[str, Any],
-    read_counts: dict[str, int],
-    tok_counts: dict[str, Any],
-    data_path: Path,
+    data: dict[str, Any],
     start: float,
 ) -> dict[str, Any]:
     total = total_parameters(handle.model)
@@ -221,7 +247,7 @@ def _metadata(
         "config": asdict(cfg),
         "seed": cfg.seed,
         "selection": selection,
-        "data": {"path": str(data_path), "sha256": data_sha256(data_path), **read_counts, **tok_counts},
+        "data": data,
         "counts": {"steps": result.steps, "total_steps": result.total_steps, "examples_per_step": cfg.batch_size},
         "trainable_parameters": trainable,
         "total_parameters": total,
