@@ -1,5 +1,6 @@
 """Arithmetic task data: templates, generated prompt pairs, user prompt files, and their tokenization."""
 
+from arithmech.data.arithmetic_split import ArithmeticSplit, make_split, split_prompts, transfer_prompts
 from arithmech.data.generate import GenerationConfig, build_pair, generate_pairs, solve
 from arithmech.data.io import read_prompt_file, write_prompt_file
 from arithmech.data.prompts import ROLE_NAMES, PromptPair
@@ -25,6 +26,7 @@ __all__ = [
     "OPERATIONS",
     "ROLE_CODES",
     "ROLE_NAMES",
+    "ArithmeticSplit",
     "GenerationConfig",
     "PromptPair",
     "Template",
@@ -35,10 +37,13 @@ __all__ = [
     "default_templates_path",
     "generate_pairs",
     "load_templates",
+    "make_split",
     "pad_id_of",
     "read_prompt_file",
     "select_templates",
     "solve",
+    "split_prompts",
     "tokenize_pairs",
+    "transfer_prompts",
     "write_prompt_file",
 ]
