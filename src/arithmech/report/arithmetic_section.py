@@ -26,6 +26,8 @@ class ArithmeticPart:
 
     reading: str = ""
     tables: list[Table] = field(default_factory=list)
+    covers: tuple[str, ...] = ()
+    """Benchmark kinds the reading already reads out (the section's own reading leaves them out)."""
 
 
 def _folder(stage: StageFolder, which: str) -> Path | None:
@@ -129,4 +131,4 @@ def arithmetic_part(
          "change (exact for multi-digit)"),
         rows,
     )  # fmt: skip
-    return ArithmeticPart(reading, [table])
+    return ArithmeticPart(reading, [table], ("arithmetic", "general", "choice") if general else ("arithmetic",))

@@ -259,14 +259,15 @@ def evaluate_body(stage: StageFolder) -> Body:
             ppl_b, ppl_t, kl = (to_float(b.get("perplexity")), to_float(t.get("perplexity")), to_float(t.get("kl")))
             cells = (f"perplexity {num(ppl_b)}", f"perplexity {num(ppl_t)}" if t else "n/a",
                      f"KL {num(kl)}" if t else "n/a")  # fmt: skip
-            text.append(f"{name}: perplexity {num(ppl_b)}"
-                        + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
+            if kind not in arithmetic.covers:
+                text.append(f"{name}: perplexity {num(ppl_b)}"
+                            + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
         else:
             acc_b, acc_t = to_float(b.get("accuracy")), to_float(t.get("accuracy"))
             change = f"{(acc_t - acc_b) * 100:+.1f} points" if is_number(acc_b) and is_number(acc_t) else "n/a"
             cells = (pct(acc_b, 1), pct(acc_t, 1) if t else "n/a", change)
             n = (b or t).get("n", "n/a")
-            if kind != "arithmetic":  # read out per operation by the arithmetic part
+            if kind not in arithmetic.covers:  # arithmetic: read out per operation by the arithmetic part
                 tail = f" base, {pct(acc_t, 1)} tuned ({change})" if t else ""
                 text.append(f"{name} (n={n}): {pct(acc_b, 1)}{tail}")
         rows.append((name, kind, (b or t).get("n", "n/a"), *cells))
