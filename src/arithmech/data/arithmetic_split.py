@@ -52,7 +52,7 @@ from arithmech.errors import ConfigError
 PARTS: tuple[str, ...] = ("train", "validation", "test")
 DEFAULT_SHOTS = 3
 TRANSFER_MIN, TRANSFER_MAX = 10, 99
-TRANSFER_PER_TEMPLATE = 8
+TRANSFER_PER_TEMPLATE = 16
 
 Problem = tuple[int, int]
 
