@@ -6,6 +6,7 @@ Members are imported on first use (arithmech/lazy.py), so reading templates or p
 from arithmech.lazy import lazy_exports
 
 _EXPORTS = {
+    "arithmetic_split": ("ArithmeticSplit", "make_split", "split_prompts", "transfer_prompts"),
     "generate": ("GenerationConfig", "build_pair", "generate_pairs", "solve"),
     "io": ("read_prompt_file", "write_prompt_file"),
     "prompts": ("ROLE_NAMES", "PromptPair"),

@@ -128,6 +128,27 @@ def answer_tokens(tokenizer: Any, prompt: str, answer: str) -> tuple[str, list[i
     return None
 
 
+def continuation_span(
+    tokenizer: Any, context: str, continuation: str, add_special_tokens: bool = True
+) -> tuple[list[int], int]:
+    """(tokens of context + continuation, index of the first token the continuation changes or adds).
+
+    The concatenation is tokenized, not the two apart, so the tokenizer's own boundary holds: when the context's
+    last token merges with the continuation's first characters, the span starts at that merged token (the
+    lm-evaluation-harness convention; evaluate/choice.py scores choices, evaluate/arithmetic.py answers by it).
+    """
+    ctx = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
+    whole = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
+    start = 0
+    while start < min(len(ctx), len(whole)) and ctx[start] == whole[start]:
+        start += 1
+    if start == 0:
+        raise DataError(f"the context {context[:40]!r} gives no token before the continuation; give a non-empty prompt")
+    if start == len(whole):
+        raise DataError(f"{continuation!r} adds no token to its prompt; choices and answers must not be empty")
+    return list(whole), start
+
+
 def pad_id_of(tokenizer: Any) -> int:
     """The tokenizer's pad id, else its eos id, else 0."""
     for name in ("pad_token_id", "eos_token_id"):

@@ -1,5 +1,6 @@
 """Evaluation: math word problems by greedy generation, multiple choice by log-likelihood, general text by KL,
-and lm-evaluation-harness tasks through a bridge (harness.py).
+arithmetic on held-out templates and operand pairs in one teacher-forced pass (arithmetic.py), and
+lm-evaluation-harness tasks through a bridge (harness.py).
 
 Members are imported on first use (arithmech/lazy.py), so the benchmark registry needs no torch.
 """
@@ -8,6 +9,7 @@ from arithmech.lazy import lazy_exports
 
 _EXPORTS = {
     "answers": ("extract_choice", "extract_number", "format_number", "numbers_match"),
+    "arithmetic": ("AnswerScore", "score_answers", "wilson_interval"),
     "benchmarks": ("Benchmark", "benchmark", "benchmark_names", "build_prompts", "register_benchmark"),
     "choice": ("ChoiceScore", "score_choices"),
     "general": ("GeneralResult", "general_scores", "load_general_texts"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from arithmech.report.arithmetic_section import arithmetic_part
 from arithmech.report.page import (
     Body,
     Figure,
@@ -236,9 +237,12 @@ def finetune_body(stage: StageFolder) -> Body:
         f"({pct(meta.get('trainable_fraction'), 2)}) for {plural(int(steps), 'step')} at "
         f"{num(meta.get('samples_per_second'))} samples/s"
     )
+    data: dict[str, Any] = meta.get("data", {})
+    if data.get("operations"):  # `data: arithmetic`: the train part of the template split
+        text += (f" on {data.get('kept', 'n/a')} arithmetic prompts ({listing(data['operations'])}; train templates "
+                 f"and operand pairs of split {data.get('split_fingerprint', 'n/a')})")  # fmt: skip
     text += f"; loss {num(losses[0])} at the first step, {num(losses[-1])} at the last." if losses else "."
     memory: dict[str, Any] = meta.get("peak_memory", {})
-    data: dict[str, Any] = meta.get("data", {})
     rows = [
         ("method", str(method)), ("heads trained", listing(heads, 20)), ("MLPs trained", listing(mlps, 20)),
         ("trainable parameters", count(trainable)), ("total parameters", count(total)),
@@ -265,6 +269,7 @@ def evaluate_body(stage: StageFolder) -> Body:
     base, tuned = _results(stage, "base"), _results(stage, "tuned")
     names = list(dict.fromkeys([*base, *tuned]))
     text, rows = [], []
+    arithmetic = arithmetic_part(stage, base, tuned)
     for name in names:
         b, t = base.get(name, {}), tuned.get(name, {})
         kind = (b or t).get("kind", "")
@@ -272,18 +277,21 @@ def evaluate_body(stage: StageFolder) -> Body:
             ppl_b, ppl_t, kl = (to_float(b.get("perplexity")), to_float(t.get("perplexity")), to_float(t.get("kl")))
             cells = (f"perplexity {num(ppl_b)}", f"perplexity {num(ppl_t)}" if t else "n/a",
                      f"KL {num(kl)}" if t else "n/a")  # fmt: skip
-            text.append(f"{name}: perplexity {num(ppl_b)}"
-                        + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
+            if kind not in arithmetic.covers:
+                text.append(f"{name}: perplexity {num(ppl_b)}"
+                            + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
         else:
             acc_b, acc_t = to_float(b.get("accuracy")), to_float(t.get("accuracy"))
             change = f"{(acc_t - acc_b) * 100:+.1f} points" if is_number(acc_b) and is_number(acc_t) else "n/a"
             cells = (pct(acc_b, 1), pct(acc_t, 1) if t else "n/a", change)
             n = (b or t).get("n", "n/a")
-            text.append(f"{name} (n={n}): {pct(acc_b, 1)}" + (f" base, {pct(acc_t, 1)} tuned ({change})" if t else ""))
+            if kind not in arithmetic.covers:  # arithmetic: read out per operation by the arithmetic part
+                tail = f" base, {pct(acc_t, 1)} tuned ({change})" if t else ""
+                text.append(f"{name} (n={n}): {pct(acc_b, 1)}{tail}")
         rows.append((name, kind, (b or t).get("n", "n/a"), *cells))
     lead = "Base and tuned model" if tuned else "Base model"
-    reading = f"{lead} on {plural(len(names), 'benchmark')}: " + "; ".join(text) + "." if names else \
-        "No benchmark results were written."  # fmt: skip
+    reading = f"{lead} on {plural(len(text), 'benchmark')}: " + "; ".join(text) + "." if text else ""
+    reading = f"{arithmetic.reading} {reading}".strip() or "No benchmark results were written."
     table = Table("Benchmark results", ("benchmark", "kind", "n", "base", "tuned", "change"), rows)
-    return Body(reading, [], [table], small_samples({name: (base.get(name) or tuned[name]).get("n") for name in names},
-                                                    "row"))
+    sizes = {name: (base.get(name) or tuned[name]).get("n") for name in names}
+    return Body(reading, [], [*arithmetic.tables, table], small_samples(sizes, "row"))

@@ -9,6 +9,10 @@ Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomica
                                        fingerprint of the config and model that produced it
     results.csv                        one row per benchmark: n, correct, accuracy, accuracy_norm (choice),
                                        perplexity, base_perplexity, kl (general), excluded rows, seconds
+    arithmetic.csv, split.json         with arithmetic benchmarks: per benchmark, operation and (operation,
+                                       formation), first-token accuracy and exact match with Wilson 95%
+                                       intervals; and the train/test split they were drawn from
+                                       (data/arithmetic_split.py)
     harness/                           lm-evaluation-harness tasks (--harness-tasks): results.json and
                                        samples/<task>.jsonl -- see evaluate/harness.py
     metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
@@ -46,12 +50,14 @@ from typing import Any
 
 import torch
 
+from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
+from arithmech.evaluate.arithmetic import GROUP_COLUMNS
 from arithmech.evaluate.benchmarks import GENERAL
 from arithmech.evaluate.harness import HarnessResult, lm_eval_version, run_harness
 from arithmech.evaluate.runner import BenchmarkResult, EvalResult, evaluate_benchmark
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, cell, git_sha, package_versions
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, cell, csv_text, git_sha, package_versions
 from arithmech.stages.evaluate_config import EvaluateConfig
 
 logger = logging.getLogger(__name__)
@@ -165,6 +171,11 @@ def evaluate_stage(
         results[name] = result
     harness_results = run_harness(handle, harness, out / "harness", identity) if harness.tasks else {}
     atomic_write_text(out / "results.csv", results_csv(results.values(), harness_results.values()))
+    arithmetic = [r for r in results.values() if r.kind == "arithmetic"]
+    if arithmetic:
+        atomic_write_text(out / "arithmetic.csv", csv_text([g for r in arithmetic for g in r.info["groups"]],
+                                                           GROUP_COLUMNS, ".6f"))  # fmt: skip
+        atomic_write_json(out / "split.json", make_split(cfg.split_seed).record())
     metadata = {
         "stage": "evaluate",
         "model": handle.source,

@@ -28,8 +28,8 @@ class EvaluateConfig:
     benchmarks: tuple[str, ...] | None = field(
         default=None,
         metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
-                          "or a .jsonl file; default gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when "
-                          "harness tasks are given"},
+                          "arithmetic[-<operation>], arithmetic-multidigit[-<operation>], or a .jsonl file; default "
+                          "gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when harness tasks are given"},
     )
     limit: int | None = field(
         default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
@@ -64,6 +64,14 @@ class EvaluateConfig:
         default=None,
         metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
     )
+    split_seed: int = field(
+        default=0, metadata={"help": "seed of the arithmetic train/test split; the same as the finetune stage's"}
+    )
+    arithmetic_part: str = field(
+        default="test",
+        metadata={"help": "arithmetic benchmarks ask: test (held-out templates and operand pairs) or validation "
+                          "(train templates, validation pairs: for choosing hyperparameters)"},
+    )  # fmt: skip
     harness_tasks: tuple[str, ...] = field(
         default=(),
         metadata={"help": "lm-evaluation-harness tasks, groups or tags (e.g. arc_easy,hellaswag); needs "
@@ -98,6 +106,10 @@ class EvaluateConfig:
             raise ConfigError(f"general_max_tokens must be at least 2 (got {self.general_max_tokens})")
         if self.n_shot is not None and self.n_shot < 0:
             raise ConfigError(f"n_shot must be 0 or more (got {self.n_shot})")
+        if self.arithmetic_part not in ("test", "validation"):
+            raise ConfigError(f"arithmetic_part {self.arithmetic_part!r} is not test or validation")
+        if self.arithmetic_part != "test" and any(n.startswith("arithmetic-multidigit") for n in self.benchmarks):
+            raise ConfigError("the multi-digit transfer set is held out for testing only; use arithmetic_part test")
         if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
             raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
 

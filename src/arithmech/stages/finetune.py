@@ -13,6 +13,7 @@ Writes into the output folder (atomically, metadata.json last):
     lora_adapter/                   for LoRA: the adapter in peft's format
     train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm (empty without
                                     clipping), tokens, seconds
+    split.json                      with `data: arithmetic`: the train/test split its prompts came from
     metadata.json                   selection (heads, MLPs, H/h_l per layer and its form, K/V groups), counts,
                                     trainable and total parameters, samples/second, peak memory, timings, versions
 Checkpoints live in checkpoints/ while training and are removed once the outputs are written.
@@ -32,8 +33,9 @@ from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
 from arithmech.evaluate.generation import context_length
+from arithmech.finetune.arithmetic_data import ARITHMETIC, arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
-from arithmech.finetune.data import read_sft_examples, resolve_sft_data, tokenize_examples
+from arithmech.finetune.data import TokenizedExample, read_sft_examples, resolve_sft_data, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
 from arithmech.finetune.methods import make_trainable, requires_grad_state, restore_requires_grad, total_parameters
 from arithmech.finetune.train import TrainResult, accelerator_for, train
@@ -93,13 +95,8 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     precise = cfg.method == "precise"
     identify_run = identify_record(identify_folder(cfg.from_run)) if precise and cfg.from_run else None
     heads, mlps = select_components(handle, cfg) if precise else ([], [])
-    path = resolve_sft_data(cfg.data, cfg.data_dir)
-    examples, read_counts = read_sft_examples(path, cfg.target)
-    if cfg.max_samples is not None and cfg.max_samples < len(examples):
-        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
-    max_length = _max_length(handle, cfg)
-    data, tok_counts = tokenize_examples(handle.tokenizer, examples, max_length, cfg.chat_template)
-    tok_counts["max_length"] = max_length  # the limit applied: cfg.max_length or the context length
+    data, data_record = _training_data(handle, cfg)
+    split = data_record.pop("split", None)
     accelerator = accelerator_for(handle.device)
     handle.model.to(accelerator.device)
     flags = requires_grad_state(handle.model)
@@ -122,13 +119,15 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
                 trainable.save_native(staging)
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
-        metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, path, start)
+        metadata = _metadata(handle, cfg, result, selection, data_record, start)
         metadata["identify_run"] = identify_run
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:
                 save_merged(handle.model, handle.tokenizer, out / "merged")
             atomic_write_text(out / "train_log.csv", csv_text(result.log, LOG_FIELDS))
+            if split is not None:
+                atomic_write_json(out / "split.json", split)
             atomic_write_json(out / "metadata.json", metadata)
             remove_checkpoints(out)
         accelerator.wait_for_everyone()
@@ -149,14 +148,28 @@ def _max_length(handle: ModelHandle, cfg: FinetuneConfig) -> int:
     return context
 
 
+def _training_data(handle: ModelHandle, cfg: FinetuneConfig) -> tuple[list[TokenizedExample], dict[str, Any]]:
+    """The tokenized examples, and what metadata.json records of them (arithmetic: also its split); max_length is
+    the limit applied: cfg.max_length, or the model's context where that is shorter."""
+    max_length = _max_length(handle, cfg)
+    if cfg.data == ARITHMETIC:
+        data, record = arithmetic_examples(handle.tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed,
+                                           cfg.seed, max_length)  # fmt: skip
+        return data, {**record, "max_length": max_length}
+    path = resolve_sft_data(cfg.data, cfg.data_dir)
+    examples, read_counts = read_sft_examples(path, cfg.target)
+    if cfg.max_samples is not None and cfg.max_samples < len(examples):
+        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
+    data, tok_counts = tokenize_examples(handle.tokenizer, examples, max_length, cfg.chat_template)
+    return data, {"path": str(path), "sha256": data_sha256(path), **read_counts, **tok_counts, "max_length": max_length}
+
+
 def _metadata(
     handle: ModelHandle,
     cfg: FinetuneConfig,
     result: TrainResult,
     selection: dict[str, Any],
-    read_counts: dict[str, int],
-    tok_counts: dict[str, Any],
-    data_path: Path,
+    data: dict[str, Any],
     start: float,
 ) -> dict[str, Any]:
     total = total_parameters(handle.model)
@@ -169,7 +182,7 @@ def _metadata(
         "config": asdict(cfg),
         "seed": cfg.seed,
         "selection": selection,
-        "data": {"path": str(data_path), "sha256": data_sha256(data_path), **read_counts, **tok_counts},
+        "data": data,
         "counts": {"steps": result.steps, "total_steps": result.total_steps, "examples_per_step": cfg.batch_size},
         "trainable_parameters": trainable,
         "total_parameters": total,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.finetune.settings import HEAD_SCALES, METHODS, TARGETS, TrainConfig
 
@@ -32,13 +33,24 @@ class FinetuneConfig(TrainConfig):
     )  # fmt: skip
     data: str = field(
         default="llm_adapters_math_v1",
-        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits) or a JSONL path"},
+        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits), a JSONL path, or arithmetic (train "
+                          "part of the template split: answer targets, plain few-shot prompts, no chat template)"},
+    )
+    operations: tuple[str, ...] = field(
+        default=OPERATIONS, metadata={"help": "arithmetic data: the operations of its prompts (e.g. subtraction)"}
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "arithmetic data: seed of the train/test split; evaluate with the same one"}
     )
     data_dir: str | None = field(
         default=None, metadata={"help": "folder holding the data sets (default $ARITHMECH_DATA, then shipped)"}
     )
     target: str = field(default="rationale", metadata={"help": "rationale (correct ones only) or answer"})
-    max_samples: int | None = field(default=None, metadata={"help": "use at most this many rows (seeded sample)"})
+    max_samples: int | None = field(
+        default=None,
+        metadata={"help": "use at most this many rows (seeded sample); arithmetic: this many prompts (default one per "
+                          "train template and operand pair)"},
+    )  # fmt: skip
     max_length: int = field(default=512, metadata={"help": "drop examples longer than this many tokens"})
     chat_template: bool = field(default=True, metadata={"help": "use the tokenizer's chat template when it has one"})
     lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
@@ -48,7 +60,7 @@ class FinetuneConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("components", "mlps"):
+        for name in ("components", "mlps", "operations"):
             value = getattr(self, name)
             if isinstance(value, list | str):
                 object.__setattr__(self, name, tuple(value.split(",") if isinstance(value, str) else value))
@@ -58,6 +70,8 @@ class FinetuneConfig(TrainConfig):
             raise ConfigError(f"head_scale {self.head_scale!r} is not one of {', '.join(HEAD_SCALES)}")
         if self.target not in TARGETS:
             raise ConfigError(f"target {self.target!r} is not one of {', '.join(TARGETS)}")
+        if not self.operations or any(op not in OPERATIONS for op in self.operations):
+            raise ConfigError(f"operations must be drawn from {', '.join(OPERATIONS)}; got {self.operations!r}")
         if self.method == "precise" and self.from_run is None and not self.components and not self.mlps:
             raise ConfigError(
                 "precise SFT needs heads: give --from RUN_DIR (its top-k heads) or --components 14.2,18.5"
