@@ -65,8 +65,7 @@ def identify(
     """Path-patch every attention head and MLP at the last token and write the key components."""
     setup_logging(quiet)
     from arithmech import distributed, preflight
-    from arithmech.stages.identify import IdentifyConfig
-    from arithmech.stages.identify import identify as run_identify
+    from arithmech.stages.identify_config import IdentifyConfig
 
     cfg, out_dir = preflight.check(IdentifyConfig(
         operations=split(operations),
@@ -93,6 +92,8 @@ def identify(
             from arithmech.data import load_templates
 
             load_templates(cfg.templates_file)
+    from arithmech.stages.identify import identify as run_identify
+
     handle = distributed.local_device(load)()
     result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     if distributed.is_main():
