@@ -33,7 +33,8 @@ from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.data.reference_set import build_reference_set
 from arithmech.evaluate.choice import score_choices
-from arithmech.evaluate.general import GeneralText, general_scores
+from arithmech.evaluate.general import general_scores
+from arithmech.evaluate.general_texts import GeneralText
 from arithmech.evaluate.generation import generate_greedy
 from arithmech.knockout.ablation import ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores

@@ -86,12 +86,6 @@ def identify(
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S"), "identify")
-    if cfg.prompts_file is None:
-        cfg.generation()  # validate before the model loads
-        if cfg.templates_file:
-            from arithmech.data import load_templates
-
-            load_templates(cfg.templates_file)
     from arithmech.stages.identify import identify as run_identify
 
     handle = distributed.local_device(load)()

@@ -1,14 +1,18 @@
 """Which prompts make a reference set (`data/reference_set.py` builds it), importable without torch.
 
-identify's options of the same names set these fields, and the CLI checks them before a model loads.
+identify's options of the same names set these fields, and the CLI checks them before a model loads: the
+values, and (`check_files`) the content of a prompt or templates file, read as the stage reads it. Only the
+checks that need the tokenizer (an answer of one token, a counterfactual of the same length) wait for the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from arithmech.data.generate import GenerationConfig
-from arithmech.data.templates import FORMATIONS
+from arithmech.data.generate import GenerationConfig, generate_pairs
+from arithmech.data.io import read_prompt_file
+from arithmech.data.prompts import PromptPair
+from arithmech.data.templates import FORMATIONS, load_templates
 from arithmech.errors import ConfigError
 
 
@@ -50,3 +54,17 @@ class ReferenceSetConfig:
             few_shot=self.few_shot,
             seed=self.seed,
         )
+
+    def check_files(self) -> None:
+        """Read the prompt or templates file (and generate from it) as the stage will: a malformed file is one
+        DataError naming its lines, before a model loads."""
+        reference_pairs(self)
+
+
+def reference_pairs(cfg: ReferenceSetConfig) -> list[PromptPair]:
+    """Step 1 of a reference set: the user's prompt file, or the pairs generated from the templates (a templates
+    file, or the shipped ones). Every rule that needs no tokenizer is checked here (`data/pair_checks.py`)."""
+    if cfg.prompts_file:
+        return read_prompt_file(cfg.prompts_file)
+    templates = load_templates(cfg.templates_file) if cfg.templates_file else None
+    return generate_pairs(cfg.generation(), templates)

@@ -9,7 +9,8 @@ Background
 
 Steps (`build_reference_set`; its settings, `ReferenceSetConfig`, are in `data/reference_config.py`)
     1. pairs: a user's prompt file (`read_prompt_file`), or `generate_pairs` over the templates (a templates
-       file, or the shipped ones);
+       file, or the shipped ones): `reference_config.reference_pairs`, which the CLI also runs before the model
+       loads, so a malformed file fails at once;
     2. tokens: `tokenize_pairs`; a pair whose answer is not one whole token, or whose counterfactual changes
        nothing, is refused (`pair_checks`); one whose counterfactual has another token length is rejected,
        counted and named;
@@ -34,12 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from arithmech.data.generate import generate_pairs
-from arithmech.data.io import read_prompt_file
 from arithmech.data.prompts import PromptPair
-from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
 from arithmech.data.sampling import stratified_sample
-from arithmech.data.templates import load_templates
 from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
 from arithmech.errors import DataError
 from arithmech.models.load import ModelHandle
@@ -77,11 +75,7 @@ def _kept_prompts(
     handle: ModelHandle, cfg: ReferenceSetConfig
 ) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int]]:
     """Steps 1-3: every tokenized pair, the indices kept, the accuracy per template, and the counts."""
-    if cfg.prompts_file:
-        pairs = read_prompt_file(cfg.prompts_file)
-    else:
-        templates = load_templates(cfg.templates_file) if cfg.templates_file else None
-        pairs = generate_pairs(cfg.generation(), templates)
+    pairs = reference_pairs(cfg)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size

@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import load_file
 
 from arithmech.errors import ConfigError, DataError
-from arithmech.finetune.data import read_sft_examples, tokenize_examples
+from arithmech.finetune.data import tokenize_examples
 from arithmech.finetune.delta import apply_delta
 from arithmech.finetune.methods import make_trainable
+from arithmech.finetune.sft_rows import read_sft_examples
 from arithmech.finetune.train import accelerator_for, train
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.models.sites import Component
