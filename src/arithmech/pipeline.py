@@ -227,9 +227,10 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     stages = tuple(canonical_stage(str(name).strip()) for name in chosen if str(name).strip())
     for name in stages:
         stage_by_name(name)
-    from arithmech.models.load import ModelConfig
+    from arithmech.models.model_config import ModelConfig
 
     model = typed_settings(ModelConfig, data.get("model"), "model")
+    ModelConfig(**model)  # a bad value (e.g. dtype) is refused here, before torch is imported
     seed = coerce(data.get("seed", 0), int, "seed")
     settings = {s.name: build_stage_config(s, data.get(s.name), seed) for s in STAGES if s.name in stages}
     read = {n for s in STAGES if s.name in stages for n in (*s.needs, *s.reads) if n not in stages and data.get(n)}
@@ -281,7 +282,8 @@ def _canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
 
 def _load(quiet: bool = False, **model: Any) -> Any:
     """Keyword arguments only: `distributed.local_device` changes its `device`."""
-    from arithmech.models.load import ModelConfig, load_model
+    from arithmech.models.load import load_model
+    from arithmech.models.model_config import ModelConfig
 
     return load_model(ModelConfig(**model), quiet=quiet)
 

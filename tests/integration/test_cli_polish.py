@@ -40,6 +40,10 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
     """`arithmech --help`, every command's --help and a bad option value of every command answer before torch
     is imported; a bad value is one sentence on stderr and exit status 2, and nothing is written."""
     run = str(tmp_path / "no-such-run")  # never read: the bad option is refused first
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "dtype.yaml").write_text("model: {dtype: bogus}\nstages: [identify]\n")
+    (configs / "ok.yaml").write_text(f"out: {tmp_path / 'r'}\nstages: [identify, knockout]\n")
     helps = [["--help"], ["identify", "--help"], ["knockout", "--help"], ["transfer", "--help"],
              ["analyze", "attention", "--help"], ["analyze", "mlp", "--help"], ["analyze", "agreement", "--help"],
              ["mediate", "--help"], ["neurons", "--help"], ["finetune", "--help"], ["evaluate", "--help"],
@@ -62,6 +66,8 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         ("finetune", "--method", "bogus", "--out", str(tmp_path / "f")): "bogus",
         ("evaluate", "--benchmarks", "nosuch", "--out", str(tmp_path / "e")): "nosuch",
         ("neurons", "--prune-by", "x", "--out", str(tmp_path / "n")): "prune_by",
+        ("run", "--config", str(configs / "dtype.yaml")): "dtype",
+        ("run", "--config", str(configs / "ok.yaml"), "--set", "knockout.max_k=abc"): "knockout.max_k",
     }  # fmt: skip
     loaded = _heavy_after([*helps, *(list(argv) for argv in bad)])
     assert loaded.pop("import") == []
@@ -72,7 +78,7 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         assert code == 2, (argv, said)
         assert said.startswith("error: ") and said.count("\n") == 1 and "Traceback" not in said, (argv, said)
         assert cause in said, (argv, said)
-    assert not list(tmp_path.iterdir())
+    assert list(tmp_path.iterdir()) == [configs]
 
 
 def _commands() -> list[tuple[list[str], object]]:

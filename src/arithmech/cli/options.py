@@ -89,7 +89,8 @@ def load_handle(
     quiet: bool = False,
 ) -> Any:
     """Load the model named by the options, logging where it came from and how long it took."""
-    from arithmech.models.load import ModelConfig, load_model, set_threads
+    from arithmech.models.load import load_model, set_threads
+    from arithmech.models.model_config import ModelConfig
 
     cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
     set_threads(threads)

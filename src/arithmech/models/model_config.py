@@ -1,0 +1,31 @@
+"""Which model to load and where: the `model:` settings, torch-free so that a bad one is refused at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arithmech.errors import ConfigError
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to load and where to put it."""
+
+    model: str | None = None
+    """Hub id, local folder or .gguf path; None = the built-in default (SmolLM2-135M-Instruct)."""
+    gguf_file: str | None = None
+    """GGUF file name inside the `model` folder (or hub repo)."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N, or auto (spread over all visible GPUs with accelerate's device_map)."""
+    dtype: str = "float32"
+    """float32, float16, bfloat16 or auto (the checkpoint's own)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)."""
+    attn_implementation: str = "eager"
+    """transformers attention backend; eager returns attention weights, which later stages read."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in (*DTYPE_NAMES, "auto"):
+            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join([*DTYPE_NAMES, 'auto'])}")
