@@ -71,7 +71,7 @@ def common_prefix_length(ids: torch.Tensor, end: torch.Tensor) -> int:
     return int(differs[0, 0]) if len(differs) else limit
 
 
-class SharedPrefix:
+class _Prefix:
     """The shared prefix's key/value cache, copied and repeated for each suffix batch."""
 
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
@@ -105,7 +105,7 @@ def end_states(
     view: ModelView, batch: PatchingBatch, prefix_len: int, batch_size: int = 32
 ) -> tuple[EndPredictions, EndValues]:
     """Top token and answer probability at END, and every layer's END values, of each prompt of `batch`."""
-    prefix = SharedPrefix(view, batch, prefix_len)
+    prefix = _Prefix(view, batch, prefix_len)
     n_layers = view.dims.n_layers
     z: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
     mlp: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
@@ -137,7 +137,7 @@ def end_knockout_scores(
     batch_size: int = 32,
 ) -> KnockoutScores:
     """Like `knockout_scores` with END-only sources `values`, running only the suffixes."""
-    prefix = SharedPrefix(view, batch, prefix_len)
+    prefix = _Prefix(view, batch, prefix_len)
     head_masks, mlp_masks = config_masks(view, configs)
     rows = torch.cartesian_prod(torch.arange(len(configs)), torch.arange(len(batch)))  # [(config, prompt)]
     correct = torch.zeros(len(configs), len(batch), dtype=torch.bool)

@@ -22,9 +22,11 @@ Ablation (`ablation_sweep`)
     Per prompt, per chosen layer: the k neurons with the largest DE on that prompt's answer ("top"), or k
     neurons drawn at random from the same layer ("random", one draw per prompt and seed), have m replaced at
     END by their mean over the prompts of the set ("mean") or by 0 ("zero"); k neurons in every chosen layer
-    at once. Accuracy = top token at END is the answer. Every (configuration, prompt) is a row of a batch;
-    the prompts share their few-shot prefix (`data/operand_grid`), whose keys and values are computed once
-    (`analysis.shared_prefix`), so a row costs only the query's tokens.
+    at once. Accuracy = top token at END is the answer. An ablation at END cannot change any earlier position,
+    so the few-shot prefix that every grid prompt shares runs once, each prompt's query tokens before END once
+    per pass (on a copy of the prefix's keys and values), and every (configuration, prompt) row runs only the
+    END token on a copy of its prompt's cache, all configurations of a prompt in one batch: one token per row
+    instead of the whole prompt (as `analysis.shared_prefix` does for a prefix).
 
 Shapes
     scan_neurons(view, batch, layers)                       NeuronScan: [prompt, layer, d_mlp] maps, [prompt]
@@ -35,16 +37,17 @@ References: Nikankin et al., ICLR 2025 (arXiv 2410.21272), sec. 3-5; METHODS.md 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from arithmech.analysis.shared_prefix import SharedPrefix, common_prefix_length
+from arithmech.analysis.shared_prefix import common_prefix_length
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.models.hooks import hooks
-from arithmech.models.view import ModelView
+from arithmech.models.view import ModelView, cache_kwarg
 from arithmech.neurons.coefficients import d_mlp
 from arithmech.neurons.log_increase import end_states, neuron_directions, predictions, run_scales
 from arithmech.neurons.readout import final_norm, unembed_weight
@@ -141,28 +144,70 @@ def ablation_sweep(
         for selection, r in [("top", 0), *(("random", r + 1) for r in range(n_random))]
     ]  # fmt: skip
     values = {"mean": mean_activation.float(), "zero": torch.zeros(len(layers), width)}
-    prefix_len = common_prefix_length(batch.ref_ids, batch.end)
-    prefix = SharedPrefix(view, batch, prefix_len)
-    rows = torch.cartesian_prod(torch.arange(len(configs)), torch.arange(n_prompts))  # [(config, prompt)]
     correct = torch.zeros(len(configs), n_prompts, dtype=torch.bool)
     prob = torch.zeros(len(configs), n_prompts)
-    for start in range(0, len(rows), batch_size):
-        block = rows[start : start + batch_size]
-        config, prompt = block[:, 0].tolist(), block[:, 1]
-        end = batch.end[prompt] - prefix_len
-        masks, sources = _row_masks([configs[c] for c in config], prompt, ranks, values, len(layers), width)
-        pre = [(down_proj(view, layer), _replace_at_end(masks[:, i], sources[:, i], end))
-               for i, layer in enumerate(layers) if bool(masks[:, i].any())]  # fmt: skip
-        with hooks(pre=pre):
-            at_end, _ = prefix.logits(prompt)
-        answers = batch.answer_ids[prompt].to(at_end.device)
-        correct[config, prompt] = (at_end.argmax(-1) == answers).cpu()
-        prob[config, prompt] = at_end.softmax(-1).gather(1, answers[:, None])[:, 0].cpu()
-        if progress is not None:
-            progress(len(block))
+    per_pass = max(1, batch_size // len(configs))  # prompts per forward pass, all their configurations as rows
+    step = _EndStep(view, batch)
+    for length in batch.end.unique().tolist():  # prompts of one length share a cache shape
+        group = (batch.end == length).nonzero().flatten()
+        for start in range(0, len(group), per_pass):
+            prompts = group[start : start + per_pass]
+            prompt = prompts.repeat_interleave(len(configs))  # [row]: prompt-major, configurations inner
+            config = torch.arange(len(configs)).repeat(len(prompts))  # [row]
+            masks, sources = _row_masks([configs[c] for c in config.tolist()], prompt, ranks, values, len(layers),
+                                        width)  # fmt: skip
+            at_end = torch.zeros(len(prompt), dtype=torch.long)  # END is the only position of each row
+            pre = [(down_proj(view, layer), _replace_at_end(masks[:, i], sources[:, i], at_end))
+                   for i, layer in enumerate(layers) if bool(masks[:, i].any())]  # fmt: skip
+            last, cache = step.prepare(prompts, int(length), len(configs))  # the tokens before END, unablated
+            with hooks(pre=pre):
+                logits = step.logits(last, cache, int(length))  # [row, d_vocab]
+            answers = batch.answer_ids[prompt].to(logits.device)
+            correct[config, prompt] = (logits.argmax(-1) == answers).cpu()
+            prob[config, prompt] = logits.softmax(-1).gather(1, answers[:, None])[:, 0].cpu()
+            if progress is not None:
+                progress(len(prompt))
     return [{"ablation": c.ablation, "selection": c.selection, "seed": c.seed, "k": c.k,
              "accuracy": float(correct[i].float().mean()), "answer_prob": float(prob[i].mean())}
             for i, c in enumerate(configs)]  # fmt: skip
+
+
+class _EndStep:
+    """The END-token rows of an ablation: the prompts' shared prefix runs once (its key/value cache kept); per
+    pass, each prompt's tokens between the prefix and END run on a copy of it, and that cache, repeated
+    `copies` times, serves `logits()`, which runs only the END token of each prompt * copies row."""
+
+    def __init__(self, view: ModelView, batch: TokenizedPairs) -> None:
+        self.view, self.batch = view, batch
+        self.device = view.o_proj(0).weight.device
+        self.arg = cache_kwarg(view.model.base_model)
+        self.p = common_prefix_length(batch.ref_ids, batch.end)
+        self.prefix = None
+        if self.p:
+            ids = batch.ref_ids[:1, : self.p].to(self.device)
+            self.prefix = getattr(view.model.base_model(input_ids=ids, use_cache=True), self.arg)
+
+    def prepare(self, prompts: torch.Tensor, end: int, copies: int) -> tuple[torch.Tensor, Any]:
+        """(END tokens [row, 1], the cache of every row's earlier tokens) for `prompts`, all with END at `end`."""
+        ids = self.batch.ref_ids[prompts, : end + 1].to(self.device)  # [prompt, end + 1]: no padding before END
+        cache = copy.deepcopy(self.prefix)
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+        if end > self.p:  # the tokens between the shared prefix and END
+            mask = torch.ones(len(prompts), end, dtype=torch.long, device=self.device)
+            out = self.view.model.base_model(input_ids=ids[:, self.p : end], attention_mask=mask, use_cache=True,
+                                             **({self.arg: cache} if cache is not None else {}))  # fmt: skip
+            cache = getattr(out, self.arg)
+        if cache is not None:
+            cache.batch_repeat_interleave(copies)
+        return ids[:, end:].repeat_interleave(copies, dim=0), cache
+
+    def logits(self, last: torch.Tensor, cache: Any, end: int) -> torch.Tensor:
+        """[row, d_vocab] at END (`end` tokens before it), read out as `ModelView.end_logits` does."""
+        mask = torch.ones(len(last), end + 1, dtype=torch.long, device=self.device)
+        extra = {self.arg: cache} if cache is not None else {}
+        resid = self.view.final_resid(input_ids=last, attention_mask=mask, use_cache=cache is not None, **extra)
+        return self.view.vocab_logits(resid[:, -1]).float()
 
 
 def _ranks(order: torch.Tensor) -> torch.Tensor:

@@ -143,21 +143,25 @@ def _ranges(limit: int, widths: tuple[int, ...], step: object) -> list[tuple[int
     return [(w, s) for w in widths if w < limit for s in range(0, limit, int(step(w)))]
 
 
-def topk_weights(x: torch.Tensor, k: int) -> torch.Tensor:
-    """w(k) of the module docstring: [neuron, n] maps -> [neuron, n] weights in [0, 1] summing to k per row."""
-    t = x.topk(k, dim=1).values[:, -1:]  # [neuron, 1] k-th largest value
-    greater, equal = x > t, x == t
-    left = k - greater.sum(1, keepdim=True)  # [neuron, 1] places left for the tied values
-    return greater.to(x.dtype) + equal.to(x.dtype) * left / equal.sum(1, keepdim=True)
+def topk_weights(x: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+    """w(k) of the module docstring for every k of `ks` [K]: [neuron, n] maps -> [neuron, K, n] weights in
+    [0, 1] that sum to k over n. One sort per map serves every k."""
+    t = x.sort(dim=1, descending=True).values[:, ks - 1]  # [neuron, K]: the k-th largest value
+    greater = x[:, None, :] > t[:, :, None]  # [neuron, K, n]
+    equal = x[:, None, :] == t[:, :, None]
+    left = ks[None, :, None] - greater.sum(-1, keepdim=True)  # [neuron, K, 1] places left for the tied values
+    return greater.to(x.dtype) + equal.to(x.dtype) * left / equal.sum(-1, keepdim=True)
 
 
 def match_scores(x: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
     """score(T) of every neuron [neuron, n] and template `members` [template, n] -> [neuron, template]."""
     sizes = members.sum(1)  # [template]
+    ks = sizes.unique()  # [K]
+    weights = topk_weights(x, ks)  # [neuron, K, n]
     out = torch.zeros(x.shape[0], members.shape[0], dtype=x.dtype)
-    for k in sizes.unique().tolist():
+    for i, k in enumerate(ks.tolist()):
         chosen = (sizes == k).nonzero().flatten()
-        out[:, chosen] = topk_weights(x, int(k)) @ members[chosen].T.to(x.dtype) / k  # [neuron, chosen]
+        out[:, chosen] = weights[:, i] @ members[chosen].T.to(x.dtype) / k  # [neuron, chosen]
     return out
 
 
@@ -188,11 +192,11 @@ def classify(
     on_de = torch.tensor([t.on_direct_effect for t in templates])
     scores = []
     for sign in (1.0, -1.0):
-        s = torch.empty(n_neurons, len(templates), dtype=torch.float64)
+        s = torch.empty(n_neurons, len(templates), dtype=torch.float32)
         for flag, x in ((False, activation), (True, direct_effect)):
             idx = (on_de == flag).nonzero().flatten()
             if len(idx):
-                s[:, idx] = match_scores(sign * x.double(), members[idx])
+                s[:, idx] = match_scores(sign * x.float(), members[idx])
         scores.append(s)
     both = torch.stack(scores)  # [direction, neuron, template]
     per_direction, index = both.max(-1)  # [direction, neuron]
@@ -200,7 +204,7 @@ def classify(
     score = torch.where(top, per_direction[0], per_direction[1])
     template = torch.where(top, index[0], index[1])
     k = members.sum(1)[template]  # [neuron]
-    p = overlap_p_value(n, k, (score * k + 1e-9).floor().long())
+    p = overlap_p_value(n, k, (score.double() * k + 1e-4).floor().long())  # 1e-4: float32 sums of weights
     return BestTemplates(template, score.float(), top, p.float(), 2 * len(templates))
 
 

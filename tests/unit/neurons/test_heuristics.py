@@ -231,7 +231,7 @@ def test_scan_matches_the_naive_loop(arch: str) -> None:
     assert count_hooks(handle.model) == 0
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma2"])
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
 def test_ablation_matches_naive_forward_passes(arch: str) -> None:
     handle = _handle(arch)
     grid = operand_grid(_template("subtraction"), size=10, n_results=10, few_shot=2, max_pairs=6, seed=2)
