@@ -38,6 +38,8 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
     """`arithmech --help`, every command's --help and a bad option value answer before torch is imported."""
     argvs = [["--help"], ["identify", "--help"], ["knockout", "--help"], ["transfer", "--help"],
              ["analyze", "attention", "--help"], ["analyze", "mlp", "--help"], ["analyze", "agreement", "--help"],
+             ["analyze", "heuristics", "--help"],
+             ["analyze", "heuristics", "--grid-size", "1", "--out", str(tmp_path / "h")],
              ["mediate", "--help"], ["neurons", "--help"], ["finetune", "--help"], ["evaluate", "--help"],
              ["run", "--help"], ["report", "--help"],
              ["mediate", "--n-pairs", "0", "--out", str(tmp_path / "m")],
@@ -78,7 +80,7 @@ def test_every_help_shows_flags_as_flags_and_brackets_as_written(capsys) -> None
     from arithmech.cli import main
 
     commands = _commands()
-    assert len(commands) == 12
+    assert len(commands) == 13
     bracketed = 0
     for argv, command in commands:
         assert main([*argv, "--help"]) == 0
@@ -135,6 +137,7 @@ ALIASES = [  # (name in a config, the stage, one of its settings and a value)
     ("analyze attention", "attention", "tau", 0.4),
     ("analyze-mlp", "mlp", "max_prompts", 8),
     ("analyze_agreement", "agreement", "max_prompts", 4),
+    ("analyze heuristics", "heuristics", "max_pairs", 16),
 ]
 
 
@@ -148,7 +151,7 @@ def test_stage_aliases_in_configs_stages_and_set(tmp_path: Path) -> None:
     config = tmp_path / "aliases.yaml"
     config.write_text(yaml_text + f"stages: {json.dumps(stages)}\n")
     cfg = load_run_config(config, {"mediate.few_shot": 2})
-    assert cfg.stages == ("identify", "mediation", "attention", "mlp", "agreement")
+    assert cfg.stages == ("identify", "mediation", "attention", "mlp", "agreement", "heuristics")
     for _, stage, field, value in ALIASES:
         assert getattr(cfg.settings[stage], field) == value, stage
     assert cfg.settings["mediation"].few_shot == 2
