@@ -7,6 +7,7 @@ from typing import Any
 
 from arithmech.report.page import Body, Figure, Table, listing, pct, small_samples, to_float
 from arithmech.report.run_folder import StageFolder
+from arithmech.report.sections import plural
 
 
 def _family_name(column: str) -> str:
@@ -57,9 +58,10 @@ def heuristics_body(stage: StageFolder) -> Body:
             f"{mine[0]['layer']}-{mine[-1]['layer']} match a heuristic template (chance on shuffled maps "
             f"{pct(chance)}), {pct(strong)} of the strongest 1% by direct effect; most often "
             f"{listing([f'{_family_name(c)} ({pct(shares[c])})' for c in ranked])}, most in layer {peak['layer']} "
-            f"({pct(to_float(peak['fraction_classified']))}). Mean-ablating each prompt's top {one} neurons per "
-            f"layer{one_note} takes accuracy from {pct(base)} to {pct(top_mean)}, vs {pct(random_mean)} for {one} "
-            f"random ones (zero ablation: {pct(at('top', 'zero'))} vs {pct(at('random', 'zero'))}){verdict}."
+            f"({pct(to_float(peak['fraction_classified']))}). Mean-ablating each prompt's top "
+            f"{plural(one, 'neuron')} per layer{one_note} takes accuracy from {pct(base)} to {pct(top_mean)}, vs "
+            f"{pct(random_mean)} for {one} random (zero ablation: {pct(at('top', 'zero'))} vs "
+            f"{pct(at('random', 'zero'))}){verdict}."
         )  # fmt: skip
         rows.append((op, str(prompts), pct(classified), pct(chance), pct(strong), pct(base),
                      pct(at("top", "mean")), pct(at("random", "mean")), pct(at("top", "zero")),
