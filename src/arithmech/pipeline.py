@@ -11,7 +11,8 @@ A run is described by one YAML file (or the same keys given as flags), for examp
     knockout: {max_k: 16, n_random: 3}
 
 A stage may also be named after the command that runs it alone: `mediate` for mediation, `analyze attention`,
-`analyze mlp` and `analyze agreement` (or with - or _ for the space) for attention, mlp and agreement; in
+`analyze mlp`, `analyze agreement` and `analyze heuristics` (or with - or _ for the space) for attention, mlp,
+agreement and heuristics; in
 `stages`, as a settings key and in --set, e.g. --set mediate.n_pairs=8. The folder and the record always use
 the stage's own name (STAGE_ALIASES).
 
@@ -110,19 +111,22 @@ STAGES: tuple[Stage, ...] = (
           needs=("identify",)),
     Stage("neurons", "arithmech.stages.neurons_config:NeuronsConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.neurons:neurons", h, c, o, quiet=q)),
+    Stage("heuristics", "arithmech.stages.heuristics_config:HeuristicsConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.heuristics:heuristics", h, c, o, quiet=q), default_on=False),
     Stage("finetune", "arithmech.stages.finetune_config:FinetuneConfig",
           lambda h, c, o, r, q: _finetune(h, c, o, r, q), needs=("identify",), default_on=False, sharded=True),
     Stage("evaluate", "arithmech.stages.evaluate_config:EvaluateConfig",
           lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
-"""Every stage in run order. finetune is off unless named in `stages` (it is the slow one)."""
+"""Every stage in run order. finetune and heuristics are off unless named in `stages` (the slow ones)."""
 
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
 
 STAGE_ALIASES: dict[str, str] = {
     "mediate": "mediation",
-    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "agreement") for sep in (" ", "-", "_")},
+    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "agreement", "heuristics")
+       for sep in (" ", "-", "_")},
 }
 """Command names that name a stage: `arithmech mediate` runs the mediation stage, `arithmech analyze mlp` mlp."""
 

@@ -46,6 +46,7 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
     (configs / "ok.yaml").write_text(f"out: {tmp_path / 'r'}\nstages: [identify, knockout]\n")
     helps = [["--help"], ["identify", "--help"], ["knockout", "--help"], ["transfer", "--help"],
              ["analyze", "attention", "--help"], ["analyze", "mlp", "--help"], ["analyze", "agreement", "--help"],
+             ["analyze", "heuristics", "--help"],
              ["mediate", "--help"], ["neurons", "--help"], ["finetune", "--help"], ["evaluate", "--help"],
              ["run", "--help"], ["report", "--help"]]  # fmt: skip
     bad = {  # argv -> a word of the sentence that names the cause
@@ -66,6 +67,7 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         ("finetune", "--method", "bogus", "--out", str(tmp_path / "f")): "bogus",
         ("evaluate", "--benchmarks", "nosuch", "--out", str(tmp_path / "e")): "nosuch",
         ("neurons", "--prune-by", "x", "--out", str(tmp_path / "n")): "prune_by",
+        ("analyze", "heuristics", "--grid-size", "1", "--out", str(tmp_path / "h")): "grid",
         ("run", "--config", str(configs / "dtype.yaml")): "dtype",
         ("run", "--config", str(configs / "ok.yaml"), "--set", "knockout.max_k=abc"): "knockout.max_k",
     }  # fmt: skip
@@ -107,7 +109,7 @@ def test_every_help_shows_flags_as_flags_and_brackets_as_written(capsys) -> None
     from arithmech.cli import main
 
     commands = _commands()
-    assert len(commands) == 12
+    assert len(commands) == 13
     bracketed = 0
     for argv, command in commands:
         assert main([*argv, "--help"]) == 0
@@ -164,6 +166,7 @@ ALIASES = [  # (name in a config, the stage, one of its settings and a value)
     ("analyze attention", "attention", "tau", 0.4),
     ("analyze-mlp", "mlp", "max_prompts", 8),
     ("analyze_agreement", "agreement", "max_prompts", 4),
+    ("analyze heuristics", "heuristics", "max_pairs", 16),
 ]
 
 
@@ -177,7 +180,7 @@ def test_stage_aliases_in_configs_stages_and_set(tmp_path: Path) -> None:
     config = tmp_path / "aliases.yaml"
     config.write_text(yaml_text + f"stages: {json.dumps(stages)}\n")
     cfg = load_run_config(config, {"mediate.few_shot": 2})
-    assert cfg.stages == ("identify", "mediation", "attention", "mlp", "agreement")
+    assert cfg.stages == ("identify", "mediation", "attention", "mlp", "agreement", "heuristics")
     for _, stage, field, value in ALIASES:
         assert getattr(cfg.settings[stage], field) == value, stage
     assert cfg.settings["mediation"].few_shot == 2

@@ -40,6 +40,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "neurons": {"operations": ["addition", "subtraction"], "max_prompts": 3, "filter_correct": False, "few_shot": 1,
                 "top_heads": 2, "top_neurons": 4, "keep_sizes": [0, 8], "n_random": 2, "lora_steps": 2,
                 "lora_rank": 2},
+    "heuristics": {"operations": ["addition"], "filter_correct": False, "few_shot": 1, "max_pairs": 8, "layers": [1],
+                   "ks": [1], "n_random": 1, "top_neurons": 2, "batch_size": 4},
     "finetune": {"top_k": 2, "batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "target": "answer",
                  "chat_template": False, "lr": 0.01},
     "evaluate": {"n_shot": 0, "max_new_tokens": 3},

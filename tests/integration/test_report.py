@@ -27,8 +27,8 @@ from arithmech.report.plots import save_figure
 from arithmech.report.style import styled
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-STAGES = ("identify", "knockout", "transfer", "attention", "mlp", "mediation", "agreement", "neurons", "finetune",
-          "evaluate")  # fmt: skip
+STAGES = ("identify", "knockout", "transfer", "attention", "mlp", "mediation", "agreement", "neurons", "heuristics",
+          "finetune", "evaluate")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,8 @@ def run_dir(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "neurons": {"operations": ["addition", "subtraction"], "max_prompts": 3, "filter_correct": False,
                     "few_shot": 1, "top_heads": 2, "top_neurons": 4, "keep_sizes": [0, 8], "n_random": 2,
                     "lora_steps": 2, "lora_rank": 2},
+        "heuristics": {"operations": ["addition", "subtraction"], "filter_correct": False, "few_shot": 1,
+                       "max_pairs": 12, "layers": [1, 2], "ks": [1, 2], "n_random": 1, "top_neurons": 2},
         "finetune": {"top_k": 2, "data": str(root / "train.jsonl"), "batch_size": 4, "micro_batch_size": 4,
                      "max_steps": 1, "target": "answer", "chat_template": False, "lr": 0.01},
         "evaluate": {"benchmarks": [str(root / "bench.jsonl")], "n_shot": 0, "max_new_tokens": 3},
@@ -110,7 +112,8 @@ def test_every_stage_has_its_section_and_figures(run_dir: Path) -> None:
     page = _Page(text)
     assert page.status == dict.fromkeys(STAGES, "done")
     expected = _figures_on_disk(run_dir)
-    assert len(expected) == 12  # identify, knockout, transfer, agreement 1 each; attention, mlp, mediation, neurons 2
+    assert len(expected) == 15  # identify, knockout, transfer, agreement 1 each; attention, mlp, mediation, neurons 2;
+    # heuristics 3
     assert set(page.images) == set(expected)
     for ident, png in expected.items():  # the embedded image is the stage's own file, byte for byte
         assert base64.b64decode(page.images[ident].removeprefix("data:image/png;base64,")) == png.read_bytes()

@@ -1,4 +1,5 @@
-"""`arithmech analyze attention|mlp`: what the key heads attend to and what the MLPs read and write."""
+"""`arithmech analyze attention|mlp|agreement|heuristics`: what the key heads attend to, what the MLPs read and
+write, how the methods agree, and which MLP neurons are heuristics (options of heuristics from HeuristicsConfig)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Annotated, Any
 import typer
 
 from arithmech.cli.app import analyze_app
+from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, ints, model_options, setup_logging, split
+from arithmech.stages.heuristics_config import HeuristicsConfig
 
 
 @analyze_app.command("attention")
@@ -128,4 +131,35 @@ def analyze_agreement(
         typer.echo(
             f"{row['level']:6s} {row['method_a']:14s} {row['method_b']:14s} {row['spearman']:8.2f}  {overlap:8.0%}"
         )
+    typer.echo(f"results in {result.out_dir}")
+
+
+@analyze_app.command("heuristics")
+@model_options
+@config_command(HeuristicsConfig)
+def analyze_heuristics(
+    cfg: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/heuristics-<time>.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """Heuristic neurons (Nikankin et al. 2025): every MLP neuron's pattern over an operand grid, and ablation."""
+    setup_logging(quiet)
+    import time
+
+    from arithmech import preflight
+    from arithmech.stages.heuristics import heuristics
+
+    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("heuristics-%Y%m%d-%H%M%S"), "heuristics")
+    handle = load()
+    result = heuristics(handle, cfg, out_dir, quiet=quiet)
+    one = result.metadata["one_percent_k"]
+    k = one if one in result.ks else result.ks[0]
+    for op, res in result.operations.items():
+        s = res.summary(k)
+        typer.echo(f"{op:15s} {len(res.kept)} pairs; {s['classified']:.0%} of neurons classified (chance "
+                   f"{s['chance']:.0%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
+                   f"{s['top_mean']:.0%}, {k} random {s['random_mean']:.0%}")  # fmt: skip
+    for op, why in result.metadata["skipped"].items():
+        typer.echo(f"{op:15s} skipped: {why}")
     typer.echo(f"results in {result.out_dir}")

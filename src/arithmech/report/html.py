@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arithmech.report.heuristics_section import heuristics_body
 from arithmech.report.page import Body, Section, Table, num, render_page
 from arithmech.report.run_folder import DONE, STALE, RunFolder, StageFolder, open_run
 from arithmech.report.sections import attention_body, identify_body, knockout_body, mlp_body, transfer_body
@@ -56,6 +57,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StageFolder], Body]], ...] = (
     ("mediation", "Causal mediation", mediation_body),
     ("agreement", "Method agreement", agreement_body),
     ("neurons", "Neurons: comparative neuron analysis and pruning", neurons_body),
+    ("heuristics", "Heuristic neurons over the operand grid", heuristics_body),
     ("finetune", "Fine-tuning", finetune_body),
     ("evaluate", "Evaluation: base vs tuned", evaluate_body),
 )

@@ -1,0 +1,252 @@
+"""Every MLP neuron over an operand grid at once: activation, direct effect on the answer, and ablation.
+
+Background
+    Nikankin et al. (ICLR 2025) describe each MLP neuron by its activation over all operand pairs and by what
+    it writes towards the answer, and validate the neurons that matter per prompt by ablating them. Both are
+    one batched pass here: hooks read every neuron of every chosen layer at once, never one neuron at a time.
+
+Activation and direct effect (`scan_neurons`)
+    For prompt p with answer token c_p, layer l and neuron k, at END (`coefficients.py`, `log_increase.py`):
+
+        m[p, l, k]  = the input of layer l's down projection at END (the activation coefficient)
+        DE[p, l, k] = m[p, l, k] * W_U[c_p] . (g * c(q_l * W_down[:, k])) / (s_p * t_{p, l})
+
+    g the final norm's gain, c() its mean-centering (LayerNorm; identity for RMSNorm), s_p its scale at END in
+    the intact run, held fixed (`readout.FixedNorm`); q_l and t_{p, l} the gain and scale of Gemma 2/3's
+    post-MLP norm (1 without one). DE is the neuron's part of the answer's logit before the soft-cap and
+    without the unembedding bias; summed over the neurons, plus the down projection's bias read the same way,
+    it is exactly the MLP's own contribution to that logit with the scales fixed (tested). One forward pass
+    per batch of prompts gives m, the scales and the model's top token (for "answered correctly").
+
+Ablation (`ablation_sweep`)
+    Per prompt, per chosen layer: the k neurons with the largest DE on that prompt's answer ("top"), or k
+    neurons drawn at random from the same layer ("random", one draw per prompt and seed), have m replaced at
+    END by their mean over the prompts of the set ("mean") or by 0 ("zero"); k neurons in every chosen layer
+    at once. Accuracy = top token at END is the answer. An ablation at END cannot change any earlier position,
+    so the few-shot prefix that every grid prompt shares runs once, each prompt's query tokens before END once
+    per pass (on a copy of the prefix's keys and values), and every (configuration, prompt) row runs only the
+    END token on a copy of its prompt's cache, all configurations of a prompt in one batch: one token per row
+    instead of the whole prompt (as `analysis.shared_prefix` does for a prefix).
+
+Shapes
+    scan_neurons(view, batch, layers)                       NeuronScan: [prompt, layer, d_mlp] maps, [prompt]
+    ablation_sweep(view, batch, de, mean_m, layers, ks)     list of rows (ablation, selection, seed, k, ...)
+
+References: Nikankin et al., ICLR 2025 (arXiv 2410.21272), sec. 3-5; METHODS.md (heuristic neurons).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from arithmech.analysis.shared_prefix import common_prefix_length
+from arithmech.data.tokens import TokenizedPairs
+from arithmech.models.hooks import hooks
+from arithmech.models.view import ModelView, cache_kwarg
+from arithmech.neurons.coefficients import d_mlp
+from arithmech.neurons.log_increase import end_states, neuron_directions, predictions, run_scales
+from arithmech.neurons.readout import final_norm, unembed_weight
+from arithmech.patching.mediation import down_proj
+
+ABLATIONS: tuple[str, ...] = ("mean", "zero")
+
+
+@dataclass(frozen=True)
+class NeuronScan:
+    """Every neuron of `layers` at each prompt's END (index i of the layer axis = layers[i])."""
+
+    layers: tuple[int, ...]
+    activation: torch.Tensor  # [prompt, layer, d_mlp] m
+    direct_effect: torch.Tensor  # [prompt, layer, d_mlp] DE on the prompt's answer logit
+    top_token: torch.Tensor  # [prompt]
+
+    def correct(self, answers: torch.Tensor) -> torch.Tensor:
+        return self.top_token == answers.cpu()
+
+
+@torch.no_grad()
+def scan_neurons(
+    view: ModelView, batch: TokenizedPairs, layers: Sequence[int], batch_size: int = 32,
+    progress: Callable[[int], Any] | None = None,
+) -> NeuronScan:  # fmt: skip
+    """m and DE of every neuron of `layers` on every prompt of `batch`; one forward pass per batch_size prompts."""
+    layers = tuple(int(layer) for layer in layers)
+    norm = final_norm(view)
+    w_u, _ = unembed_weight(view, norm.gain.dtype)
+    directions = [neuron_directions(view, layer, norm) for layer in layers]  # each [d_mlp, d_model]
+    acts, effects, tops = [], [], []
+    for start in range(0, len(batch.end), batch_size):
+        chunk = batch.take(list(range(start, min(start + batch_size, len(batch.end)))))
+        states = end_states(view, chunk, layers)
+        scales = run_scales(view, states)
+        u = w_u[chunk.answer_ids.to(w_u.device)]  # [row, d_model]
+        per_layer = []
+        for i, direction in enumerate(directions):
+            logit = u @ direction.to(u.device).T  # [row, d_mlp]: W_U[c] . g c(q W_down[:, k])
+            scale = (scales.final.to(u.device) * scales.mlp_post[:, i].to(u.device))[:, None]  # [row, 1]
+            per_layer.append(states.coeff[:, i].to(u.device) * logit / scale)
+        acts.append(states.coeff.float().cpu())
+        effects.append(torch.stack(per_layer, dim=1).float().cpu())  # [row, layer, d_mlp]
+        tops.append(predictions(view, states))
+        if progress is not None:
+            progress(len(chunk.end))
+    return NeuronScan(layers, torch.cat(acts), torch.cat(effects), torch.cat(tops))
+
+
+def default_ks(width: int, max_fraction: float = 0.05) -> tuple[int, ...]:
+    """k per layer: 1, 2, 5, 10, 20, ... up to max_fraction of the layer's neurons, and round(1%) of them."""
+    cap = max(1, int(max_fraction * width))
+    one_percent = max(1, round(0.01 * width))
+    ladder = [k for base in (1, 10, 100, 1000) for k in (base, 2 * base, 5 * base) if k <= cap]
+    return tuple(sorted({*ladder, min(one_percent, width)}))
+
+
+@dataclass(frozen=True)
+class _Config:
+    ablation: str
+    selection: str  # "top" or "random"
+    seed: int | None
+    k: int
+
+
+@torch.no_grad()
+def ablation_sweep(
+    view: ModelView,
+    batch: TokenizedPairs,
+    direct_effect: torch.Tensor,
+    mean_activation: torch.Tensor,
+    layers: Sequence[int],
+    ks: Sequence[int],
+    n_random: int = 3,
+    seed: int = 0,
+    ablations: Sequence[str] = ABLATIONS,
+    batch_size: int = 64,
+    progress: Callable[[int], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Accuracy and mean answer probability after each ablation of the module docstring (k = 0 first).
+
+    direct_effect [prompt, layer, d_mlp] ranks the neurons; mean_activation [layer, d_mlp] is the mean source.
+    """
+    layers = tuple(int(layer) for layer in layers)
+    n_prompts, _, width = direct_effect.shape
+    ranks = [_ranks(direct_effect.double().neg().argsort(dim=-1, stable=True))]  # [prompt, layer, d_mlp]: 0 = top
+    for r in range(n_random):
+        gen = torch.Generator().manual_seed(seed * 1000 + r)
+        ranks.append(_ranks(torch.rand(direct_effect.shape, generator=gen).argsort(dim=-1)))
+    configs = [_Config("none", "none", None, 0)] + [
+        _Config(ablation, selection, r if selection == "random" else None, int(k))
+        for ablation in ablations for k in ks
+        for selection, r in [("top", 0), *(("random", r + 1) for r in range(n_random))]
+    ]  # fmt: skip
+    values = {"mean": mean_activation.float(), "zero": torch.zeros(len(layers), width)}
+    correct = torch.zeros(len(configs), n_prompts, dtype=torch.bool)
+    prob = torch.zeros(len(configs), n_prompts)
+    per_pass = max(1, batch_size // len(configs))  # prompts per forward pass, all their configurations as rows
+    step = _EndStep(view, batch)
+    for length in batch.end.unique().tolist():  # prompts of one length share a cache shape
+        group = (batch.end == length).nonzero().flatten()
+        for start in range(0, len(group), per_pass):
+            prompts = group[start : start + per_pass]
+            prompt = prompts.repeat_interleave(len(configs))  # [row]: prompt-major, configurations inner
+            config = torch.arange(len(configs)).repeat(len(prompts))  # [row]
+            masks, sources = _row_masks([configs[c] for c in config.tolist()], prompt, ranks, values, len(layers),
+                                        width)  # fmt: skip
+            at_end = torch.zeros(len(prompt), dtype=torch.long)  # END is the only position of each row
+            pre = [(down_proj(view, layer), _replace_at_end(masks[:, i], sources[:, i], at_end))
+                   for i, layer in enumerate(layers) if bool(masks[:, i].any())]  # fmt: skip
+            last, cache = step.prepare(prompts, int(length), len(configs))  # the tokens before END, unablated
+            with hooks(pre=pre):
+                logits = step.logits(last, cache, int(length))  # [row, d_vocab]
+            answers = batch.answer_ids[prompt].to(logits.device)
+            correct[config, prompt] = (logits.argmax(-1) == answers).cpu()
+            prob[config, prompt] = logits.softmax(-1).gather(1, answers[:, None])[:, 0].cpu()
+            if progress is not None:
+                progress(len(prompt))
+    return [{"ablation": c.ablation, "selection": c.selection, "seed": c.seed, "k": c.k,
+             "accuracy": float(correct[i].float().mean()), "answer_prob": float(prob[i].mean())}
+            for i, c in enumerate(configs)]  # fmt: skip
+
+
+class _EndStep:
+    """The END-token rows of an ablation: the prompts' shared prefix runs once (its key/value cache kept); per
+    pass, each prompt's tokens between the prefix and END run on a copy of it, and that cache, repeated
+    `copies` times, serves `logits()`, which runs only the END token of each prompt * copies row."""
+
+    def __init__(self, view: ModelView, batch: TokenizedPairs) -> None:
+        self.view, self.batch = view, batch
+        self.device = view.o_proj(0).weight.device
+        self.arg = cache_kwarg(view.model.base_model)
+        self.p = common_prefix_length(batch.ref_ids, batch.end)
+        self.prefix = None
+        if self.p:
+            ids = batch.ref_ids[:1, : self.p].to(self.device)
+            self.prefix = getattr(view.model.base_model(input_ids=ids, use_cache=True), self.arg)
+
+    def prepare(self, prompts: torch.Tensor, end: int, copies: int) -> tuple[torch.Tensor, Any]:
+        """(END tokens [row, 1], the cache of every row's earlier tokens) for `prompts`, all with END at `end`."""
+        ids = self.batch.ref_ids[prompts, : end + 1].to(self.device)  # [prompt, end + 1]: no padding before END
+        cache = copy.deepcopy(self.prefix)
+        if cache is not None:
+            cache.batch_repeat_interleave(len(prompts))
+        if end > self.p:  # the tokens between the shared prefix and END
+            mask = torch.ones(len(prompts), end, dtype=torch.long, device=self.device)
+            out = self.view.model.base_model(input_ids=ids[:, self.p : end], attention_mask=mask, use_cache=True,
+                                             **({self.arg: cache} if cache is not None else {}))  # fmt: skip
+            cache = getattr(out, self.arg)
+        if cache is not None:
+            cache.batch_repeat_interleave(copies)
+        return ids[:, end:].repeat_interleave(copies, dim=0), cache
+
+    def logits(self, last: torch.Tensor, cache: Any, end: int) -> torch.Tensor:
+        """[row, d_vocab] at END (`end` tokens before it), read out as `ModelView.end_logits` does."""
+        mask = torch.ones(len(last), end + 1, dtype=torch.long, device=self.device)
+        extra = {self.arg: cache} if cache is not None else {}
+        resid = self.view.final_resid(input_ids=last, attention_mask=mask, use_cache=cache is not None, **extra)
+        return self.view.vocab_logits(resid[:, -1]).float()
+
+
+def _ranks(order: torch.Tensor) -> torch.Tensor:
+    """Rank of every neuron [prompt, layer, d_mlp] given the neurons in rank order (argsort's output)."""
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(order.shape[-1]).expand_as(order).contiguous())
+    return ranks
+
+
+def _row_masks(
+    configs: list[_Config], prompt: torch.Tensor, ranks: list[torch.Tensor], values: dict[str, torch.Tensor],
+    n_layers: int, width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per row: which neurons are replaced [row, layer, d_mlp] and by what [row, layer, d_mlp]."""
+    masks = torch.zeros(len(configs), n_layers, width, dtype=torch.bool)
+    sources = torch.zeros(len(configs), n_layers, width)
+    for row, (c, p) in enumerate(zip(configs, prompt.tolist(), strict=True)):
+        if c.k == 0:
+            continue
+        masks[row] = ranks[c.seed or 0][p] < c.k
+        sources[row] = values[c.ablation]
+    return masks, sources
+
+
+def _replace_at_end(mask: torch.Tensor, source: torch.Tensor, end: torch.Tensor) -> Any:
+    """Pre-hook on a down projection: at each row's END, the masked neurons [row, d_mlp] read `source`."""
+
+    def fn(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0]  # [row, pos, d_mlp]
+        rows, at = torch.arange(x.shape[0], device=x.device), end.to(x.device)
+        new = x.clone()
+        new[rows, at] = torch.where(mask.to(x.device), source.to(x.device, x.dtype), x[rows, at])
+        return (new, *args[1:])
+
+    return fn
+
+
+def check_width(view: ModelView, layers: Sequence[int]) -> int:
+    """The common number of neurons of `layers` (every supported family has one width)."""
+    widths = {d_mlp(view, layer) for layer in layers}
+    assert len(widths) == 1, widths
+    return widths.pop()

@@ -1,0 +1,277 @@
+"""Heuristic neurons: templates and match score by hand, and the batched scan and ablation against naive
+computations on the tiny model of every architecture.
+
+The naive references register their own hooks on each family's down projection (found by module name here,
+not through ArchSpec), run one unpadded prompt per forward pass, and read the final norm by its textbook
+formula (RMSNorm g * x / rms, Gemma's g = 1 + weight; LayerNorm with mean-centering), neuron by neuron in a
+Python loop. Models run in float64 so 1e-6 is a meaningful tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from arithmech.data.operand_grid import operand_grid, valid_operands
+from arithmech.data.templates import load_templates
+from arithmech.data.tokens import tokenize_pairs
+from arithmech.errors import ConfigError
+from arithmech.models.archs import spec_for_model_type
+from arithmech.models.hooks import count_hooks
+from arithmech.models.load import ModelHandle
+from arithmech.models.view import ModelView
+from arithmech.neurons.heuristic_scan import ablation_sweep, default_ks, scan_neurons
+from arithmech.neurons.heuristic_templates import (
+    classify,
+    heuristic_templates,
+    match_scores,
+    overlap_p_value,
+    shuffled_best,
+)
+from arithmech.stages.heuristics import heuristics
+from arithmech.stages.heuristics_config import HeuristicsConfig
+
+from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = {"atol": 1e-6, "rtol": 1e-6}
+DOWN = {"gpt2": "mlp.c_proj", "gpt_neox": "mlp.dense_4h_to_h"}  # the others: mlp.down_proj
+POST_NORM = {"gemma2": "post_feedforward_layernorm", "gemma3_text": "post_feedforward_layernorm"}
+
+
+def _template(op: str = "addition") -> Any:
+    return next(t for t in load_templates() if t.operation == op and t.formation == "equation")
+
+
+def _addition_grid() -> tuple[torch.Tensor, torch.Tensor]:
+    pairs = valid_operands("addition", 10, 10)
+    return torch.tensor(pairs), torch.tensor([a + b for a, b in pairs])
+
+
+# -- templates and the match score ---------------------------------------------------------------------------
+def test_templates_of_the_digit_grid() -> None:
+    operands, results = _addition_grid()
+    templates = heuristic_templates(operands, results)
+    names = {t.name: t for t in templates}
+    assert len(operands) == 55
+    assert {"op1_range_0_2", "op2_1mod3", "both_0mod2", "same_operand", "result_value_5", "result_range_3_6",
+            "result_2mod4"} <= set(names)  # fmt: skip
+    assert torch.equal(names["same_operand"].members, operands[:, 0] == operands[:, 1])
+    sizes = [int(t.members.sum()) for t in templates]
+    assert min(sizes) >= 3 and max(sizes) <= 27  # MIN_SUPPORT .. half the grid
+    keys = {bytes(t.members.to(torch.uint8).tolist()) for t in templates}
+    assert len(keys) == len(templates)  # no two templates with the same set
+    assert names["result_value_5"].on_direct_effect and not names["op1_range_0_2"].on_direct_effect
+
+
+def test_match_score_by_hand() -> None:
+    members = torch.tensor([[1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0]], dtype=torch.bool)
+    x = torch.tensor([[5.0, 4.0, 0.0, 1.0, 0.0, 0.0],  # top 2 = {0, 1}: template 0 exact; top 3 = {0, 1, 3}
+                      [3.0, 3.0, 3.0, 3.0, 3.0, 3.0]], dtype=torch.float64)  # constant: chance k / n  # fmt: skip
+    scores = match_scores(x, members)
+    assert torch.allclose(scores[0], torch.tensor([1.0, 1 / 3], dtype=torch.float64))
+    assert torch.allclose(scores[1], torch.tensor([2 / 6, 3 / 6], dtype=torch.float64))
+    tied = match_scores(torch.tensor([[9.0, 1.0, 1.0, 0.0, 0.0, 0.0]], dtype=torch.float64), members)
+    assert torch.allclose(tied[0], torch.tensor([(1 + 0.5) / 2, 1 / 3], dtype=torch.float64))  # 1, 2 tie for 1 place
+
+
+def test_p_value_is_the_hypergeometric_tail() -> None:
+    def tail(n: int, k: int, x: int) -> float:
+        return sum(math.comb(k, j) * math.comb(n - k, k - j) for j in range(x, k + 1)) / math.comb(n, k)
+
+    k, x = torch.tensor([10, 10, 3, 5]), torch.tensor([6, 0, 3, 4])
+    got = overlap_p_value(55, k, x)
+    assert torch.allclose(got, torch.tensor([tail(55, 10, 6), 1.0, tail(55, 3, 3), tail(55, 5, 4)], dtype=got.dtype))
+
+
+def test_classify_finds_planted_patterns_and_not_noise() -> None:
+    operands, results = _addition_grid()
+    templates = heuristic_templates(operands, results)
+    names = [t.name for t in templates]
+    a, b = operands[:, 0].double(), operands[:, 1].double()
+    activation = torch.stack([(a < 2).double(), -((a % 3) == 1).double() * 2 + 0.01 * b, torch.zeros(55),
+                              torch.randn(55, generator=torch.Generator().manual_seed(0)).double()])  # fmt: skip
+    direct = torch.stack([torch.zeros(55), torch.zeros(55), (results == 7).double(), torch.zeros(55)]).double()
+    best = classify(activation, direct, templates)
+    assert [names[i] for i in best.template[:3].tolist()] == ["op1_range_0_2", "op1_1mod3", "result_value_7"]
+    assert best.top[:3].tolist() == [True, False, True]  # the mod pattern is in the lowest values
+    assert best.classified().tolist() == [True, True, True, False]  # random noise does not pass the chance rule
+    chance = shuffled_best(activation, direct, templates, seed=0)
+    assert not chance.classified()[:2].any()
+
+
+# -- grid and configuration ----------------------------------------------------------------------------------
+def test_grid_shares_its_prefix_and_samples_with_a_seed() -> None:
+    grid = operand_grid(_template(), size=10, n_results=10, few_shot=2, max_pairs=100, seed=0)
+    assert grid.valid == len(grid.pairs) == 55 and grid.operands[:2] == [(0, 0), (0, 1)]
+    prefix = grid.pairs[0].spans["prefix"]
+    assert all(p.reference[: prefix[1]] == grid.pairs[0].reference[: prefix[1]] for p in grid.pairs)
+    sample = operand_grid(_template(), size=10, n_results=10, few_shot=2, max_pairs=20, seed=0)
+    assert len(sample.pairs) == 20 and sample.operands == sorted(sample.operands) and sample.valid == 55
+    assert sample.operands == operand_grid(_template(), 10, 10, 2, 20, 0).operands
+    assert valid_operands("division", 4, 10) == [(0, 1), (0, 2), (0, 3), (1, 1), (2, 1), (2, 2), (3, 1), (3, 3)]
+
+
+def test_default_ks_mark_one_percent() -> None:
+    assert default_ks(1536) == (1, 2, 5, 10, 15, 20, 50)
+    assert default_ks(128) == (1, 2, 5)
+
+
+def test_bad_settings_are_one_sentence() -> None:
+    with pytest.raises(ConfigError, match="operations must be"):
+        HeuristicsConfig(operations=("addition", "addition"))
+    with pytest.raises(ConfigError, match="grid_size must be at least 2"):
+        HeuristicsConfig(grid_size=1)
+    model = make_tiny_model("llama").double()
+    handle = ModelHandle(model, make_tiny_tokenizer(), ModelView(model, spec_for_model_type("llama")))
+    with pytest.raises(ConfigError, match="larger than the tokenizer's single-token numbers"):
+        heuristics(handle, HeuristicsConfig(grid_size=11), "unused", quiet=True)
+    with pytest.raises(ConfigError, match="layer 7 does not exist"):
+        heuristics(handle, HeuristicsConfig(layers=(7,)), "unused", quiet=True)
+
+
+# -- the scan and the ablation against naive computations, every architecture ---------------------------------
+def _handle(arch: str) -> ModelHandle:
+    model = make_tiny_model(arch, seed=0).to(torch.float64)
+    return ModelHandle(model, make_tiny_tokenizer(), ModelView(model, spec_for_model_type(model.config.model_type)))
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.language_model.layers"):
+        try:
+            return model.get_submodule(path)  # type: ignore[return-value]
+        except AttributeError:
+            continue
+    raise AssertionError("no layer list found")
+
+
+def _final_norm(model: nn.Module) -> nn.Module:
+    for path in ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm"):
+        try:
+            return model.get_submodule(path)
+        except AttributeError:
+            continue
+    raise AssertionError("no final norm found")
+
+
+def _textbook_norm(norm: nn.Module, model_type: str) -> tuple[Any, Any]:
+    """(scale of x [d_model], linear part x -> g * c(x)) of a final or post-MLP norm."""
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    if isinstance(norm, nn.LayerNorm):
+        return (lambda x: ((x - x.mean()) ** 2).mean().add(eps).sqrt(), lambda x: norm.weight * (x - x.mean()))
+    gain = 1 + norm.weight if model_type.startswith("gemma") else norm.weight
+    return (lambda x: (x**2).mean().add(eps).sqrt(), lambda x: gain * x)
+
+
+def _store(seen: dict[str, torch.Tensor], key: str) -> Any:
+    """A hand-registered hook keeping the last position of its module's input (pre) or output."""
+
+    def fn(_m: Any, args: tuple[Any, ...], out: Any = None) -> None:
+        seen[key] = (args[0] if out is None else out[0] if isinstance(out, tuple) else out)[0, -1]
+
+    return fn
+
+
+@torch.no_grad()
+def _naive_scan(handle: ModelHandle, batch: Any, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per prompt: m at END, DE per neuron in a loop, and the MLP's own readout (from its output module)."""
+    model, model_type = handle.model, handle.model.config.model_type
+    block = _blocks(model)[layer]
+    down = block.get_submodule(DOWN.get(model_type, "mlp.down_proj"))
+    post = block.get_submodule(POST_NORM[model_type]) if model_type in POST_NORM else None
+    added_site = post if post is not None else block.get_submodule("mlp")
+    w_down = down.weight if model_type == "gpt2" else down.weight.T  # [d_mlp, d_model]
+    final_scale, final_linear = _textbook_norm(_final_norm(model), model_type)
+    w_u = model.get_output_embeddings().weight
+    acts, effects, mlp_readouts = [], [], []
+    for i in range(len(batch.end)):
+        n = int(batch.end[i]) + 1
+        seen: dict[str, torch.Tensor] = {}
+        handles = [
+            down.register_forward_pre_hook(_store(seen, "m")),
+            _final_norm(model).register_forward_pre_hook(_store(seen, "x")),
+            block.get_submodule("mlp").register_forward_hook(_store(seen, "out")),
+            added_site.register_forward_hook(_store(seen, "added")),
+        ]
+        try:
+            with torch.no_grad():
+                model(input_ids=batch.ref_ids[i : i + 1, :n], use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        s, u = final_scale(seen["x"]), w_u[batch.answer_ids[i]]
+        t = _textbook_norm(post, model_type)[0](seen["out"]) if post is not None else torch.tensor(1.0)
+        post_linear = _textbook_norm(post, model_type)[1] if post is not None else (lambda x: x)
+        m = seen["m"]
+        de = torch.stack([m[k] * (u @ final_linear(post_linear(w_down[k]) / t)) / s for k in range(len(m))])
+        acts.append(m)
+        effects.append(de)
+        bias = down.bias if getattr(down, "bias", None) is not None else torch.zeros_like(u)
+        # the MLP's whole added output, minus its down projection's bias, read the same way
+        mlp_readouts.append((u @ final_linear(seen["added"]) - u @ final_linear(post_linear(bias) / t)) / s)
+    return torch.stack(acts), torch.stack(effects), torch.stack(mlp_readouts)
+
+
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
+def test_scan_matches_the_naive_loop(arch: str) -> None:
+    handle = _handle(arch)
+    grid = operand_grid(_template(), size=10, n_results=10, few_shot=1, max_pairs=5, seed=1)
+    batch, _ = tokenize_pairs(handle.tokenizer, grid.pairs, counterfactual_required=False)
+    layer = handle.dims.n_layers - 1
+    scan = scan_neurons(handle.view, batch, [0, layer], batch_size=2)
+    m, de, readout = _naive_scan(handle, batch, layer)
+    assert torch.allclose(scan.activation[:, 1].double(), m, **TOL)
+    assert torch.allclose(scan.direct_effect[:, 1].double(), de, **TOL)
+    assert torch.allclose(de.sum(1), readout, **TOL)  # the neurons' DEs sum to the MLP's own added output
+    assert count_hooks(handle.model) == 0
+
+
+@pytest.mark.parametrize("arch", list(TINY_ARCHS))
+def test_ablation_matches_naive_forward_passes(arch: str) -> None:
+    handle = _handle(arch)
+    grid = operand_grid(_template("subtraction"), size=10, n_results=10, few_shot=2, max_pairs=6, seed=2)
+    batch, _ = tokenize_pairs(handle.tokenizer, grid.pairs, counterfactual_required=False)
+    layers = [0, handle.dims.n_layers - 1]
+    scan = scan_neurons(handle.view, batch, layers)
+    mean = scan.activation.mean(0)  # [layer, d_mlp]
+    rows = ablation_sweep(handle.view, batch, scan.direct_effect, mean, layers, ks=[3], n_random=1, batch_size=5)
+    got = {(r["ablation"], r["selection"]): r for r in rows}
+    model_type = handle.model.config.model_type
+    blocks = _blocks(handle.model)
+    for ablation in ("none", "mean", "zero"):
+        probs, correct = [], []
+        for i in range(len(batch.end)):
+            n = int(batch.end[i]) + 1
+            handles = []
+            for j, layer in enumerate(layers):
+                top = scan.direct_effect[i, j].topk(3).indices
+                value = mean[j] if ablation == "mean" else torch.zeros_like(mean[j])
+
+                def hook(_m: Any, args: tuple[Any, ...], top: torch.Tensor = top, value: torch.Tensor = value) -> Any:
+                    x = args[0].clone()
+                    x[0, -1, top] = value[top].to(x.dtype)
+                    return (x, *args[1:])
+
+                if ablation != "none":
+                    down = blocks[layer].get_submodule(DOWN.get(model_type, "mlp.down_proj"))
+                    handles.append(down.register_forward_pre_hook(hook))
+            try:
+                with torch.no_grad():
+                    logits = handle.model(input_ids=batch.ref_ids[i : i + 1, :n], use_cache=False).logits[0, -1]
+            finally:
+                for h in handles:
+                    h.remove()
+            probs.append(float(logits.double().softmax(-1)[batch.answer_ids[i]]))
+            correct.append(int(logits.argmax()) == int(batch.answer_ids[i]))
+        row = got[(ablation, "top" if ablation != "none" else "none")]
+        assert row["answer_prob"] == pytest.approx(sum(probs) / len(probs), rel=1e-5, abs=1e-9)
+        assert row["accuracy"] == pytest.approx(sum(correct) / len(correct))
+    assert {(r["ablation"], r["selection"], r["seed"], r["k"]) for r in rows} == {
+        ("none", "none", None, 0), ("mean", "top", None, 3), ("mean", "random", 1, 3), ("zero", "top", None, 3),
+        ("zero", "random", 1, 3)}  # fmt: skip
+    assert count_hooks(handle.model) == 0
