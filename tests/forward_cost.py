@@ -27,6 +27,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from arithmech.models.hooks import hooks
+from arithmech.models.view import ModelView
 
 
 @dataclass
@@ -49,6 +50,18 @@ def count_work(model: nn.Module) -> Iterator[Work]:
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, Conv1D))]
     with hooks(pre=[(m, add) for m in linears]):
         yield work
+
+
+@contextmanager
+def count_layer_tokens(view: ModelView) -> Iterator[list[int]]:
+    """Tokens (rows x positions) entering each decoder layer inside the block: which layers a scan runs."""
+    seen = [0] * view.dims.n_layers
+
+    def count(layer: int) -> Any:
+        return lambda _module, args: seen.__setitem__(layer, seen[layer] + args[0].shape[:-1].numel())
+
+    with hooks(pre=[(view.attn_norm(layer), count(layer)) for layer in range(view.dims.n_layers)]):
+        yield seen
 
 
 @torch.no_grad()

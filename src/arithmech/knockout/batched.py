@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from arithmech.knockout.ablation import AblationSources, ablation_hooks, config_masks
-from arithmech.models.from_layer import JoiningRows, run_from_layers
+from arithmech.models.from_layer import JoiningRows, layer_inputs, run_from_layers
 from arithmech.models.hooks import hooks
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
@@ -67,7 +66,7 @@ def knockout_scores(
         prompts = torch.arange(lo, min(lo + per_chunk, len(batch)))
         width = int(batch.end[prompts].max()) + 1
         ids, mask = batch.ref_ids[prompts, :width], batch.ref_mask[prompts, :width]
-        intact = _intact_resid(view, ids, mask, sorted(set(first.tolist())))  # layer -> [prompt, pos, d_model]
+        intact = layer_inputs(view, ids, mask, sorted(set(first.tolist())))  # layer -> [prompt, pos, d_model]
         rows = torch.cartesian_prod(torch.arange(len(configs)), torch.arange(len(prompts)))  # [(config, local)]
         rows = rows[first[rows[:, 0]].argsort(stable=True)]  # rows join the pass by layer
         for start in range(0, len(rows), batch_size):
@@ -85,19 +84,3 @@ def knockout_scores(
                 progress(len(prompt))
     return KnockoutScores(correct, prob)
 
-
-def _intact_resid(
-    view: ModelView, ids: torch.Tensor, mask: torch.Tensor, layers: list[int]
-) -> dict[int, torch.Tensor]:
-    """The intact run's residual entering each of `layers` [prompt, pos, d_model] (n_layers: the final norm)."""
-    out: dict[int, torch.Tensor] = {}
-
-    def save(layer: int) -> Any:
-        return lambda _m, args: out.__setitem__(layer, args[0].detach())
-
-    n_layers = view.dims.n_layers
-    modules = {layer: view.attn_norm(layer) if layer < n_layers else view.final_norm for layer in layers}
-    device = view.o_proj(0).weight.device
-    with hooks(pre=[(module, save(layer)) for layer, module in modules.items()]):
-        view.model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
-    return out

@@ -31,7 +31,7 @@ Usage
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,24 @@ def prefix_cache(view: ModelView, cache: Cache, prompts: torch.Tensor, length: i
 def shared_cache(cache: Cache, length: int) -> DynamicCache:
     """The first `length` positions of every row of a `full_cache` run, for a run that shares them."""
     return DynamicCache(ddp_cache_data=[(k.keys[:, :, :length], k.values[:, :, :length]) for k in cache.layers])
+
+
+def layer_inputs(
+    view: ModelView, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int]
+) -> dict[int, torch.Tensor]:
+    """A plain run's residual entering each of `layers` [prompt, pos, d_model] (n_layers: the final norm): where
+    rows that change nothing below those layers start."""
+    out: dict[int, torch.Tensor] = {}
+
+    def save(layer: int) -> Callable[..., None]:
+        return lambda _module, args: out.__setitem__(layer, args[0].detach())
+
+    n_layers = view.dims.n_layers
+    modules = [(view.attn_norm(layer) if layer < n_layers else view.final_norm, save(layer)) for layer in layers]
+    device = view.o_proj(0).weight.device
+    with hooks(pre=modules):
+        view.model.base_model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
+    return out
 
 
 def run_from_layers(

@@ -10,11 +10,12 @@ from arithmech.knockout.ablation import AblationSources, ablate, ablation_source
 from arithmech.knockout.batched import knockout_scores
 from arithmech.knockout.sweep import k_values, knockout_sweep
 from arithmech.models.archs import spec_for_model_type
-from arithmech.models.hooks import count_hooks, hooks
+from arithmech.models.hooks import count_hooks
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
 
+from forward_cost import count_layer_tokens
 from tiny_models import TINY_ARCHS, make_tiny_model
 
 
@@ -200,12 +201,7 @@ def test_rows_start_at_the_lowest_ablated_layer() -> None:
     batch = make_batch(view, LENGTHS)
     sources = ablation_sources(view, batch, "zero", [0] * len(batch))
     configs = [[], [Component(2, 1)], [Component(1)], [Component(2), Component(0, 3)]]  # first layers 3, 2, 1, 0
-    seen = [0] * view.dims.n_layers
-
-    def count(layer: int) -> object:
-        return lambda _m, args: seen.__setitem__(layer, seen[layer] + args[0].shape[:-1].numel())
-
-    with hooks(pre=[(view.attn_norm(layer), count(layer)) for layer in range(view.dims.n_layers)]):
+    with count_layer_tokens(view) as seen:
         knockout_scores(view, batch, sources, configs, batch_size=100)
     tokens = len(batch) * max(LENGTHS)  # every pass holds all prompts, padded to the longest
     assert seen == [2 * tokens, 3 * tokens, 4 * tokens]  # intact pass + configurations with first layer <= m

@@ -21,7 +21,7 @@ from arithmech.data.mediation_tokens import (
     tokenize_mediation_pairs,
 )
 from arithmech.models.archs import ARCH_SPECS, spec_for_model_type
-from arithmech.models.hooks import count_hooks, hooks
+from arithmech.models.hooks import count_hooks
 from arithmech.models.view import ModelView
 from arithmech.patching.mediation import (
     COMPONENTS,
@@ -35,6 +35,7 @@ from arithmech.patching.mediation import (
     top_neurons,
 )
 
+from forward_cost import count_layer_tokens
 from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -124,24 +125,13 @@ def test_ie_matches_plain_two_run(arch: str) -> None:
         assert torch.isnan(result.ie[i, :, :, n:]).all()
 
 
-def tokens_per_layer(view: ModelView) -> tuple[list[int], Any]:
-    """Tokens (rows x positions) entering each decoder layer while the hooks are on."""
-    seen = [0] * view.dims.n_layers
-
-    def count(layer: int) -> Any:
-        return lambda _m, args: seen.__setitem__(layer, seen[layer] + args[0].shape[:-1].numel())
-
-    return seen, hooks(pre=[(view.attn_norm(layer), count(layer)) for layer in range(view.dims.n_layers)])
-
-
 def test_rows_run_only_the_layers_and_positions_they_can_change() -> None:
     """An intervention at (layer l, position p) runs layers l.. on positions p.. only: layer m sees the base and
     alternative run (2 n tokens), then at each position p, n - p tokens of each site at a layer <= m."""
     view = view_of("llama")
     (item,) = tiny_items(1)
     n, first = len(item.base_ids), int((item.base_ids != item.alt_ids).nonzero()[0])
-    seen, counting = tokens_per_layer(view)
-    with counting:
+    with count_layer_tokens(view) as seen:
         mediation_effects(view, [item])
     sites_up_to = [len(COMPONENTS) * (m + 1) for m in range(view.dims.n_layers)]
     assert seen == [2 * n + sum((n - p) * sites_up_to[m] for p in range(first, n)) for m in range(view.dims.n_layers)]
@@ -261,8 +251,7 @@ def test_neuron_rows_start_at_their_layer() -> None:
     view = view_of("llama")
     (item,) = tiny_items(1)
     n = len(item.base_ids)
-    seen, counting = tokens_per_layer(view)
-    with counting:
+    with count_layer_tokens(view) as seen:
         neuron_effects(view, [item], layer=2, neurons=range(10), max_rows=4)
     assert seen == [2 * n + 3, 2 * n + 3, 2 * n + 10]  # 3 batches of rows: 4 + 4 + 2 neurons
 
