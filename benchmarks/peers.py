@@ -13,14 +13,15 @@ the answer logit at END as the metric. Each side computes it its own way:
 
 Each peer is timed on `--heads` heads spread over the layers, after one untimed warm-up head, and scaled to every
 component (heads and MLPs; a component costs it one forward pass, an MLP as much as a head). Its values are
-checked against arithmech's on those heads (max |difference| <= 1e-5, printed). A plain forward pass of the
-batch (the CausalLM on the right-padded batch) is timed as the unit of "forwards per component"; arithmech's
-scans are also counted in plain forward passes (tests/forward_cost.py), which no machine load changes.
+checked against arithmech's on those heads: the largest |difference| is printed, and above `--atol` (1e-5) the
+script says so and exits 1. A plain forward pass of the batch (the CausalLM on the right-padded batch) is timed
+as the unit of "forwards per component"; arithmech's scans are also counted in plain forward passes
+(tests/forward_cost.py), which no machine load changes.
 
 TransformerLens and nnsight are not dependencies of arithmech: `pip install "arithmech[peers]"` (or
 `pip install transformer-lens nnsight`). Without either, this script says so and exits 0.
 
-    python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu]
+    python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu] [--atol 1e-5]
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=12, help="heads each peer is timed on")
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--atol", type=float, default=1e-5, help="largest |peer - arithmech| accepted")
     args = parser.parse_args(argv)
     peers = installed_peers()
     if not peers:
@@ -208,15 +210,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     }
     for name in peers:
-        key = "tl" if name == "transformer_lens" else "nnsight"
+        key = _key(name)
         per_head, worst = time_peer(patchers[name](), heads, fast["total"])
         metrics[f"{key}_s_per_head"], metrics[f"{key}_max_abs_diff"] = per_head, worst
         metrics[f"total_vs_{key}"] = per_head * len(components) / metrics["total_s"]
         print(f"{PEERS[name]}: {per_head:.2f} s per head = {per_head / plain_s:.2f} forwards; max |{PEERS[name]} - "
               f"arithmech| {worst:.1e} on {len(heads)} heads; arithmech total is {metrics[f'total_vs_{key}']:.1f}x "
               f"faster on all {len(components)} components")  # fmt: skip
+    disagree = [PEERS[name] for name in peers if metrics[f"{_key(name)}_max_abs_diff"] > args.atol]
+    if disagree:
+        print(f"{' and '.join(disagree)} disagree with arithmech by more than {args.atol:g}: the timings compare "
+              "different computations")  # fmt: skip
+        return 1
     record("peers", args, metrics)
     return 0
+
+
+def _key(name: str) -> str:
+    """The metrics' short name of a peer module."""
+    return "tl" if name == "transformer_lens" else "nnsight"
 
 
 if __name__ == "__main__":
