@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache
 
+from arithmech.errors import SpecError
 from arithmech.models.hooks import hooks
 from arithmech.models.view import ModelView, cache_kwarg
 
@@ -81,6 +82,7 @@ def shared_cache(cache: Cache, length: int) -> DynamicCache:
     return DynamicCache(ddp_cache_data=[(k.keys[:, :, :length], k.values[:, :, :length]) for k in cache.layers])
 
 
+@torch.no_grad()
 def layer_inputs(
     view: ModelView, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int]
 ) -> dict[int, torch.Tensor]:
@@ -99,6 +101,7 @@ def layer_inputs(
     return out
 
 
+@torch.no_grad()
 def run_from_layers(
     view: ModelView,
     rows: JoiningRows,
@@ -106,7 +109,7 @@ def run_from_layers(
     attention_mask: torch.Tensor | None = None,
     prefix: Cache | None = None,
 ) -> torch.Tensor:
-    """The residual entering the final norm [row, pos, d_model] of every row.
+    """The residual entering the final norm [row, pos, d_model] of every row (no gradient: a scan engine).
 
     input_ids [prompt, pos]: the tokens at the rows' positions (after the prefix); attention_mask covers the
     prefix and these positions, as for any cached call; prefix: the prompts' cache of the positions before.
@@ -142,16 +145,126 @@ def run_from_layers(
         final.append(joined(n_layers, args[0])[0])
         return (final[-1], *args[1:])
 
+    _run_joined(view, block_hook, final_hook, input_ids, attention_mask, prefix)
+    return final[-1]
+
+
+@torch.no_grad()
+def decode_from_layers(
+    view: ModelView, layer: torch.Tensor, resid: torch.Tensor, input_ids: torch.Tensor, prefix: Cache | None
+) -> torch.Tensor:
+    """One decoding step of each prompt's last token in many variants ("slots") at once, each slot joining at
+    its layer: [prompt, slot, d_model], the residual entering the final norm.
+
+    layer [slot] non-decreasing, resid [prompt, slot, d_model]: what each slot brings to its layer (the same
+    slots for every prompt); input_ids [prompt, 1]; prefix: the prompts' cache of the positions before.
+    The slots of a prompt are positions of its one sequence, all at the position of the token: the model's
+    own attention mask for the step is widened so that each slot sees the prefix as the token would, and
+    itself, never another slot. So the prefix keys are read once per prompt and layer, never copied per slot,
+    and attention is one product per prompt instead of one per row.
+    """
+    n_layers = view.dims.n_layers
+    layers = layer.tolist()
+    counts = [sum(1 for x in layers if x <= at) for at in range(n_layers + 1)]  # slots joined by each layer
+    final: list[torch.Tensor] = []
+
+    def joined(at: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's input [prompt, slots so far, d_model]."""
+        before, now = (counts[at - 1] if at > 0 else 0), counts[at]
+        if now == 0:  # no slot yet: the token itself stands in, the layers need a position
+            return hidden[:, :1]
+        carried = hidden if before > 0 else hidden[:, :0]
+        return torch.cat([carried, resid[:, before:now].to(hidden.device, hidden.dtype)], dim=1)
+
+    def block_hook(at: int) -> Callable[..., Any]:
+        def fn(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+            hidden = joined(at, args[0] if args else kwargs["hidden_states"])
+            widen = _Slots(int(hidden.shape[1]))
+            if args:
+                out = (hidden, *widen(args[1:])), widen(kwargs)
+            else:
+                out = args, {**widen(kwargs), "hidden_states": hidden}
+            if widen.masks == 0 and widen.n > 1:
+                raise SpecError(
+                    "slots need the model's explicit attention mask, which this attention implementation does not "
+                    "pass to its layers; load the model with attn_implementation='eager'"
+                )
+            return out
+
+        return fn
+
+    def final_hook(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        final.append(joined(n_layers, args[0]))
+        return (final[-1], *args[1:])
+
+    _run_joined(view, block_hook, final_hook, input_ids, None, prefix)
+    return final[-1]
+
+
+def _run_joined(
+    view: ModelView,
+    block_hook: Callable[[int], Callable[..., Any]],
+    final_hook: Callable[..., Any],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    prefix: Cache | None,
+) -> None:
+    """The model's own forward with `block_hook(layer)` before each decoder layer and `final_hook` before the
+    final norm."""
     device = view.o_proj(0).weight.device
     inputs: dict[str, Any] = {"input_ids": input_ids.to(device), "use_cache": prefix is not None}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask.to(device)
     if prefix is not None:
         inputs[cache_kwarg(view.model.base_model)] = prefix
-    blocks = [(view.blocks[layer], block_hook(layer)) for layer in range(n_layers)]
+    blocks = [(view.blocks[layer], block_hook(layer)) for layer in range(view.dims.n_layers)]
     with hooks(pre=[(view.final_norm, final_hook)], pre_kwargs=blocks):
         view.model.base_model(**inputs)
-    return final[-1]
+
+
+class _Slots:
+    """Widens a decoder layer's arguments for one decoding step from one position to `n` slots: the attention
+    mask [prompt, 1, 1, keys] becomes [prompt, 1, n, keys - 1 + n] (the prefix as the token saw it, then each
+    slot itself), the cache `_SlotCache`; position embeddings of the one position broadcast over the slots."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.masks = n, 0
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, Cache):
+            return _SlotCache(value)
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and value.shape[-2] == 1:
+            self.masks += 1
+            return self.mask(value)
+        if isinstance(value, tuple | list):
+            return type(value)(self(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self(v) for k, v in value.items()}
+        return value
+
+    def mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """[prompt, 1, 1, keys] -> [prompt, 1, n, keys - 1 + n], boolean (True: seen) or additive (0: seen)."""
+        prefix = mask[..., :-1].expand(*mask.shape[:2], self.n, mask.shape[-1] - 1)
+        eye = torch.eye(self.n, dtype=torch.bool, device=mask.device)
+        if mask.dtype == torch.bool:
+            own = eye & mask[..., -1:]
+        else:
+            own = torch.where(eye, mask[..., -1:], torch.finfo(mask.dtype).min)
+        return torch.cat([prefix, own.expand(mask.shape[0], mask.shape[1], self.n, self.n)], dim=-1)
+
+
+class _SlotCache:
+    """The prefix cache as the slots see it: read-only, the prompt's keys followed by the slots' own."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[prompt, kv_head, prefix + slots, d_head] each."""
+        kept = self.cache.layers[layer_idx]
+        return torch.cat([kept.keys, key_states], dim=-2), torch.cat([kept.values, value_states], dim=-2)
 
 
 class _Remap:

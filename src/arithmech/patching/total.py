@@ -14,10 +14,12 @@ Formula, per sender s at layer l and one prompt (all at END; `path.sender_resid`
     the reference and counterfactual passes (`states.collect_end_states`).
 
 How it is computed
-    Every (sender, prompt) row joins one batched decoding step of its prompts at its own layer
-    (`models/from_layer.run_from_layers`), `max_rows` rows at a time; prompts are grouped by length so their
-    caches need no padding. The caches are indexed out of the reference pass's (`keep_cache`), never copied
-    whole. The answer logit is read from the answer's unembedding row alone (`ModelView.answer_logits`).
+    Every sender joins one batched decoding step of its prompts at its own layer, as a slot of END's position
+    that sees the cached prompt and itself (`models/from_layer.decode_from_layers`), `max_rows` (sender,
+    prompt) pairs at a time; prompts are grouped by length so their caches need no padding. The caches are
+    indexed out of the reference pass's (`keep_cache`) once per group and read once per prompt and layer,
+    never copied per sender. The answer logit is read from the answer's unembedding row alone
+    (`ModelView.answer_logits`).
     Cost per prompt: sum over senders of (L - 1 - l) single-token layers, about (H + 1) L^2 / 2, plus one MLP
     application per head sender; the two passes that make the states come on top.
 
@@ -33,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from arithmech.models.from_layer import JoiningRows, prefix_cache, run_from_layers
+from arithmech.models.from_layer import decode_from_layers, prefix_cache
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, attention_resid, sender_resid
 from arithmech.patching.states import EndStates
@@ -90,16 +92,16 @@ def patched_end_logits(
         prompts = (batch.end == end).nonzero().flatten()  # prompts of this length
         prefix = prefix_cache(view, ref.cache, prompts, end) if end > 0 else None
         last = batch.ref_ids[prompts, end][:, None]  # [group, 1]: the END token
-        rows = torch.cartesian_prod(torch.arange(len(join)), torch.arange(len(prompts)))  # [(sender, p)]
-        for start in range(0, len(rows), max_rows):
-            senders, local = rows[start : start + max_rows].unbind(1)
-            joining = JoiningRows(local, join[senders], resid[senders, prompts[local]][:, None])
-            final = run_from_layers(view, joining, last, prefix=prefix)[:, -1]  # [row, d_model]
-            answers = batch.answer_ids[prompts[local]]
+        answers = batch.answer_ids[prompts]
+        step = max(1, max_rows // len(prompts))  # senders per decoding step
+        for start in range(0, len(join), step):
+            senders = slice(start, start + step)
+            slots = resid[senders, prompts.to(resid.device)].transpose(0, 1)  # [group, sender, d_model]
+            final = decode_from_layers(view, join[senders], slots, last, prefix).transpose(0, 1)  # [sender, group, d]
             if read is None:
-                value = view.answer_logits(final, answers)
+                value = view.answer_logits(final, answers)  # [sender, group]
             else:
-                logits = view.vocab_logits(final)  # [row, d_vocab]
-                value = read(logits, answers.to(logits.device))
-            out[senders, prompts[local]] = value.float().to(out.device)
+                logits = view.vocab_logits(final)  # [sender, group, d_vocab]
+                value = torch.stack([read(row, answers.to(row.device)) for row in logits])
+            out[senders, prompts.to(out.device)] = value.float().to(out.device)
     return out
