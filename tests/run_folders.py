@@ -10,13 +10,15 @@ A first, fault-free run counts the events, so a test can choose N as "half way" 
 (CSV rows as wide as their header, JSON, JSONL, PNG up to its IEND chunk, SVG as XML, torch and safetensors
 files load). `results(folder)` is what must be identical between two runs: every CSV, JSON and JSONL file
 parsed, with the keys that record when or how long (or whether a stage resumed) left out, and the bytes of
-tensor files.
+tensor files. `nonfinite(folder)` lists every number in a CSV or JSON(L) file that is NaN, infinite, or a cell
+of a numeric column that is empty or not a number, apart from the documented exceptions below.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
@@ -143,3 +145,63 @@ def assert_same_results(got: Path, expected: Path) -> None:
     assert sorted(a) == sorted(b)
     for name in b:
         assert a[name] == b[name], name
+
+
+TEXT_COLUMNS = frozenset({
+    "benchmark", "class", "component", "components", "head", "intervention", "kind", "label", "level", "method_a",
+    "method_b", "metric", "neuron", "note", "operation", "promoted_tokens", "prompts", "ranking", "site",
+    "source", "source_set", "target", "task", "task_a", "task_b", "template_id", "token", "top_tokens",
+})  # fmt: skip
+"""CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but
+are names); every other column holds numbers."""
+
+MAY_BE_EMPTY = frozenset({
+    "seed",  # knockout.csv: only the random-rank rows have a draw seed; the baseline and effect-ranked rows none
+    "accuracy", "correct",  # evaluate results.csv: the general-text row has no answers to score
+    "accuracy_norm",  # evaluate: choice benchmarks only
+    "perplexity", "base_perplexity", "kl",  # evaluate: the general-text row only; base and KL for a tuned model
+    "score",  # evaluate: lm-evaluation-harness rows only
+    "effect_drop", "random_drop",  # transfer.csv: drops relative to the unablated accuracy, undefined where it is 0
+    "top5_overlap", "top10_overlap", "top20_overlap",  # agreement.csv: undefined where fewer sites than k are ranked
+})  # fmt: skip
+"""Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
+(an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not
+set", "does not apply" or "undefined" and is not checked; any NaN or Infinity, in a CSV cell or JSON, is."""
+
+
+def _number_problem(value: str) -> str | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return "not a number"
+    return None if math.isfinite(number) else "not finite"
+
+
+def _json_nonfinite(value: Any, where: str, key: str = "") -> Iterator[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_nonfinite(v, where, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _json_nonfinite(v, where, key)
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield f"{where} {key!r}: {value}"
+
+
+def nonfinite(folder: Path) -> list[str]:
+    """'file column/key: value (why)' of each number under `folder` that is missing or not finite (see above)."""
+    problems: list[str] = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = str(path.relative_to(folder))
+        if path.suffix == ".csv":
+            with path.open(newline="") as handle:
+                for line, row in enumerate(csv.DictReader(handle), start=2):
+                    for column, value in row.items():
+                        if column in TEXT_COLUMNS or (value == "" and column in MAY_BE_EMPTY):
+                            continue
+                        why = _number_problem(value or "")
+                        if why:
+                            problems.append(f"{name}:{line} {column}: {value!r} ({why})")
+        elif path.suffix in (".json", ".jsonl"):
+            problems += list(_json_nonfinite(_parse(path), name))
+    return problems

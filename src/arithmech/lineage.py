@@ -183,8 +183,11 @@ def move_aside_stale(out: Path, fingerprint: str, created: str) -> Path | None:
             stale.append(folder)
     if not stale:
         return None
-    aside = out / time.strftime("stale-%Y%m%d-%H%M%S")
-    aside.mkdir(exist_ok=True)
+    stamp = time.strftime("stale-%Y%m%d-%H%M%S")
+    aside, n = out / stamp, 1
+    while aside.exists():  # two identify runs in one second: never merge into (or clash with) the earlier one
+        aside, n = out / f"{stamp}-{n}", n + 1
+    aside.mkdir()
     for folder in stale:
         folder.rename(aside / folder.name)
     logger.warning(

@@ -10,6 +10,11 @@ A run is described by one YAML file (or the same keys given as flags), for examp
     identify: {operations: [addition], fraction_threshold: 0.1}
     knockout: {max_k: 16, n_random: 3}
 
+A stage may also be named after the command that runs it alone: `mediate` for mediation, `analyze attention`,
+`analyze mlp` and `analyze agreement` (or with - or _ for the space) for attention, mlp and agreement; in
+`stages`, as a settings key and in --set, e.g. --set mediate.n_pairs=8. The folder and the record always use
+the stage's own name (STAGE_ALIASES).
+
 Each stage writes into <out>/<stage>/ and its own metadata.json last. After a stage finishes, its fingerprint
 (a hash of its settings, the model settings, the fingerprints of the stages it reads and the arithmech
 version) is recorded in <out>/pipeline.json; a later run skips a stage whose fingerprint is unchanged and whose
@@ -115,6 +120,17 @@ STAGES: tuple[Stage, ...] = (
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
 
+STAGE_ALIASES: dict[str, str] = {
+    "mediate": "mediation",
+    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "agreement") for sep in (" ", "-", "_")},
+}
+"""Command names that name a stage: `arithmech mediate` runs the mediation stage, `arithmech analyze mlp` mlp."""
+
+
+def canonical_stage(name: str) -> str:
+    """The stage's own name for a name or command name ('mediate' -> 'mediation'); other names unchanged."""
+    return STAGE_ALIASES.get(" ".join(name.split()), name)
+
 
 def _finetune(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> Any:
     """Train into <run>/finetune on a copy of the model, so later stages still see the base model."""
@@ -173,7 +189,7 @@ class RunConfig:
 
 def stage_by_name(name: str) -> Stage:
     for stage in STAGES:
-        if stage.name == name:
+        if stage.name == canonical_stage(name):
             return stage
     if name in PLANNED:
         raise ConfigError(f"stage {name!r} is not available in this version of arithmech; leave it out of stages")
@@ -200,14 +216,15 @@ def build_stage_config(stage: Stage, values: Any, seed: int) -> Any:
 
 def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read a YAML run description (optional) and apply `overrides` ("identify.max_prompts" -> 32, "out" -> ...)."""
-    data = apply_overrides(read_yaml_mapping(path) if path is not None else {}, overrides or {})
+    data = _canonical_keys(read_yaml_mapping(path) if path is not None else {})
+    data = apply_overrides(data, {_canonical_key(key): value for key, value in (overrides or {}).items()})
     top = {"out", "model", "seed", "stages"}
     stage_names = [s.name for s in STAGES] + list(PLANNED)
     for key in data:
         if key not in top and key not in stage_names:
             raise ConfigError(f"unknown config key {key!r}{suggest(str(key), sorted(top) + stage_names)}")
     chosen = coerce(data.get("stages") or [s.name for s in STAGES if s.default_on], tuple[str, ...], "stages")
-    stages = tuple(name.strip() for name in chosen if name.strip())
+    stages = tuple(canonical_stage(str(name).strip()) for name in chosen if str(name).strip())
     for name in stages:
         stage_by_name(name)
     from arithmech.models.load import ModelConfig
@@ -245,10 +262,28 @@ def _result_print(name: str, out: Path) -> str | None:
     return identify_fingerprint(out) if name == "identify" and (out / "metadata.json").is_file() else None
 
 
-def _load(**model: Any) -> Any:
+def _canonical_key(key: str) -> str:
+    """"mediation.n_pairs" -> "mediate.n_pairs": an override's stage alias replaced by the stage's name."""
+    head, dot, rest = key.partition(".")
+    return canonical_stage(head) + dot + rest
+
+
+def _canonical_keys(data: dict[str, Any]) -> dict[str, Any]:
+    """The config with stage aliases as settings keys renamed to the stage's name; both at once is an error."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = canonical_stage(str(key))
+        if name in out:
+            raise ConfigError(f"config keys {name!r} and {key!r} name the same stage; keep one of them")
+        out[name] = value
+    return out
+
+
+def _load(quiet: bool = False, **model: Any) -> Any:
+    """Keyword arguments only: `distributed.local_device` changes its `device`."""
     from arithmech.models.load import ModelConfig, load_model
 
-    return load_model(ModelConfig(**model))
+    return load_model(ModelConfig(**model), quiet=quiet)
 
 
 def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[str, str]) -> str:
@@ -295,7 +330,7 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
             prints[stage.name] = held or mark
             continue
         if handle is None:
-            handle = distributed.local_device(functools.partial(_load, **cfg.model))()
+            handle = distributed.local_device(functools.partial(_load, quiet=quiet, **cfg.model))()
         if done.pop(stage.name, None) is not None and distributed.is_main():
             # until its new record is written the folder may hold a mix of old and new files: never keep it
             atomic_write_json(record_path, {"model": cfg.model, "seed": cfg.seed, "stages": done})

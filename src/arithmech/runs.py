@@ -7,6 +7,10 @@ meanwhile, the error names the file being written (not its temporary name), so t
 Permissions are those of a plain `open()`: a new file gets 0o666 and a staging folder 0o777, less the umask
 (so with umask 0022 colleagues on a shared machine can read the results), and a file written again keeps
 its mode. `tempfile` itself would leave them 0o600 / 0o700, readable by their owner only.
+
+No NaN or infinity reaches a result file. A number that is undefined (a share of a zero effect, a mean over
+no draws) is written as an empty CSV cell or a JSON null (`defined`, `cell`), and its writer documents when;
+`csv_text` and `atomic_write_json` refuse a NaN left in by mistake, naming the column or key.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import csv
 import errno
 import io
 import json
+import math
+import numbers
 import os
 import stat
 import tempfile
@@ -99,25 +105,85 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         handle.write(text)
 
 
+def defined(value: float | None) -> float | None:
+    """`value` as a float, or None when it is None, NaN or infinite.
+
+    None is how a result file holds a number that is undefined (an empty CSV cell, a JSON null); the writer
+    that calls this documents when and why a value can be undefined. A NaN or infinity is never written.
+    """
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def defined_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """`row` with every float through `defined`: for a table whose every number may be undefined."""
+    return {key: defined(value) if isinstance(value, float) else value for key, value in row.items()}
+
+
+def cell(value: float | None, spec: str) -> str:
+    """A CSV cell: `value` formatted with `spec`, or "" for None (undefined); NaN and infinity are refused."""
+    if value is None:
+        return ""
+    if _nonfinite(value):
+        raise ValueError(f"a CSV cell is {value}; {_UNDEFINED}")
+    return format(value, spec)
+
+
 def csv_text(
     rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str] | None = None, float_format: str | None = None
 ) -> str:
     """`rows` as CSV text, header first: columns `fieldnames`, else the first row's keys; floats written with
-    `float_format` (e.g. ".6f") when given, else as Python prints them."""
+    `float_format` (e.g. ".6f") when given, else as Python prints them; None as an empty cell (undefined).
+    A NaN or infinity is refused (ValueError): its writer must say what an undefined value is.
+
+    The csv writer quotes only the line terminator's characters, so a field holding a carriage return (a token
+    such as "\\r") would split its row when read back; such a row is written with every field quoted."""
     columns = list(fieldnames) if fieldnames is not None else list(rows[0]) if rows else []
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    quoted = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writeheader()
-    for row in rows:
+    for number, row in enumerate(rows, 1):
+        bad = next((key for key, value in row.items() if _nonfinite(value)), None)
+        if bad is not None:
+            raise ValueError(f"column {bad!r} of CSV row {number} is {row[bad]}; {_UNDEFINED}")
         if float_format is not None:
             row = {k: format(v, float_format) if isinstance(v, float) else v for k, v in row.items()}
-        writer.writerow(row)
+        (quoted if any("\r" in str(v) for v in row.values()) else writer).writerow(row)
     return buffer.getvalue()
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as indented JSON to `path` atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    """Write `obj` as indented JSON to `path` atomically. A NaN or infinity anywhere in it is refused
+    (ValueError naming where): a bare NaN is not JSON, and an undefined value is written as null."""
+    at = _nonfinite_at(obj)
+    if at is not None:
+        raise ValueError(f"{Path(path).name}: {at} is not a finite number; {_UNDEFINED}")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
+
+
+_UNDEFINED = "write an undefined value as None (an empty CSV cell, a JSON null) and document why"
+
+
+def _nonfinite(value: Any) -> bool:
+    """A NaN or infinity (Python, numpy or any other real number type)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value)
+
+
+def _nonfinite_at(obj: Any, at: str = "") -> str | None:
+    """The key path of the first NaN or infinity in `obj` ("top_k[0].effect"), or None."""
+    if isinstance(obj, Mapping):
+        items: Any = ((f"{at}.{key}" if at else str(key), value) for key, value in obj.items())
+    elif isinstance(obj, list | tuple):
+        items = ((f"{at}[{index}]", value) for index, value in enumerate(obj))
+    else:
+        return (at or "the value") if _nonfinite(obj) else None
+    for key, value in items:
+        found = _nonfinite_at(value, key)
+        if found is not None:
+            return found
+    return None
 
 
 def package_versions() -> dict[str, str]:

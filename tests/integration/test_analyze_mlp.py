@@ -112,6 +112,21 @@ def test_bad_input_is_one_clear_error(tiny: tuple[ModelHandle, Path], tmp_path: 
     assert not (tmp_path / "y" / "metadata.json").exists()
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_post_mlp_norm_with_weights(tiny_model_dir, tmp_path: Path, arch: str) -> None:
+    """Issue #13: Gemma 2/3 pass the MLP update through a post-feedforward norm with a weight, so outside
+    torch.no_grad() it required grad and `analyze mlp` failed on .numpy(). The user's two commands, as run."""
+    model, run = str(tiny_model_dir(arch)), tmp_path / "run"
+    args = ["--model", model, "--keep-incorrect", "--formations", "equation", "--n-per-template", "2"]
+    assert main(["identify", *args, "--out", str(run), "--quiet"]) == 0
+    out = tmp_path / "mlp"
+    assert main(["analyze", "mlp", "--from", str(run), "--model", model, "--out", str(out), "--quiet"]) == 0
+    rows = list(csv.DictReader((out / "mlp_cosines.csv").open()))
+    values = np.array([[float(r[name]) for name in COSINE_COLUMNS] for r in rows])  # [layer, column]
+    assert len(rows) == (3 if arch == "gemma3" else 2)  # one row per layer
+    assert np.all(np.isfinite(values)) and np.all(np.abs(values) <= 1.0)
+
+
 @pytest.mark.default_model
 def test_default_model_late_mlps_write_the_answer(tmp_path: Path) -> None:
     """SmolLM2-135M: in the last third of the layers the MLP inputs hold A and B more than other digits, and

@@ -12,8 +12,8 @@ import pytest
 from arithmech.cli import main
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelConfig, load_model
-from arithmech.stages import neurons as stage
 from arithmech.stages.neurons import NeuronsConfig, neurons
+from arithmech.stages.neurons_config import PRUNE_SCORES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +87,7 @@ def test_bad_settings(tiny_model_dir, tmp_path: Path, capsys) -> None:
     model = str(tiny_model_dir("llama"))
     assert main(["neurons", "--model", model, "--head", "mlp.1", "--no-filter-correct", "--quiet"]) == 2
     assert "not 'mlp.1'" in capsys.readouterr().err
-    assert stage.PRUNE_SCORES == ("cna", "li")
+    assert PRUNE_SCORES == ("cna", "li")
 
 
 def test_pruning_is_scored_on_prompts_that_did_not_rank_the_neurons(tiny_model_dir) -> None:

@@ -86,12 +86,16 @@ def model(tiny_model_dir) -> Path:
 def prompts(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """11 addition prompts whose answer is the tiny model's own top token (printable), so it answers them all."""
     handle = load_model(ModelConfig(model=str(model)))
-    pairs = generate_pairs(GenerationConfig(operations=("addition",), formations=("equation",), n_per_template=8))
+    pairs = generate_pairs(GenerationConfig(operations=("addition",), formations=("equation",), n_per_template=16))
     t, _ = tokenize_pairs(handle.tokenizer, pairs)
     with torch.no_grad():
         top = handle.view.end_logits(t.ref_ids, t.ref_mask, t.end).argmax(-1).tolist()
     answers = [handle.tokenizer.decode([tok]) for tok in top]
-    own = [dataclasses.replace(p, answer=a) for p, a in zip(t.pairs, answers, strict=True) if a.strip() == a != ""]
+    own = [  # a whole printable token; a byte of a multi-byte character decodes to "\ufffd", which is no answer
+        dataclasses.replace(p, answer=a)
+        for p, a in zip(t.pairs, answers, strict=True)
+        if a.strip() == a != "" and a.isascii() and a.isprintable()
+    ]
     assert len(own) >= 11
     path = tmp_path_factory.mktemp("prompts") / "own.jsonl"
     write_prompt_file(path, own[:11])  # 11 prompts: uneven shards over two processes

@@ -91,8 +91,9 @@ def test_writes_matrix_figure_and_metadata(tiny: tuple[ModelHandle, list[Path]],
         if row["target"] in TARGETS:
             assert int(row["n_prompts"]) == int(row["n_total"]) == 32 and row["k"] == "2"
             assert len(row["components"].split()) == 2 and row["note"] == ""
-        else:  # svamp prompts are longer than the tiny model's 128 positions: a NaN row and a note, no crash
-            assert math.isnan(float(row["effect_accuracy"])) and "longer than the context" in row["note"]
+        else:  # svamp prompts are longer than the tiny model's 128 positions: empty cells and a note, no crash
+            assert row["effect_accuracy"] == row["base_accuracy"] == "" and "longer than the context" in row["note"]
+            assert json.loads((out / "metadata.json").read_text())["targets"][row["target"]]["base_accuracy"] is None
     again = read_transfer_csv(out / "transfer.csv")
     for read, kept in zip(again, result.rows, strict=True):
         assert (read.source, read.target, read.k, read.note) == (kept.source, kept.target, kept.k, kept.note)

@@ -1,16 +1,19 @@
-"""atomic_open: a failed write leaves the target as it was, no temporary file, and a full disk names the target."""
+"""atomic_open: a failed write leaves the target as it was, no temporary file, and a full disk names the target;
+no NaN or infinity reaches a CSV or JSON file."""
 
 from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from arithmech.runs import atomic_open, atomic_write_json, csv_text, disk_full_error
+from arithmech.runs import atomic_open, atomic_write_json, cell, csv_text, defined, defined_row, disk_full_error
 
 DISK_FULL = [errno.ENOSPC, errno.EDQUOT]
 
@@ -106,3 +109,35 @@ def test_csv_text_orders_columns_and_formats_floats() -> None:
     assert csv_text(rows) == f"k,acc,name\n1,0.5,a\n2,{1 / 3},b\n"
     assert csv_text(rows, ("name", "acc", "k"), ".3f") == "name,acc,k\na,0.500,1\nb,0.333,2\n"
     assert csv_text([], ("a", "b")) == "a,b\n"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), np.float32("nan")])
+def test_no_nan_or_infinity_is_written(tmp_path: Path, bad: float) -> None:
+    with pytest.raises(ValueError, match=r"key_components\.json: top_k\[1\]\.fraction_of_total is not a finite"):
+        atomic_write_json(tmp_path / "key_components.json", {"top_k": [{"effect": 0.1}, {"fraction_of_total": bad}]})
+    with pytest.raises(ValueError, match="column 'accuracy' of CSV row 2"):
+        csv_text([{"k": 1, "accuracy": 0.5}, {"k": 2, "accuracy": bad}])
+    with pytest.raises(ValueError, match="a CSV cell is"):
+        cell(bad, ".6f")
+    assert _left(tmp_path) == []
+
+
+def test_undefined_numbers_are_null_or_empty(tmp_path: Path) -> None:
+    row = defined_row({"k": 1, "mean": float("nan"), "std": float("inf"), "n": 0, "name": "x", "p": 0.25})
+    assert row == {"k": 1, "mean": None, "std": None, "n": 0, "name": "x", "p": 0.25}
+    assert csv_text([row], float_format=".3f") == "k,mean,std,n,name,p\n1,,,0,x,0.250\n"
+    assert defined(np.float64(2.5)) == 2.5 and defined(None) is None and cell(None, ".6f") == ""
+    atomic_write_json(tmp_path / "m.json", {"share": defined(float("nan")), "n": 3})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"share": None, "n": 3}
+
+
+def test_csv_text_rows_with_a_carriage_return_read_back_whole() -> None:
+    """A decoded token can be "\\r"; the csv writer does not quote it (only the "\\n" terminator), so unquoted it
+    split the row in two when read back (the report then failed on a missing column)."""
+    import csv
+
+    rows = [{"neuron": "1_4", "tokens": "a | \r | b", "li": 0.5}, {"neuron": "1_5", "tokens": "c", "li": 1.5}]
+    text = csv_text(rows)
+    read = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert read == [{k: str(v) for k, v in row.items()} for row in rows]
+    assert text.split("\n")[2] == "1_5,c,1.5"  # rows without one are written as before

@@ -164,6 +164,7 @@ def number_token_ids(tokenizer: Any, pairs: Sequence[PromptPair], max_number: in
 
 
 # -- cosines --
+@torch.no_grad()
 def mlp_update(view: ModelView, states: EndStates) -> torch.Tensor:
     """MLP_out - MLP_in: what each layer's MLP adds to the residual at END, [layer, batch, d_model]."""
     rows = []
@@ -199,6 +200,7 @@ def target_cosines(
     return correct, wrong_mean
 
 
+@torch.no_grad()
 def mlp_cosines(
     view: ModelView,
     states: EndStates,

@@ -4,12 +4,16 @@ A component is key when its effect is below a threshold (default -5%: replacing 
 counterfactual's lowers the answer logit by more than 5%), or, as an option for small models whose whole
 counterfactual moves the logit little, when its effect is at least a given fraction of the whole-prompt
 counterfactual effect. The top-k by effect (most negative first) are reported either way.
+
+A share of a whole-prompt effect of exactly 0 is undefined: fraction_of_total is then None (null in
+key_components.json, an empty cell in effects.csv), and the fraction rule is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arithmech.errors import DataError
 from arithmech.models.sites import Component
 
 
@@ -19,7 +23,8 @@ class RankedComponent:
 
     component: Component
     effect: float
-    fraction_of_total: float
+    fraction_of_total: float | None
+    """effect / whole-prompt effect; None when the whole-prompt effect is 0."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +68,21 @@ def rank_components(
     """Rank by effect and select key components by `threshold` or, if given, by `fraction_threshold`."""
     ranked = sorted(
         (
-            RankedComponent(c, e, e / total_effect if total_effect != 0 else float("nan"))
+            RankedComponent(c, e, e / total_effect if total_effect != 0 else None)
             for c, e in zip(components, effects, strict=True)
         ),
         key=lambda r: r.effect,
     )
     if fraction_threshold is not None:
-        key = [r for r in ranked if r.fraction_of_total >= fraction_threshold and r.effect < 0]
+        if total_effect == 0:
+            raise DataError(
+                "the whole-prompt counterfactual effect is 0, so no component has a fraction of it; select key "
+                "components by --threshold instead of --fraction-threshold"
+            )
+        key = [
+            r for r in ranked
+            if r.fraction_of_total is not None and r.fraction_of_total >= fraction_threshold and r.effect < 0
+        ]  # fmt: skip
         share = f"{fraction_threshold:g} of the whole-prompt counterfactual effect"
         rule = f"effect >= {share} ({total_effect:+.2%})"
     else:

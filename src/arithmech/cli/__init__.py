@@ -1,9 +1,12 @@
 """The `arithmech` command line.
 
-Heavy imports (torch, transformers) happen after parsing, so --help is instant.
+Heavy imports (torch, transformers, matplotlib) happen only when a command runs: importing this package, --help,
+--version and a bad option value need none of them (a test checks), so they answer in about 0.1 s.
 
 Examples:
+    arithmech --version
     arithmech identify                                   # built-in SmolLM2-135M, addition prompts
+    arithmech identify --threads 4 --quiet               # 4 CPU threads; only the results on the screen
     arithmech identify --operations addition,multiplication --max-prompts 128 --out runs/add-mul
     arithmech identify --model Qwen/Qwen2.5-0.5B --device cuda --dtype bfloat16
     arithmech identify --model ./my-model-dir --gguf-file model.Q8_0.gguf

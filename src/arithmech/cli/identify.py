@@ -14,6 +14,7 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.report.page import SMALL_SAMPLE
 
 
 @app.command()
@@ -113,9 +114,13 @@ def _print_identify_summary(result: object) -> None:
     typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")
     agreement = result.metadata.get("agreement")  # type: ignore[attr-defined]
     if agreement:
+        rho = {k: "n/a" if v is None else f"{v:.2f}" for k, v in agreement.items()}  # None: a constant ranking
         typer.echo(
-            f"attribution vs exact: Spearman {agreement['spearman_all']:.2f} (heads {agreement['spearman_heads']:.2f},"
-            f" MLPs {agreement['spearman_mlps']:.2f})"
+            f"attribution vs exact: Spearman {rho['spearman_all']} (heads {rho['spearman_heads']},"
+            f" MLPs {rho['spearman_mlps']})"
             + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
         )
+    if counts["used"] < SMALL_SAMPLE:
+        typer.echo(f"small sample: effects of {counts['used']} prompts change with another sample; use "
+                   f"{SMALL_SAMPLE} or more (--max-prompts, --n-per-template) before relying on them")  # fmt: skip
     typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]

@@ -15,8 +15,8 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
-from arithmech.stages.evaluate import EvaluateConfig
-from arithmech.stages.finetune import FinetuneConfig
+from arithmech.stages.evaluate_config import EvaluateConfig
+from arithmech.stages.finetune_config import FinetuneConfig
 
 
 @app.command()
@@ -42,9 +42,10 @@ def finetune(
     handle = local_device(load)()
     result = run_finetune(handle, cfg, out_dir, quiet=quiet)
     meta = result.metadata
+    speed = meta["samples_per_second"]  # None when no step ran now (a resume of a finished run)
     typer.echo(
         f"{cfg.method}: trained {meta['trainable_parameters']:,} of {meta['total_parameters']:,} parameters, "
-        f"{meta['samples_per_second']:.2f} samples/s, final loss {meta['final_loss']}"
+        f"{'n/a' if speed is None else f'{speed:.2f}'} samples/s, final loss {meta['final_loss']}"
     )
     typer.echo(f"results in {result.out_dir}")
 

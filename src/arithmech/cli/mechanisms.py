@@ -15,8 +15,10 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
-from arithmech.stages.mediate import MediateConfig
-from arithmech.stages.neurons import NeuronsConfig
+from arithmech.report.page import SMALL_SAMPLE
+from arithmech.report.sections import plural
+from arithmech.stages.mediate_config import MediateConfig
+from arithmech.stages.neurons_config import NeuronsConfig
 
 
 @app.command("mediate")
@@ -46,7 +48,12 @@ def mediate_command(
         for c, name in enumerate(res.components):
             layer = int(table[c, :, last].nan_to_num(float("-inf")).argmax())
             peaks.append(f"{name} layer {res.layers[layer]} ({float(table[c, layer, last]):.2f})")
-        typer.echo(f"{task:15s} last-token median IE peaks: {', '.join(peaks)}; TE {res.total_effect.median():.2f}")
+        typer.echo(f"{task:15s} last-token median IE peaks: {', '.join(peaks)}; TE {res.total_effect.median():.2f} "
+                   f"({plural(len(res.total_effect), 'pair')})")  # fmt: skip
+    fewest = min(len(res.total_effect) for res in result.results.values())
+    if fewest < SMALL_SAMPLE:
+        typer.echo(f"small sample: medians of {plural(fewest, 'pair')} change with another sample; use --n-pairs "
+                   f"{SMALL_SAMPLE} or more before relying on them")  # fmt: skip
     for (a, b), overlap in result.overlaps.items():
         if a < b:
             typer.echo(f"top-{cfg.neuron_k} neuron overlap at layer {result.neuron_layer}: {a} vs {b} {overlap:.0%}")

@@ -1,7 +1,8 @@
 """Options shared by every command: the model to load, logging, and comma-separated lists.
 
-`model_options` adds --model, --gguf-file, --device, --dtype and --revision to a command and hands the
-command one `load` function instead, so the five options are declared once.
+`model_options` adds --model, --gguf-file, --device, --dtype, --revision and --threads to a command and hands
+the command one `load` function instead, so the six options are declared once. `load` honours the command's
+--quiet: no library progress bars either.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ _MODEL_PARAMS: list[tuple[str, Any, Any]] = [
         Annotated[
             str | None,
             typer.Option(
-                "--model", help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct."
+                "--model",
+                help="Hub id, local folder or .gguf file; default: built-in SmolLM2-135M-Instruct (the Q4_1 "
+                "GGUF, dequantized to float32).",
             ),
         ],
         None,
@@ -42,6 +45,19 @@ _MODEL_PARAMS: list[tuple[str, Any, Any]] = [
     ("device", Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, or auto (all GPUs).")], "cpu"),
     ("dtype", Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or auto.")], "float32"),
     ("revision", Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag, commit).")], None),
+    (
+        "threads",
+        Annotated[
+            int | None,
+            typer.Option(
+                "--threads",
+                min=1,
+                help="CPU threads torch uses; default torch's own (one per core). Another busy process on the "
+                "same cores slows a scan many times over: give each job its own cores.",
+            ),
+        ],
+        None,
+    ),
 ]
 
 
@@ -55,7 +71,7 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
         chosen = {name: kwargs.pop(name) for name, _, _ in _MODEL_PARAMS}
-        return command(load=functools.partial(load_handle, **chosen), **kwargs)
+        return command(load=functools.partial(load_handle, **chosen, quiet=bool(kwargs.get("quiet"))), **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
     wrapper.__annotations__ = {**{p.name: p.annotation for p in kept}, **{n: t for n, t, _ in _MODEL_PARAMS}}
@@ -63,13 +79,22 @@ def model_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def load_handle(model: str | None, gguf_file: str | None, device: str, dtype: str, revision: str | None) -> Any:
+def load_handle(
+    model: str | None,
+    gguf_file: str | None,
+    device: str,
+    dtype: str,
+    revision: str | None,
+    threads: int | None = None,
+    quiet: bool = False,
+) -> Any:
     """Load the model named by the options, logging where it came from and how long it took."""
-    from arithmech.models.load import ModelConfig, load_model
+    from arithmech.models.load import ModelConfig, load_model, set_threads
 
     cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
+    set_threads(threads)
     start = time.perf_counter()
-    handle = load_model(cfg)
+    handle = load_model(cfg, quiet=quiet)
     logger.info("loaded %s in %.1f s", handle.source.get("model"), time.perf_counter() - start)
     return handle
 

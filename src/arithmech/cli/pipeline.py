@@ -34,12 +34,14 @@ def run(
     out: Annotated[Path | None, typer.Option(help="Run folder (overrides the config's out).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed given to every stage (overrides the config's).")] = None,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override one setting, e.g. --set knockout.max_k=8; repeat.")
+        list[str] | None,
+        typer.Option("--set", metavar="KEY=VALUE", help="Override one setting, e.g. --set knockout.max_k=8; repeat."),
     ] = None,
     quiet: QuietOpt = False,
     load: Any = None,
 ) -> None:
-    """Run identify -> knockout -> transfer -> attention -> mlp -> mediation -> agreement into one run folder.
+    """Run identify -> knockout -> transfer -> attention -> mlp -> mediation -> agreement -> neurons -> evaluate
+    (and finetune, when named) into one run folder.
 
     A stage whose settings and inputs are unchanged since the last run into the same folder is not recomputed,
     so rerunning after an interruption resumes where it stopped.
@@ -48,7 +50,8 @@ def run(
     from arithmech.pipeline import load_run_config, run_pipeline
 
     overrides = _assignments(set_ or [])
-    overrides.update({f"model.{k}": v for k, v in load.keywords.items() if v != _MODEL_DEFAULTS[k]})
+    model = {k: v for k, v in load.keywords.items() if k in _MODEL_DEFAULTS}  # not threads, quiet: no results
+    overrides.update({f"model.{k}": v for k, v in model.items() if v != _MODEL_DEFAULTS[k]})
     if stages is not None:
         overrides["stages"] = stages
     if out is not None:
@@ -56,6 +59,9 @@ def run(
     if seed is not None:
         overrides["seed"] = seed
     cfg = load_run_config(config, overrides)
+    from arithmech.models.load import set_threads
+
+    set_threads(load.keywords["threads"])
     results = run_pipeline(cfg, quiet=quiet)
     for name, result in results.items():
         state = "kept (unchanged)" if isinstance(result, Path) else "done"

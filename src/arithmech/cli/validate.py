@@ -68,10 +68,9 @@ def knockout(
     typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")
     for row in summarize(result.rows):
-        typer.echo(
-            f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  "
-            f"{row['random_accuracy_mean']:10.1%} ± {row['random_accuracy_std']:.1%}"
-        )
+        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no random draws
+        random_rank = f"{mean:10.1%} ± {sd:.1%}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
+        typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
     typer.echo(f"results in {result.out_dir}")
 
 

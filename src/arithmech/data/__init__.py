@@ -1,44 +1,18 @@
-"""Arithmetic task data: templates, generated prompt pairs, user prompt files, and their tokenization."""
+"""Arithmetic task data: templates, generated prompt pairs, user prompt files, and their tokenization.
 
-from arithmech.data.generate import GenerationConfig, build_pair, generate_pairs, solve
-from arithmech.data.io import read_prompt_file, write_prompt_file
-from arithmech.data.prompts import ROLE_NAMES, PromptPair
-from arithmech.data.templates import (
-    FORMATIONS,
-    OPERATIONS,
-    Template,
-    default_templates_path,
-    load_templates,
-    select_templates,
-)
-from arithmech.data.tokens import (
-    ROLE_CODES,
-    TokenizedPairs,
-    TokenizeReport,
-    answer_token_id,
-    pad_id_of,
-    tokenize_pairs,
-)
+Members are imported on first use (arithmech/lazy.py), so reading templates or prompt files needs no torch.
+"""
 
-__all__ = [
-    "FORMATIONS",
-    "OPERATIONS",
-    "ROLE_CODES",
-    "ROLE_NAMES",
-    "GenerationConfig",
-    "PromptPair",
-    "Template",
-    "TokenizeReport",
-    "TokenizedPairs",
-    "answer_token_id",
-    "build_pair",
-    "default_templates_path",
-    "generate_pairs",
-    "load_templates",
-    "pad_id_of",
-    "read_prompt_file",
-    "select_templates",
-    "solve",
-    "tokenize_pairs",
-    "write_prompt_file",
-]
+from arithmech.lazy import lazy_exports
+
+_EXPORTS = {
+    "arithmetic_split": ("ArithmeticSplit", "make_split", "split_prompts", "transfer_prompts"),
+    "generate": ("GenerationConfig", "build_pair", "generate_pairs", "solve"),
+    "io": ("read_prompt_file", "write_prompt_file"),
+    "prompts": ("ROLE_NAMES", "PromptPair"),
+    "templates": ("FORMATIONS", "OPERATIONS", "Template", "default_templates_path", "load_templates",
+                  "select_templates"),
+    "tokens": ("ROLE_CODES", "TokenizedPairs", "TokenizeReport", "answer_token_id", "pad_id_of", "tokenize_pairs"),
+}  # fmt: skip
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)

@@ -81,7 +81,7 @@ def find_data_file(name: str, data_dir: str | os.PathLike[str] | None = None) ->
 def read_data_text(path: Path) -> str:
     """The text of a .jsonl file, or of a .jsonl.gz decompressed; a file that cannot be read is a DataError."""
     try:
-        return _data_bytes(path).decode("utf-8")
+        return _data_bytes(path).decode("utf-8-sig")  # a byte-order mark is fine
     except UnicodeDecodeError as exc:
         raise DataError(f"could not read {path} as UTF-8 text ({exc}); write JSON Lines in UTF-8") from exc
 

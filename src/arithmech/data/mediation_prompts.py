@@ -44,6 +44,8 @@ from arithmech.errors import ConfigError, DataError
 TASKS: tuple[str, ...] = (*OPERATIONS, "retrieval", "factual")
 FORMATS: tuple[str, ...] = ("qa", "statement", "equation")
 INTERVENTIONS: tuple[str, ...] = ("operands-and-result", "operands-same-result", "operator")
+COMPONENTS: tuple[str, ...] = ("mlp", "attn")
+"""What a mediation run intervenes on in each layer: the MLP's or the attention's output (patching/mediation.py)."""
 APPLICABLE = {
     **{op: INTERVENTIONS for op in OPERATIONS},
     "retrieval": ("operands-and-result", "operands-same-result"),
@@ -118,9 +120,13 @@ class MediationDataConfig:
 # -- data files -------------------------------------------------------------------------------------------
 def _read_json(path: str | Path | None, name: str) -> dict[str, Any]:
     try:
-        text = Path(path).read_text() if path else resources.files("arithmech.data").joinpath(name).read_text()
+        text = (
+            Path(path).read_text(encoding="utf-8-sig")
+            if path
+            else resources.files("arithmech.data").joinpath(name).read_text(encoding="utf-8")
+        )
         return json.loads(text)
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
         raise DataError(f"cannot read mediation data {path or name}: {err}; check the file") from None
 
 

@@ -18,7 +18,9 @@ class PromptPair:
     """A reference prompt X_r, its counterfactual X_c (operator replaced) and the answer text C.
 
     `spans` maps "A", "B", "operator" (the final query's) and "prefix" (the few-shot examples) to
-    [start, end) character offsets in `reference`; it may be empty for user-supplied prompts.
+    [start, end) character offsets in `reference`; it may be empty for user-supplied prompts. `source` and
+    `line` say where a pair read from a file came from, so a message can name the line; they are not data
+    (not compared, not written back).
     """
 
     reference: str
@@ -31,6 +33,8 @@ class PromptPair:
     b: str | None = None
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    source: str | None = field(default=None, compare=False, repr=False)
+    line: int | None = field(default=None, compare=False, repr=False)
 
     def span_text(self, role: str) -> str:
         """The substring of `reference` that `spans[role]` points at."""

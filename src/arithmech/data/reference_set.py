@@ -10,7 +10,9 @@ Background
 Steps (`build_reference_set`)
     1. pairs: a user's prompt file (`read_prompt_file`), or `generate_pairs` over the templates (a templates
        file, or the shipped ones);
-    2. tokens: `tokenize_pairs`; a pair whose counterfactual has another token length is rejected and counted;
+    2. tokens: `tokenize_pairs`; a pair whose answer is not one whole token, or whose counterfactual changes
+       nothing, is refused (`pair_checks`); one whose counterfactual has another token length is rejected,
+       counted and named;
     3. filter: keep the prompts whose top token at END is the answer's first token (unless filter_correct is
        off), with the accuracy of every template;
     4. sample: max_prompts of the kept prompts, seeded and stratified by operation and template
@@ -88,7 +90,8 @@ class ReferenceSet:
     """The sampled reference prompts, the accuracy of every template, and the counts of each step."""
 
     tokenized: TokenizedPairs
-    template_accuracy: dict[str, dict[str, float]]
+    template_accuracy: dict[str, dict[str, float | None]]
+    """Per template: pairs, rejected_length_mismatch, kept, correct, accuracy (None when none was kept)."""
     counts: dict[str, int]
 
 
@@ -111,7 +114,7 @@ def heldout_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig, n: int) 
 
 def _kept_prompts(
     handle: ModelHandle, cfg: ReferenceSetConfig
-) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float]], dict[str, int]]:
+) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int]]:
     """Steps 1-3: every tokenized pair, the indices kept, the accuracy per template, and the counts."""
     if cfg.prompts_file:
         pairs = read_prompt_file(cfg.prompts_file)
@@ -140,7 +143,7 @@ def _kept_prompts(
 
 def _template_accuracy(
     pairs: list[PromptPair], correct: torch.Tensor, tokenized: dict[str, dict[str, int]]
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | None]]:
     """Per template: pairs generated, rejected for a counterfactual of another length, kept, answered."""
     answered: dict[str, list[bool]] = {}
     for pair, ok in zip(pairs, correct.tolist(), strict=True):
@@ -153,6 +156,6 @@ def _template_accuracy(
             "rejected_length_mismatch": count["rejected"],
             "kept": count["kept"],
             "correct": right,
-            "accuracy": right / count["kept"] if count["kept"] else float("nan"),
+            "accuracy": right / count["kept"] if count["kept"] else None,  # 0 of 0 answered: undefined
         }
     return table

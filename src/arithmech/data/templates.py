@@ -78,7 +78,7 @@ def load_templates(path: str | os.PathLike[str] | None = None) -> list[Template]
     if not source.is_file():
         raise DataError(f"templates file {source} does not exist; pass the path of a templates JSON file")
     try:
-        raw = json.loads(source.read_text(encoding="utf-8"))
+        raw = json.loads(source.read_text(encoding="utf-8-sig"))  # a byte-order mark is fine
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"templates file {source} is not valid JSON ({exc}); fix the JSON syntax") from exc
     rows = raw.get("templates") if isinstance(raw, dict) else raw

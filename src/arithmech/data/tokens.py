@@ -1,11 +1,14 @@
 """Tokenize prompt pairs into the tensors every patching stage reads: ids, END positions, answers, roles.
 
 Path patching compares the reference and counterfactual position by position, so a pair whose
-counterfactual has a different token length is rejected (and counted), as in Zhang et al. (2024). Batches
-are RIGHT-padded: a causal model then gives each prompt exactly its unpadded result at its own last token
-END, and positions line up from the start. The target token C is the first token of the answer as it
-follows the prompt. Token roles (operand A, operand B, operator, few-shot prefix) come from the pairs'
-character spans through the tokenizer's offset mapping (fast tokenizers only).
+counterfactual has a different token length is rejected (counted, and named in a warning), as in Zhang et
+al. (2024). A pair whose answer is not one whole token, or whose counterfactual changes nothing the model
+sees, is refused (`pair_checks`): its numbers would look fine and mean nothing. Batches are RIGHT-padded: a
+causal model then gives each prompt exactly its unpadded result at its own last token END, and positions line
+up from the start. The target token C is the answer's token as it follows the prompt (for GPT-2-like
+tokenizers, which merge a space into the number, the prompt's trailing space moves into it, and a prompt
+file's lines where it did are named in a warning). Token roles (operand A, operand B, operator, few-shot
+prefix) come from the pairs' character spans through the tokenizer's offset mapping (fast tokenizers only).
 """
 
 from __future__ import annotations
@@ -17,12 +20,23 @@ from typing import Any
 
 import torch
 
+from arithmech.data.pair_checks import (
+    Findings,
+    Location,
+    Problem,
+    answer_problem,
+    counterfactual_problem,
+    describe,
+    pair_location,
+    text_problem,
+)
 from arithmech.data.prompts import ROLE_NAMES, PromptPair
 from arithmech.errors import DataError
 
 logger = logging.getLogger(__name__)
 
 ROLE_CODES: dict[str, int] = {"other": 0, "A": 1, "B": 2, "operator": 3, "prefix": 4}
+_Row = tuple[list[int], list[int], int, list[int]]  # reference ids, counterfactual ids, answer id, role codes
 
 
 @dataclass(frozen=True)
@@ -88,21 +102,51 @@ def answer_token_id(tokenizer: Any, prompt: str, answer: str) -> int:
 
 
 def answer_target(tokenizer: Any, prompt: str, answer: str) -> tuple[str, int]:
-    """(prompt as the model should see it, id of the answer's first token after it).
+    """(prompt as the model should see it, id of the answer's first token after it); see `answer_tokens`."""
+    if not answer:
+        raise DataError(f"the answer for prompt {prompt[-40:]!r} is empty; give the expected answer text")
+    split = answer_tokens(tokenizer, prompt, answer)
+    if split is None:
+        raise DataError(
+            f"the tokens of prompt {prompt[-40:]!r} are not a prefix of the tokens of prompt + answer "
+            f"{answer!r}; end the prompt where the answer's first token starts (e.g. with a space)"
+        )
+    return split[0], split[1][0]
+
+
+def answer_tokens(tokenizer: Any, prompt: str, answer: str) -> tuple[str, list[int]] | None:
+    """(prompt as the model should see it, the answer's tokens after it), or None if the prompt's tokens are
+    not a prefix of the tokens of prompt + answer.
 
     A tokenizer that merges the space into the number (GPT-2's " 7") cannot continue "= " with a number
     token; then the trailing whitespace moves from the prompt into the answer's token.
     """
-    if not answer:
-        raise DataError(f"the answer for prompt {prompt[-40:]!r} is empty; give the expected answer text")
     for head, full in ((prompt, prompt + answer), (prompt.rstrip(), prompt.rstrip() + " " + answer)):
         head_ids, full_ids = _encode(tokenizer, head), _encode(tokenizer, full)
         if len(full_ids) > len(head_ids) and full_ids[: len(head_ids)] == head_ids:
-            return head, int(full_ids[len(head_ids)])
-    raise DataError(
-        f"the tokens of prompt {prompt[-40:]!r} are not a prefix of the tokens of prompt + answer "
-        f"{answer!r}; end the prompt where the answer's first token starts (e.g. with a space)"
-    )
+            return head, [int(i) for i in full_ids[len(head_ids) :]]
+    return None
+
+
+def continuation_span(
+    tokenizer: Any, context: str, continuation: str, add_special_tokens: bool = True
+) -> tuple[list[int], int]:
+    """(tokens of context + continuation, index of the first token the continuation changes or adds).
+
+    The concatenation is tokenized, not the two apart, so the tokenizer's own boundary holds: when the context's
+    last token merges with the continuation's first characters, the span starts at that merged token (the
+    lm-evaluation-harness convention; evaluate/choice.py scores choices, evaluate/arithmetic.py answers by it).
+    """
+    ctx = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
+    whole = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
+    start = 0
+    while start < min(len(ctx), len(whole)) and ctx[start] == whole[start]:
+        start += 1
+    if start == 0:
+        raise DataError(f"the context {context[:40]!r} gives no token before the continuation; give a non-empty prompt")
+    if start == len(whole):
+        raise DataError(f"{continuation!r} adds no token to its prompt; choices and answers must not be empty")
+    return list(whole), start
 
 
 def pad_id_of(tokenizer: Any) -> int:
@@ -114,44 +158,109 @@ def pad_id_of(tokenizer: Any) -> int:
     return 0
 
 
-def tokenize_pairs(tokenizer: Any, pairs: list[PromptPair]) -> tuple[TokenizedPairs, TokenizeReport]:
-    """Tokenize pairs, reject those whose counterfactual length differs, and right-pad the rest."""
+def tokenize_pairs(
+    tokenizer: Any,
+    pairs: list[PromptPair],
+    *,
+    first_token_answers: bool = False,
+    counterfactual_required: bool = True,
+) -> tuple[TokenizedPairs, TokenizeReport]:
+    """Tokenize pairs, refuse any that breaks a rule of `pair_checks`, reject (and name) those whose
+    counterfactual has another token length, and right-pad the rest.
+
+    first_token_answers: score the first token of a longer answer instead of refusing it (transfer's
+        multi-digit, decimal and word-problem targets, Zhang et al. 2024 section 5.1).
+    counterfactual_required: False accepts a counterfactual equal to the reference (word problems have none;
+        transfer ablates them with means).
+    """
     if not pairs:
         raise DataError("there are no prompt pairs to tokenize; generate or read some prompt pairs first")
     fast = bool(getattr(tokenizer, "is_fast", False))
-    rows: list[tuple[list[int], list[int], int, list[int]]] = []
+    rows: list[_Row] = []
     kept_pairs: list[PromptPair] = []
     counts: dict[str, Counter[str]] = {}
-    for pair in pairs:
-        reference, answer = answer_target(tokenizer, pair.reference, pair.answer)
-        counterfactual = pair.counterfactual if reference == pair.reference else pair.counterfactual.rstrip()
-        ref_ids, offsets = _encode_with_offsets(tokenizer, reference, fast)
-        cf_ids = _encode(tokenizer, counterfactual)
+    findings = Findings(len(pairs))
+    rejected: list[Location] = []
+    moved: list[Location] = []
+    example = ""  # what the model sees and is scored on, for the first prompt whose space moved
+    for number, pair in enumerate(pairs, 1):
+        where = pair_location(pair, number)
+        checked = _tokenize_pair(tokenizer, pair, fast, first_token_answers, counterfactual_required)
+        if isinstance(checked, Problem):
+            findings.add(where, checked)
+            continue
+        space_moved, row = checked
         tally = counts.setdefault(pair.template_id or "custom", Counter())
-        if len(cf_ids) != len(ref_ids):
+        if len(row[1]) != len(row[0]):
             tally["rejected"] += 1
+            rejected.append(where)
             continue
         tally["kept"] += 1
-        rows.append((ref_ids, cf_ids, answer, _roles(offsets, pair.spans) if offsets else [0] * len(ref_ids)))
+        if space_moved and pair.source is not None:
+            moved.append(where)
+            example = example or f"{pair.reference.rstrip()[-20:]!r} and {tokenizer.decode([row[2]])!r}"
+        rows.append(row)
         kept_pairs.append(pair)
+    findings.refuse()
     report = TokenizeReport(
         kept=len(rows),
-        rejected_length_mismatch=len(pairs) - len(rows),
+        rejected_length_mismatch=len(rejected),
         per_template={k: {"kept": c["kept"], "rejected": c["rejected"]} for k, c in counts.items()},
     )
-    if not rows:
-        raise DataError(
-            f"all {len(pairs)} prompt pairs were rejected because the counterfactual has a different token "
-            "length than the reference; choose a counterfactual operator with the same number of tokens"
-        )
-    if report.rejected_length_mismatch:
-        logger.warning(
-            "rejected %d of %d prompt pairs whose counterfactual token length differs from the reference",
-            report.rejected_length_mismatch,
-            len(pairs),
-        )
+    _report_changes(pairs, rejected, moved, example)
     roles_available = fast and all(p.spans for p in kept_pairs)
     return _stack(rows, kept_pairs, pad_id_of(tokenizer), roles_available), report
+
+
+def _tokenize_pair(
+    tokenizer: Any, pair: PromptPair, fast: bool, first_token_answers: bool, counterfactual_required: bool
+) -> Problem | tuple[bool, _Row]:
+    """The rule of `pair_checks` the pair breaks, or (whether its trailing space moved into the answer, its row)."""
+    problem = text_problem(pair, counterfactual_required)
+    split = None if problem else answer_tokens(tokenizer, pair.reference, pair.answer)
+    if problem or split is None:
+        return problem or _NOT_A_PREFIX
+    reference, answer_ids = split
+    if not first_token_answers and (problem := answer_problem(tokenizer, pair, answer_ids)):
+        return problem
+    counterfactual = pair.counterfactual if reference == pair.reference else pair.counterfactual.rstrip()
+    ref_ids, offsets = _encode_with_offsets(tokenizer, reference, fast)
+    cf_ids = _encode(tokenizer, counterfactual)
+    if counterfactual_required and (problem := counterfactual_problem(pair, ref_ids, cf_ids)):
+        return problem
+    roles = _roles(offsets, pair.spans) if offsets else [0] * len(ref_ids)
+    return reference != pair.reference, (ref_ids, cf_ids, answer_ids[0], roles)
+
+
+_NOT_A_PREFIX = Problem(
+    "the reference's tokens are not a prefix of the tokens of reference + answer",
+    "the answer merges with the reference's last token",
+    "end the reference where the answer's first token starts (e.g. with a space)",
+)
+
+
+def _report_changes(pairs: list[PromptPair], rejected: list[Location], moved: list[Location], example: str) -> None:
+    """Refuse a set whose every pair was rejected; name the rejected pairs, and the prompts whose trailing
+    space moved into the answer's token."""
+    why = "the counterfactual has a different token length than the reference"
+    if len(rejected) == len(pairs):
+        raise DataError(
+            f"all {len(pairs)} prompt pairs were rejected because {why}: {describe(rejected, len(pairs))}; "
+            "choose a counterfactual operator with the same number of tokens"
+        )
+    if rejected:
+        logger.warning(
+            "%s: rejected, since %s (path patching compares them position by position)",
+            describe(rejected, len(pairs)),
+            why,
+        )
+    if moved:
+        logger.warning(
+            "%s: the reference's trailing space moved into the answer's token, since this tokenizer merges a "
+            "space into the number (the model sees and is scored on %s)",
+            describe(moved, len(pairs)),
+            example,
+        )
 
 
 def _encode_with_offsets(tokenizer: Any, text: str, fast: bool) -> tuple[list[int], list[tuple[int, int]]]:
@@ -180,7 +289,7 @@ def _roles(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) ->
 
 
 def _stack(
-    rows: list[tuple[list[int], list[int], int, list[int]]],
+    rows: list[_Row],
     pairs: list[PromptPair],
     pad_id: int,
     roles_available: bool,

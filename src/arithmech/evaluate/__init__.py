@@ -1,40 +1,22 @@
 """Evaluation: math word problems by greedy generation, multiple choice by log-likelihood, general text by KL,
-and lm-evaluation-harness tasks through a bridge (harness.py)."""
+arithmetic on held-out templates and operand pairs in one teacher-forced pass (arithmetic.py), and
+lm-evaluation-harness tasks through a bridge (harness.py).
 
-from arithmech.evaluate.answers import extract_choice, extract_number, format_number, numbers_match
-from arithmech.evaluate.benchmarks import Benchmark, benchmark, benchmark_names, build_prompts, register_benchmark
-from arithmech.evaluate.choice import ChoiceScore, score_choices
-from arithmech.evaluate.general import GeneralResult, general_scores, load_general_texts
-from arithmech.evaluate.generation import Generation, generate_greedy
-from arithmech.evaluate.harness import HarnessOptions, HarnessResult, HarnessScore, run_harness
-from arithmech.evaluate.loading import EvalItem
-from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate, evaluate_benchmark
+Members are imported on first use (arithmech/lazy.py), so the benchmark registry needs no torch.
+"""
 
-__all__ = [
-    "Benchmark",
-    "BenchmarkResult",
-    "ChoiceScore",
-    "EvalItem",
-    "EvalOptions",
-    "EvalResult",
-    "GeneralResult",
-    "Generation",
-    "HarnessOptions",
-    "HarnessResult",
-    "HarnessScore",
-    "benchmark",
-    "benchmark_names",
-    "build_prompts",
-    "evaluate",
-    "evaluate_benchmark",
-    "extract_choice",
-    "extract_number",
-    "format_number",
-    "general_scores",
-    "generate_greedy",
-    "load_general_texts",
-    "numbers_match",
-    "register_benchmark",
-    "run_harness",
-    "score_choices",
-]
+from arithmech.lazy import lazy_exports
+
+_EXPORTS = {
+    "answers": ("extract_choice", "extract_number", "format_number", "numbers_match"),
+    "arithmetic": ("AnswerScore", "score_answers", "wilson_interval"),
+    "benchmarks": ("Benchmark", "benchmark", "benchmark_names", "build_prompts", "register_benchmark"),
+    "choice": ("ChoiceScore", "score_choices"),
+    "general": ("GeneralResult", "general_scores", "load_general_texts"),
+    "generation": ("Generation", "generate_greedy"),
+    "harness": ("HarnessOptions", "HarnessResult", "HarnessScore", "run_harness"),
+    "loading": ("EvalItem",),
+    "runner": ("BenchmarkResult", "EvalOptions", "EvalResult", "evaluate", "evaluate_benchmark"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)

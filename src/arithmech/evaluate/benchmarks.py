@@ -7,6 +7,11 @@ Kinds
     choice     each option is scored by the log-likelihood of its continuation (`choice.py`); the most likely
                is the prediction. MMLU, CommonsenseQA, or a user's JSONL with "choices".
     general    perplexity of the model (and KL to a base model) on plain text (`general.py`).
+    arithmetic the project's own templates on the leakage-free split (data/arithmetic_split.py): held-out
+               templates x held-out operand pairs, few-shot; first answer token and exact number scored in one
+               teacher-forced pass (`arithmetic.py`). "arithmetic" asks all four operations,
+               "arithmetic-<operation>" one; "arithmetic-multidigit[-<operation>]" the held-out multi-digit
+               operands (10-99) on the same test templates.
 
 Prompt formats (`build_prompts`)
     cot     Wei et al. (2022) chain of thought. Solved examples "Q: ...\\nA: <reasoning> The answer is N.\\n\\n",
@@ -46,12 +51,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from arithmech.data.arithmetic_split import DEFAULT_SHOTS
 from arithmech.data.locate import is_jsonl_path
+from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.evaluate.answers import choice_letter
 from arithmech.evaluate.loading import EvalItem
 
-KINDS = ("generate", "choice", "general")
+KINDS = ("generate", "choice", "general", "arithmetic")
 CHOICE_FORMATS = ("letter", "text")
 GENERAL = "general"
 STOP_STRINGS = ("\n\n", "\nQ:", "Question:")
@@ -112,6 +119,10 @@ class Benchmark:
     hub: tuple[str, str | None, str] | None = None
     """(repo, config, split) on the Hugging Face hub, used when no local file is found."""
     exemplar_hub: tuple[str, str | None, str] | None = None
+    operations: tuple[str, ...] = ()
+    """arithmetic: the operations asked."""
+    arithmetic: str | None = None
+    """arithmetic: "split" (its test or validation part) or "multidigit" (the transfer set)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +187,26 @@ def _registry() -> dict[str, Benchmark]:
         Benchmark("csqa", "choice", "CommonsenseQA validation, zero-shot, option text scored", "csqa/validation",
                   style="qa", hub=("tau/commonsense_qa", None, "validation")),
         Benchmark(GENERAL, "general", "perplexity (and KL to a base model) on plain English text"),
+        *_arithmetic_benchmarks(),
     ]
     for bench in builtins:
         if bench.name in _REGISTRY:
             raise ConfigError(f"built-in benchmark {bench.name!r} is defined twice")
         _REGISTRY[bench.name] = bench
     return _REGISTRY
+
+
+def _arithmetic_benchmarks() -> list[Benchmark]:
+    """arithmetic[-<operation>] and arithmetic-multidigit[-<operation>] (see the module docstring)."""
+    out = []
+    for which, name, what in (("split", "arithmetic", "held-out templates and operand pairs"),
+                              ("multidigit", "arithmetic-multidigit", "held-out multi-digit operands (10-99)")):
+        for ops in (OPERATIONS, *((op,) for op in OPERATIONS)):
+            suffix = "" if len(ops) > 1 else f"-{ops[0]}"
+            out.append(Benchmark(name + suffix, "arithmetic", f"{ops[0] if suffix else 'all operations'}, {what}, "
+                                 f"{DEFAULT_SHOTS}-shot", n_shot=DEFAULT_SHOTS, max_shot=8, operations=ops,
+                                 arithmetic=which))  # fmt: skip
+    return out
 
 
 def resolve_shots(bench: Benchmark, n_shot: int | None) -> int:

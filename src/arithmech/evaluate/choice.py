@@ -31,13 +31,13 @@ Usage
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from arithmech.data.tokens import pad_id_of
+from arithmech.data.tokens import continuation_span, pad_id_of
 from arithmech.errors import DataError
 from arithmech.evaluate.generation import context_length
 from arithmech.models.view import ModelView
@@ -57,53 +57,66 @@ class ChoiceScore:
 
 
 @dataclass
-class _Row:
-    """A token sequence and the (position, token) pairs to score; each target belongs to (item, option)."""
+class ScoredRow:
+    """A token sequence and the (position, token) pairs to score; for choices each target belongs to (item, option)."""
 
     ids: list[int]
     targets: list[tuple[int, int]]
-    owners: list[tuple[int, int]]
+    owners: list[tuple[int, int]] = field(default_factory=list)
 
 
-def continuation_span(
-    tokenizer: Any, context: str, continuation: str, add_special_tokens: bool = True
-) -> tuple[list[int], int]:
-    """(tokens of context + continuation, index of the first scored token) -- see the module docstring."""
-    ctx = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
-    whole = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
-    start = 0
-    while start < min(len(ctx), len(whole)) and ctx[start] == whole[start]:
-        start += 1
-    if start == 0:
-        raise DataError(f"the context {context[:40]!r} gives no token before the choice; give a non-empty prompt")
-    if start == len(whole):
-        raise DataError(f"choice {continuation!r} adds no token to its prompt; choices must not be empty")
-    return whole, start
-
-
-def _rows(tokenizer: Any, contexts: Sequence[str], options: Sequence[Sequence[str]], special: bool) -> list[_Row]:
+def _rows(tokenizer: Any, contexts: Sequence[str], options: Sequence[Sequence[str]], special: bool) -> list[ScoredRow]:
     rows = []
     for i, (context, conts) in enumerate(zip(contexts, options, strict=True)):
         spans = [continuation_span(tokenizer, context, o, special) for o in conts]
         ctx_len = len(tokenizer(context, add_special_tokens=special)["input_ids"])
         if all(start == ctx_len and len(whole) == ctx_len + 1 for whole, start in spans):
             ids = spans[0][0][:ctx_len]  # one pass of the context scores every one-token option
-            rows.append(_Row(ids, [(ctx_len - 1, w[-1]) for w, _ in spans], [(i, j) for j in range(len(spans))]))
+            targets = [(ctx_len - 1, w[-1]) for w, _ in spans]
+            rows.append(ScoredRow(ids, targets, [(i, j) for j in range(len(spans))]))
             continue
         for j, (whole, start) in enumerate(spans):
             targets = [(k - 1, whole[k]) for k in range(start, len(whole))]
-            rows.append(_Row(whole, targets, [(i, j)] * len(targets)))
+            rows.append(ScoredRow(whole, targets, [(i, j)] * len(targets)))
     return rows
 
 
-def _truncate(row: _Row, limit: int | None) -> _Row:
+def truncate_row(row: ScoredRow, limit: int | None) -> ScoredRow:
     """Keep the last `limit` tokens (positions shift left); the scored tokens must survive."""
     if limit is None or len(row.ids) <= limit:
         return row
     cut = len(row.ids) - limit
     if min(pos for pos, _ in row.targets) - cut < 0:
-        raise DataError(f"a choice is longer than the model's context ({limit} tokens); it cannot be scored")
-    return _Row(row.ids[cut:], [(pos - cut, tok) for pos, tok in row.targets], row.owners)
+        raise DataError(f"a choice or answer is longer than the model's context ({limit} tokens); it cannot be scored")
+    return ScoredRow(row.ids[cut:], [(pos - cut, tok) for pos, tok in row.targets], row.owners)
+
+
+@torch.no_grad()
+def log_prob_batches(
+    view: ModelView,
+    rows: Sequence[ScoredRow],
+    pad: int,
+    batch_size: int = 8,
+    progress: Callable[[int], object] | None = None,
+) -> Iterator[tuple[list[ScoredRow], torch.Tensor]]:
+    """Per forward pass (longest rows first, `batch_size` rows): the rows and the log softmax at their target
+    positions, [targets of the batch in row order, d_vocab] (see the module docstring)."""
+    device = view.o_proj(0).weight.device
+    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))
+    for start in range(0, len(order), batch_size):
+        batch = [rows[r] for r in order[start : start + batch_size]]
+        width = max(len(r.ids) for r in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        for b, row in enumerate(batch):  # right padding: [batch, width]; no mask needed (see above)
+            ids[b, : len(row.ids)] = torch.tensor(row.ids)
+        resid = view.final_resid(input_ids=ids.to(device), use_cache=False)  # [batch, width, d_model]
+        which = torch.tensor([b for b, row in enumerate(batch) for _ in row.targets])
+        pos = torch.tensor([p for row in batch for p, _ in row.targets])
+        picked = resid[which.to(resid.device), pos.to(resid.device)]  # [targets, d_model], before the final norm
+        logits = view.vocab_logits(picked)  # [targets, d_vocab], float32 (float64 for a float64 model)
+        yield batch, logits.log_softmax(-1)
+        if progress is not None:
+            progress(len(batch))
 
 
 @torch.no_grad()
@@ -118,31 +131,16 @@ def score_choices(
 ) -> list[list[ChoiceScore]]:
     """LL of every option of every context: result[i][j] for options[i][j] after contexts[i]."""
     limit = context_length(view.model)
-    rows = [_truncate(r, limit) for r in _rows(tokenizer, contexts, options, add_special_tokens)]
+    rows = [truncate_row(r, limit) for r in _rows(tokenizer, contexts, options, add_special_tokens)]
     sums = [[0.0] * len(o) for o in options]
     counts = [[0] * len(o) for o in options]
-    pad = pad_id_of(tokenizer)
-    device = view.o_proj(0).weight.device
-    order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))
-    for start in range(0, len(order), batch_size):
-        batch = [rows[r] for r in order[start : start + batch_size]]
-        width = max(len(r.ids) for r in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        for b, row in enumerate(batch):  # right padding: [batch, width]; no mask needed (see above)
-            ids[b, : len(row.ids)] = torch.tensor(row.ids)
-        resid = view.final_resid(input_ids=ids.to(device), use_cache=False)  # [batch, width, d_model]
-        which = torch.tensor([b for b, row in enumerate(batch) for _ in row.targets])
-        pos = torch.tensor([p for row in batch for p, _ in row.targets])
-        tokens = torch.tensor([t for row in batch for _, t in row.targets])
-        picked = resid[which.to(resid.device), pos.to(resid.device)]  # [targets, d_model], before the final norm
-        logits = view.vocab_logits(picked)  # [targets, d_vocab], float32 (float64 for a float64 model)
-        logprobs = logits.log_softmax(-1).gather(1, tokens.to(logits.device)[:, None])[:, 0].cpu().tolist()
+    for batch, logprobs in log_prob_batches(view, rows, pad_id_of(tokenizer), batch_size, progress):
+        tokens = torch.tensor([t for row in batch for _, t in row.targets], device=logprobs.device)
+        values = logprobs.gather(1, tokens[:, None])[:, 0].cpu().tolist()
         owners = [o for row in batch for o in row.owners]
-        for (i, j), lp in zip(owners, logprobs, strict=True):
+        for (i, j), lp in zip(owners, values, strict=True):
             sums[i][j] += lp
             counts[i][j] += 1
-        if progress is not None:
-            progress(len(batch))
     return [
         [ChoiceScore(sums[i][j], counts[i][j], len(o)) for j, o in enumerate(conts)]
         for i, conts in enumerate(options)

@@ -10,7 +10,9 @@ How
     order of the prompts.
 
     A prompt longer than the model's context minus max_new_tokens keeps its last tokens (left truncation, as
-    lm-evaluation-harness does) and is reported as truncated.
+    lm-evaluation-harness does) and is reported as truncated. The reserve for new tokens is at most half the
+    context, so a max_new_tokens past the context keeps the prompt; a batch then generates only up to the
+    context's end (a learned position table has no row past it).
 
     Greedy decoding is deterministic for a fixed batch composition; left padding can change the last bits of
     a row's logits, so a different batch_size can (rarely) flip a near-tie.
@@ -97,14 +99,11 @@ def generate_greedy(
 
     encoded = [tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"] for p in prompts]
     limit = context_length(model)
-    keep = None if limit is None else max(1, limit - max_new_tokens)
+    keep = None if limit is None else limit - min(max_new_tokens, limit // 2)
     truncated = [keep is not None and len(ids) > keep for ids in encoded]
     encoded = [ids[-keep:] if keep is not None else ids for ids in encoded]
     pad = pad_id_of(tokenizer)
     eos = _eos_ids(model, tokenizer)
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos or None, use_cache=True
-    )
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
     out: dict[int, Generation] = {}
@@ -117,6 +116,10 @@ def generate_greedy(
             ids[r, width - len(encoded[i]) :] = torch.tensor(encoded[i])
             mask[r, width - len(encoded[i]) :] = 1
         criteria = StoppingCriteriaList([_StopOnStrings(tokenizer, stops, width)]) if stops else None
+        budget = max_new_tokens if limit is None else min(max_new_tokens, limit - width)
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=budget, pad_token_id=pad, eos_token_id=eos or None, use_cache=True
+        )
         generated = model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
             stopping_criteria=criteria,

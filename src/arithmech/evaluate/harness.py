@@ -45,11 +45,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arithmech.errors import ConfigError
-from arithmech.models.load import ModelHandle
 from arithmech.runs import atomic_open, atomic_write_json
+
+if TYPE_CHECKING:
+    from arithmech.models.load import ModelHandle
 
 RESULTS_FILE = "results.json"
 SAMPLES_DIR = "samples"

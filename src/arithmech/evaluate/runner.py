@@ -9,13 +9,17 @@ Per benchmark (`evaluate_benchmark`)
        generate   greedy continuations (`generation.py`), final number extracted, |pred - gold| < 1e-4;
        choice     log-likelihood of each option (`choice.py`); accuracy by summed LL and accuracy_norm by
                   per-character LL;
-       general    perplexity on plain text, and KL(base || tuned) when a base model is given (`general.py`).
+       general    perplexity on plain text, and KL(base || tuned) when a base model is given (`general.py`);
+       arithmetic prompts of the leakage-free split (or the multi-digit transfer set) instead of rows; first
+                  answer token and exact number in one teacher-forced pass (`arithmetic.py`).
     4. One record per example, so that every number can be audited:
        generate   id, question, gold, generated (cut at the stop string), extracted, correct, stopped,
                   n_tokens, truncated (+ orig_id / source where the data have them)
        choice     id, subject, question, choices, gold, logprobs, n_tokens, predicted, predicted_norm,
                   correct, correct_norm
        general    id, n_tokens, nll, base_nll, kl
+       arithmetic id, template_id, operation, formation, a, b, gold, predicted (first token), correct (first
+                  token), exact, logprob, n_answer_tokens, part, examples (the solved examples' operands)
     The full prompt is not repeated per record: `info["prompt_example"]` holds the first one.
 
 Usage
@@ -31,9 +35,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import DataError
 from arithmech.evaluate.answers import choice_letter, extract_number, format_number, numbers_match
+from arithmech.evaluate.arithmetic import arithmetic_prompts, arithmetic_records, group_rows
 from arithmech.evaluate.benchmarks import Benchmark, benchmark, build_prompts, resolve_shots, stop_strings
 from arithmech.evaluate.choice import predict, score_choices
 from arithmech.evaluate.general import general_scores, load_general_texts
@@ -61,6 +67,8 @@ class EvalOptions:
     data_dir: str | None = None
     general_text: str | None = None
     general_max_tokens: int = 512
+    split_seed: int = 0
+    arithmetic_part: str = "test"
 
 
 @dataclass
@@ -136,6 +144,8 @@ def evaluate_benchmark(
     bench = benchmark(name, hint)
     if bench.kind == "general":
         result = _general(handle, bench, options, base_handle, progress)
+    elif bench.kind == "arithmetic":
+        result = _arithmetic(handle, bench, options, progress)
     else:
         items, exemplars, info = load_items(bench, options)
         chat = handle.tokenizer if options.chat_template else None
@@ -213,6 +223,23 @@ def _general(
             "perplexity": result.perplexity, "base_perplexity": result.base_perplexity, "kl": result.kl,
             "base_model": base.source.get("model") if base else None}
     return BenchmarkResult(bench.name, bench.kind, len(records), None, None, records=records, info=info)
+
+
+def _arithmetic(handle: ModelHandle, bench: Benchmark, options: EvalOptions, progress: Progress | None
+                ) -> BenchmarkResult:  # fmt: skip
+    assert bench.arithmetic is not None
+    split = make_split(options.split_seed)
+    shots = resolve_shots(bench, options.n_shot)
+    prompts = arithmetic_prompts(split, bench.arithmetic, bench.operations, options.arithmetic_part, shots)
+    records = arithmetic_records(handle.view, handle.tokenizer, prompts, options.limit, options.seed,
+                                 options.batch_size, progress)  # fmt: skip
+    groups = group_rows(bench.name, records)
+    correct, n = groups[0]["correct"], groups[0]["n"]
+    info = {"split_seed": split.seed, "split_fingerprint": split.fingerprint, "part": options.arithmetic_part
+            if bench.arithmetic == "split" else "transfer", "prompts_in_part": len(prompts), "n_shot": shots,
+            "chat_template": False, "prompt_example": prompts[0].reference if prompts else None,
+            "exact_match": groups[0]["exact_accuracy"], "groups": groups}  # fmt: skip
+    return BenchmarkResult(bench.name, bench.kind, n, correct, _share(correct, n), records=records, info=info)
 
 
 def _share(count: int, total: int) -> float | None:

@@ -43,9 +43,9 @@ import torch
 
 from arithmech.data.locate import find_data_file, missing_data, read_data_text
 from arithmech.errors import ConfigError, DataError
+from arithmech.finetune.settings import TARGETS
 
 KNOWN_TRAIN_SETS: dict[str, str] = {"llm_adapters_math_v1": "llm_adapters_math_v1", "gsm8k": "gsm8k"}
-TARGETS: tuple[str, ...] = ("rationale", "answer")
 PLAIN_PROMPT = "Question: {question}\nAnswer: "
 _CALCULATOR = re.compile(r"<<[^>]*>>")
 

@@ -63,15 +63,12 @@ import torch
 from torch import nn
 
 from arithmech.errors import ConfigError
+from arithmech.finetune.settings import HEAD_SCALES
 from arithmech.models.hooks import PostHook, hooks
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 
 logger = logging.getLogger(__name__)
-
-HEAD_SCALES: tuple[str, ...] = ("gradient", "learning-rate", "none")
-"""How H / h_l acts on a layer's head slices: on their gradient (paper), on their learning rate, or not at all."""
-
 
 class _GradScale(torch.autograd.Function):
     """Identity forward, gradient times `scale` backward."""

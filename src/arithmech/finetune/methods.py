@@ -25,8 +25,6 @@ from arithmech.finetune.optim import Anchor, decay_groups
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 
-METHODS: tuple[str, ...] = ("precise", "full", "lora")
-
 
 class Trainable(Protocol):
     method: str

@@ -33,7 +33,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 Anchor = Callable[[], torch.Tensor]
-SCHEDULES: tuple[str, ...] = ("linear", "cosine")
 
 
 class AnchoredAdamW(torch.optim.AdamW):

@@ -46,7 +46,7 @@ import resource
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,58 +57,11 @@ from arithmech.errors import ConfigError
 from arithmech.finetune.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from arithmech.finetune.data import BatchPlan, TokenizedExample, collate, rank_micro_batches
 from arithmech.finetune.methods import Trainable
-from arithmech.finetune.optim import SCHEDULES, AnchoredAdamW, build_scheduler, with_group_lrs
+from arithmech.finetune.optim import AnchoredAdamW, build_scheduler, with_group_lrs
+from arithmech.finetune.settings import TrainConfig
 from arithmech.finetune.sharded import whole
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings shared by every method (paper defaults)."""
-
-    lr: float = field(default=2e-5, metadata={"help": "peak learning rate"})
-    batch_size: int = field(default=128, metadata={"help": "examples per optimizer step, over all processes"})
-    micro_batch_size: int = field(
-        default=8, metadata={"help": "examples per forward pass and process (gradient accumulation makes up the rest)"}
-    )
-    epochs: int = field(default=2, metadata={"help": "passes over the training data"})
-    max_steps: int | None = field(default=None, metadata={"help": "optimizer steps in all, instead of epochs"})
-    warmup_ratio: float = field(default=0.02, metadata={"help": "share of the steps with linear warm-up from 0"})
-    lr_schedule: str = field(default="linear", metadata={"help": "decay after warm-up: linear or cosine (to 0)"})
-    weight_decay: float = field(default=0.1, metadata={"help": "decoupled AdamW weight decay of matrices"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm (0 = none)"})
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
-    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
-    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
-    seed: int = field(default=0, metadata={"help": "seed of the data order, sampling and dropout"})
-    checkpoint_every: int = field(default=100, metadata={"help": "optimizer steps between checkpoints (0 = none)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint in the output folder"})
-    stop_after: int | None = field(
-        default=None, metadata={"help": "end this invocation after this many steps, with a checkpoint (use --resume)"}
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "micro_batch_size", "epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        for name in ("max_steps", "stop_after"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be at least 1 when given (got {value})")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be positive (got {self.lr})")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"warmup_ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if self.lr_schedule not in SCHEDULES:
-            raise ConfigError(f"lr_schedule {self.lr_schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if self.weight_decay < 0 or self.max_grad_norm < 0 or self.checkpoint_every < 0:
-            raise ConfigError("weight_decay, max_grad_norm and checkpoint_every must not be negative")
-        if self.batch_size % self.micro_batch_size:
-            raise ConfigError(
-                f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}; "
-                "pick sizes that divide"
-            )
 
 
 @dataclass
@@ -117,9 +70,10 @@ class TrainResult:
     """Optimizer steps done in all (including before a resume)."""
     total_steps: int
     finished: bool
-    log: list[dict[str, float]]
-    """One row per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds."""
-    samples_per_second: float
+    log: list[dict[str, float | None]]
+    """One row per optimizer step: step, epoch, lr, loss, grad_norm (None without clipping), tokens, seconds."""
+    samples_per_second: float | None
+    """None when this invocation ran no step (a resume of a finished run)."""
     train_seconds: float
     """Time in optimizer steps during this invocation."""
     peak_memory: dict[str, Any]
@@ -237,7 +191,7 @@ def train(
         total_steps=plan.total_steps,
         finished=steps_done >= plan.total_steps,
         log=loop.log,
-        samples_per_second=loop.done * cfg.batch_size / loop.seconds if loop.seconds > 0 else math.nan,
+        samples_per_second=loop.done * cfg.batch_size / loop.seconds if loop.seconds > 0 else None,
         train_seconds=loop.seconds,
         peak_memory=peak_memory(device),
         world_size=world,
@@ -276,7 +230,7 @@ class _Loop:
         self.start, self.log = 0, []
         self.done, self.seconds = 0, 0.0
 
-    def step(self, step: int) -> dict[str, float]:
+    def step(self, step: int) -> dict[str, float | None]:
         """One optimizer step on the global batch of `step`; returns its log row."""
         acc, cfg, device = self.accelerator, self.cfg, self.accelerator.device
         world = acc.num_processes
@@ -291,7 +245,7 @@ class _Loop:
                 micro_loss = token_loss_sum(out.logits, batch["labels"])
                 acc.backward(micro_loss * (world / n_tokens))
             loss_sum += micro_loss.detach()
-        grad_norm = math.nan
+        grad_norm = None
         if cfg.max_grad_norm > 0:
             grad_norm = float(acc.clip_grad_norm_([p for _, p in self.named], cfg.max_grad_norm))
         lr = float(self.scheduler.get_last_lr()[0]) / self.optimizer.param_groups[0].get("lr_scale", 1.0)  # base lr
@@ -299,6 +253,11 @@ class _Loop:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss = float(acc.reduce(loss_sum, "sum")) / n_tokens
+        if not math.isfinite(loss):  # the same on every process (a reduced sum), so all stop together
+            raise ConfigError(
+                f"training diverged at step {step + 1} of {self.plan.total_steps}: the loss is {loss}; lower the "
+                f"learning rate (now {cfg.lr:g}) or clip gradients (max_grad_norm), and start afresh"
+            )
         epoch = round(self.plan.epoch_of(step + 1), 4)
         return {"step": step + 1, "epoch": epoch, "lr": lr, "loss": loss, "grad_norm": grad_norm, "tokens": n_tokens}
 

@@ -6,15 +6,27 @@ installed-file list, never by importing the package. Converting GGUF to torch ta
 model is cached as an ordinary Hugging Face folder under `default_cache_dir()`
 ($ARITHMECH_CACHE, else ~/.cache/arithmech/models), keyed by the GGUF file's hash; deleting it is always
 safe, the next run converts again. The cache folder appears atomically (written aside, then renamed).
+
+The default GGUF file is quantized: SmolLM2-135M-Instruct.Q4_1.gguf holds every attention and MLP matrix as
+Q4_1 (blocks of 32 weights, 4 bits each plus a float16 scale and minimum per block), the tied embedding and
+unembedding as Q8_0, and the norms in float32. Conversion dequantizes it to float32, so the network analysed
+is exactly that quantized model, computed in float32; not the original bfloat16 checkpoint, whose effects and
+rankings may differ.
+
+`load_model(cfg, quiet=True)` loads without the libraries' progress bars and stderr output ("Loading
+weights", the GGUF converter's bar); `set_threads(n)` sets how many CPU threads torch uses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import io
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,11 +193,57 @@ def _locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
     return str(path) if path.is_dir() else cfg.model, {}, {"model": cfg.model}
 
 
-def load_model(cfg: ModelConfig | None = None) -> ModelHandle:
-    """Load model and tokenizer, check the architecture is supported before reading any weights."""
+def set_threads(threads: int | None) -> None:
+    """Use `threads` CPU threads for torch's operators (None: torch's default, one per physical core).
+
+    Scans saturate every thread they are given, so another busy process on the same cores slows them many
+    times over (path patching 12x when it shared 2 cores); on a shared machine give each job its own cores.
+    """
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"threads must be at least 1 (got {threads})")
+    torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def quiet_libraries(quiet: bool) -> Iterator[None]:
+    """With `quiet`: no progress bars from transformers and huggingface_hub while inside, and nothing the
+    libraries write to stderr (the GGUF converter's bar has no switch). Our own messages go through logging,
+    whose handler keeps the real stderr."""
+    if not quiet:
+        yield
+        return
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    bars, hub_bars = transformers_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
+        if hub_bars:
+            enable_progress_bars()
+
+
+def load_model(cfg: ModelConfig | None = None, quiet: bool = False) -> ModelHandle:
+    """Load model and tokenizer, check the architecture is supported before reading any weights.
+
+    `quiet`: without the libraries' progress bars and stderr output (`quiet_libraries`)."""
+    with quiet_libraries(quiet):
+        handle = _load_model(cfg or ModelConfig())
+    if handle.device.type == "cpu":
+        logger.info("CPU threads for torch: %d (--threads N to change)", torch.get_num_threads())
+    return handle
+
+
+def _load_model(cfg: ModelConfig) -> ModelHandle:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    cfg = cfg or ModelConfig()
     device = resolve_device(cfg.device)
     where, extra, source = _locate(cfg)
     kwargs: dict[str, Any] = {"revision": cfg.revision, **extra}

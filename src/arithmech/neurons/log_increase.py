@@ -165,6 +165,7 @@ def neuron_li_from_states(
     return neuron_li_of_runs(view, [states], target, scales, max_elements)[0]
 
 
+@torch.no_grad()
 def neuron_li_of_runs(
     view: ModelView,
     runs: Sequence[EndStates],
@@ -215,6 +216,7 @@ def neuron_directions(view: ModelView, layer: int, norm: FixedNorm | None = None
     return norm.gain * norm.center_of(values)
 
 
+@torch.no_grad()
 def attention_li_from_states(view: ModelView, states: EndStates, target: torch.Tensor, scales: Scales) -> torch.Tensor:
     """LI [row, layer] of each attention layer's added output, with the final scale held at `scales`."""
     norm = final_norm(view)
@@ -227,6 +229,7 @@ def attention_li_from_states(view: ModelView, states: EndStates, target: torch.T
     return (with_v.gather(-1, index) - without.gather(-1, index))[..., 0].cpu()
 
 
+@torch.no_grad()
 def neuron_li(
     view: ModelView,
     batch: EndBatch,
@@ -240,6 +243,7 @@ def neuron_li(
     return neuron_li_from_states(view, states, w, run_scales(view, states), max_elements)
 
 
+@torch.no_grad()
 def attention_li(
     view: ModelView, batch: EndBatch, layers: Sequence[int], target: torch.Tensor | None = None
 ) -> torch.Tensor:

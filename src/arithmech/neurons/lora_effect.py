@@ -82,6 +82,7 @@ class CoefficientChange:
         return out
 
 
+@torch.no_grad()
 def neuron_coefficients(
     view: ModelView, ids: torch.Tensor, mask: torch.Tensor, end: torch.Tensor, neurons: Sequence[tuple[int, int]]
 ) -> torch.Tensor:
@@ -96,6 +97,7 @@ def neuron_coefficients(
     return coef[:, cols[:, 0], cols[:, 1]]  # [row, neuron]
 
 
+@torch.no_grad()
 def coefficient_change(
     handle: ModelHandle,
     adapter: LoraAdapter | str | Path,

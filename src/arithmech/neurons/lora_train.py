@@ -134,7 +134,8 @@ def train_layer_lora(
     """Train a LoRA adapter on `cfg.modules` of `cfg.layers` to predict each prompt's answer token at END.
 
     ids/mask: right-padded prompts [row, pos]; end: [row] last real token; answer_ids: [row]. The model is
-    left unchanged; the adapter comes back detached (apply it with `applied_lora`).
+    left unchanged; the adapter comes back detached (apply it with `applied_lora`). Gradients are on inside,
+    also when the caller runs under `torch.no_grad()` (as the neurons stage does).
     """
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
@@ -152,7 +153,7 @@ def train_layer_lora(
     )
     generator = torch.Generator().manual_seed(cfg.seed)
     losses: list[float] = []
-    with injected(handle, lambda model: get_peft_model(model, config)) as peft_model:
+    with injected(handle, lambda model: get_peft_model(model, config)) as peft_model, torch.enable_grad():
         params = _init_lora_a(peft_model, generator)
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
         for rows in _minibatches(len(end), cfg.batch_size, cfg.steps, generator):

@@ -146,6 +146,7 @@ def random_keep_sets(
     return [_split_flat(perm[:k], layers, width) for k in keep_sizes]
 
 
+@torch.no_grad()
 def pruned_predictions(
     view: ModelView,
     ids: torch.Tensor,
@@ -160,6 +161,7 @@ def pruned_predictions(
         return predict_at_end(view, ids, mask, end, answer_ids, batch_size)
 
 
+@torch.no_grad()
 def pruning_sweep(
     view: ModelView,
     ids: torch.Tensor,

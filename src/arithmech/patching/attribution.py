@@ -90,6 +90,7 @@ class EndGradients:
     ref_logit: torch.Tensor  # [batch] answer logit on the reference run
 
 
+@torch.no_grad()
 def attribution_patch(
     view: ModelView,
     batch: PatchingBatch,

@@ -68,13 +68,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from arithmech.data.mediation_prompts import COMPONENTS
 from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair
 from arithmech.errors import ConfigError, SpecError
 from arithmech.models.from_layer import JoiningRows, full_cache, prefix_cache, run_from_layers
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.view import ModelView, cache_kwarg
 
-COMPONENTS: tuple[str, ...] = ("mlp", "attn")
 DOWN_PROJ: dict[str, str] = {
     "llama": "down_proj", "mistral": "down_proj", "qwen2": "down_proj", "phi3": "down_proj",
     "gemma": "down_proj", "gemma2": "down_proj", "gemma3": "down_proj",

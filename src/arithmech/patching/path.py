@@ -103,6 +103,7 @@ class PatchResult:
         return float(relative_change(self.cf_logit, self.ref_logit).mean())
 
 
+@torch.no_grad()
 def end_logits(view: ModelView, states: EndStates, answer_ids: torch.Tensor) -> torch.Tensor:
     """[batch] answer logits read from the final residual of a forward pass."""
     return view.answer_logits(states.resid_final, answer_ids)

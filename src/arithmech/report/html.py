@@ -122,7 +122,9 @@ def header_facts(run: RunFolder) -> list[tuple[str, str]]:
 
     facts = [
         ("model", _model_name(run)),
-        ("source", str(model.get("gguf_file") or model.get("loaded_from") or model.get("model") or "n/a")),
+        ("source", str(model.get("gguf_file") or model.get("loaded_from") or model.get("model") or "n/a")
+                   + (" (GGUF, converted to float32; quantized weights keep their rounding)" if model.get("gguf_file")
+                      else "")),
         ("architecture", f"{model.get('model_type', 'n/a')}, {dims.get('n_layers', '?')} layers x "
                          f"{dims.get('n_heads', '?')} heads, d_model {dims.get('d_model', '?')}, "
                          f"{model.get('dtype', '?')} on {model.get('device', '?')}"),

@@ -3,7 +3,9 @@
 Self-contained means the file opens anywhere with nothing else: figures are embedded as base64 PNG `data:`
 URLs, the CSS is inline, there is no script, font or stylesheet from elsewhere. Every text that comes from a
 run folder is escaped (and non-printable characters, which tokens often are, are shown as \\xNN escapes).
-Numbers print the same way everywhere: shares as percentages, effects as signed percentages.
+Numbers print the same way everywhere: shares as percentages, effects as signed percentages. A section whose
+numbers rest on fewer than SMALL_SAMPLE prompts or pairs says so in a warning above its figures, and its
+title and contents entry carry a "small sample" badge.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import html
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
@@ -44,6 +46,8 @@ class Body:
     reading: str
     figures: list[Figure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
+    small: list[str] = field(default_factory=list)
+    """The sample sizes below SMALL_SAMPLE behind its numbers, as phrases (`small_samples`)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,30 @@ def listing(items: Sequence[str], limit: int = 8) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+SMALL_SAMPLE = 10
+"""Numbers from fewer prompts or pairs than this carry a small-sample warning: means, medians and rankings of a
+handful of prompts change from one sample to the next (a median indirect effect of 2 pairs can be 1e6)."""
+
+
+def small_samples(sizes: Mapping[str, object], unit: str) -> list[str]:
+    """Phrases for the sizes below SMALL_SAMPLE: {"addition": 2, "factual": 2} -> ["2 pairs for addition and
+    factual"] (unit "pair"); the name "" stands for the whole section ("4 prompts"). Missing sizes and 0 (no
+    number is reported then) are left out."""
+    groups: dict[int, list[str]] = {}
+    for name, size in sizes.items():
+        try:
+            n = float(size)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if is_number(n) and 0 < n < SMALL_SAMPLE:
+            groups.setdefault(int(n), []).append(name)
+    phrases = []
+    for n, names in sorted(groups.items()):
+        named = [name for name in names if name]
+        phrases.append(f"{n} {unit if n == 1 else unit + 's'}" + (f" for {listing(named)}" if named else ""))
+    return phrases
+
+
 # --- HTML ---------------------------------------------------------------------------------------------------
 
 
@@ -135,6 +163,8 @@ figcaption { font-size: .85rem; color: #444; }
           border: 1px solid; vertical-align: middle; margin-left: .4rem; }
 .done { color: #005a8c; border-color: #0072B2; } .missing { color: #555; border-color: #999; }
 .unfinished { color: #8f3e00; border-color: #D55E00; }
+.small { color: #8f3e00; border-color: #E69F00; }
+.caveat { background: #fff6e0; border-left: 4px solid #E69F00; padding: .5rem .8rem; }
 .reading { background: #f7f7f7; border-left: 4px solid #0072B2; padding: .5rem .8rem; }
 .banner { background: #fff4e5; border-left: 4px solid #D55E00; padding: .5rem .8rem; font-weight: 600; }
 dl.meta { display: grid; grid-template-columns: max-content auto; gap: .1rem 1rem; font-size: .9rem; }
@@ -150,6 +180,18 @@ _NUMERIC = re.compile(r"^([+-]?\d[\d,]*(\.\d+)?(e[+-]?\d+)?%?( ± .*)?|n/a)$")
 
 def status_badge(status: str) -> str:
     return f'<span class="status {_STATUS_CLASS.get(status, "unfinished")}">{clean(status)}</span>'
+
+
+def badges(section: Section) -> str:
+    """The status badge, and a "small sample" badge when the section's numbers rest on few prompts or pairs."""
+    small = section.body is not None and section.body.small
+    return status_badge(section.status) + ('<span class="status small">small sample</span>' if small else "")
+
+
+def small_sample_html(small: Sequence[str]) -> str:
+    text = (f"The figures and numbers of this section rest on {listing(small)}, fewer than {SMALL_SAMPLE}: another "
+            "sample can change them a lot. Rerun with more prompts or pairs before relying on them.")  # fmt: skip
+    return f'<p class="caveat"><strong>Small sample.</strong> {clean(text)}</p>'
 
 
 def table_html(table: Table) -> str:
@@ -185,7 +227,7 @@ def figure_html(figure: Figure, stage: str, out_dir: Path) -> str:
 
 
 def section_html(section: Section, out_dir: Path) -> str:
-    parts = [f'<section id="{section.stage}"><h2>{clean(section.title)}{status_badge(section.status)}</h2>']
+    parts = [f'<section id="{section.stage}"><h2>{clean(section.title)}{badges(section)}</h2>']
     if section.body is None:
         message = {
             "not run": "This stage was not run for this run folder.",
@@ -197,6 +239,8 @@ def section_html(section: Section, out_dir: Path) -> str:
         if section.folder is not None:
             rel = Path(os.path.relpath(section.folder.resolve(), out_dir.resolve())).as_posix()
             parts.append(f"<p>Folder: <code>{clean(rel)}</code></p>")
+        if section.body.small:
+            parts.append(small_sample_html(section.body.small))
         parts.append(f'<p class="reading">{clean(section.body.reading)}</p>')
         parts.extend(figure_html(figure, section.stage, out_dir) for figure in section.body.figures)
         parts.extend(table_html(table) for table in section.body.tables)
@@ -209,7 +253,7 @@ def render_page(
 ) -> str:
     """The whole HTML document: header with run facts, table of contents, sections, timings footer."""
     facts = "".join(f"<dt>{clean(k)}</dt><dd>{clean(v)}</dd>" for k, v in meta)
-    toc = "".join(f'<li><a href="#{s.stage}">{clean(s.title)}</a>{status_badge(s.status)}</li>' for s in sections)
+    toc = "".join(f'<li><a href="#{s.stage}">{clean(s.title)}</a>{badges(s)}</li>' for s in sections)
     body = "\n".join(section_html(s, out_dir) for s in sections)
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

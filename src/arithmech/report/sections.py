@@ -11,7 +11,19 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from arithmech.report.page import Body, Figure, Table, fixed, is_number, listing, num, pct, signed_pct, to_float
+from arithmech.report.page import (
+    Body,
+    Figure,
+    Table,
+    fixed,
+    is_number,
+    listing,
+    num,
+    pct,
+    signed_pct,
+    small_samples,
+    to_float,
+)
 from arithmech.report.run_folder import StageFolder
 
 SOURCES = {"key_heads": "the identify run's key heads", "top_k": "the top heads by effect", "config": "heads asked for"}
@@ -87,7 +99,7 @@ def identify_body(stage: StageFolder) -> Body:
         figures.append(Figure(stage.folder / "effects_heatmap.png",
                               "Path-patching effect of every head (layer x head) and MLP on the answer logit; "
                               "negative = the component carries the operation (paper Figure 2)."))  # fmt: skip
-    return Body(" ".join(text), figures, tables)
+    return Body(" ".join(text), figures, tables, small_samples({"": counts.get("used")}, "reference prompt"))
 
 
 def knockout_body(stage: StageFolder) -> Body:
@@ -145,7 +157,7 @@ def knockout_body(stage: StageFolder) -> Body:
     caption = (f"Accuracy (left) and answer probability (right) after knocking out the top-k {word}s by effect "
                "vs k random ones, ± 1 sd (paper Figure 3).")  # fmt: skip
     figures = [Figure(stage.folder / "knockout.png", caption)] if stage.has("knockout.png") else []
-    return Body(text, figures, [table])
+    return Body(text, figures, [table], small_samples({"": meta.get("counts", {}).get("prompts")}, "prompt"))
 
 
 def transfer_body(stage: StageFolder) -> Body:
@@ -180,7 +192,8 @@ def transfer_body(stage: StageFolder) -> Body:
     caption = ("Relative accuracy drop per source x target set: effect-rank knockout (left) and the random-rank "
                "control (right); grey = no answered prompts.")  # fmt: skip
     figures = [Figure(stage.folder / "transfer.png", caption)] if stage.has("transfer.png") else []
-    return Body(" ".join(text), figures, [table])
+    small = small_samples({r["target"]: r["n_prompts"] for r in rows}, "answered prompt")
+    return Body(" ".join(text), figures, [table], small)
 
 
 def attention_body(stage: StageFolder) -> Body:
@@ -221,7 +234,7 @@ def attention_body(stage: StageFolder) -> Body:
                 "END attention of the heads over the tokens of single prompts (paper Figure 7).",
             )
         )
-    return Body(text, figures, [table])
+    return Body(text, figures, [table], small_samples({"": meta.get("counts", {}).get("prompts")}, "reference prompt"))
 
 
 def mlp_body(stage: StageFolder) -> Body:
@@ -285,4 +298,4 @@ def mlp_body(stage: StageFolder) -> Body:
         figures.append(Figure(stage.folder / "mlp_update_ranks.png",
                               "Rank of every number token in the logits of each layer's MLP update, one prompt "
                               "(paper Figure 6c)."))  # fmt: skip
-    return Body(text, figures, tables)
+    return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "reference prompt"))

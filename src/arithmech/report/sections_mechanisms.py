@@ -8,7 +8,20 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from arithmech.report.page import Body, Figure, Table, count, fixed, is_number, listing, num, pct, to_float
+from arithmech.report.arithmetic_section import arithmetic_part
+from arithmech.report.page import (
+    Body,
+    Figure,
+    Table,
+    count,
+    fixed,
+    is_number,
+    listing,
+    num,
+    pct,
+    small_samples,
+    to_float,
+)
 from arithmech.report.run_folder import StageFolder
 from arithmech.report.sections import plural
 
@@ -72,12 +85,13 @@ def mediation_body(stage: StageFolder) -> Body:
                "attention rows, one column per task; red = the component carries the result.")
         for s in ("mean", "median") if stage.has(f"mediation_{s}.png")
     ]  # fmt: skip
-    return Body(" ".join(text), figures, tables)
+    return Body(" ".join(text), figures, tables, small_samples({t: r.get("pairs") for t, r in totals.items()}, "pair"))
 
 
 def agreement_body(stage: StageFolder) -> Body:
     rows = stage.csv("agreement.csv")
-    prompts = stage.metadata.get("counts", {}).get("prompts", "n/a")
+    counts: dict[str, Any] = stage.metadata.get("counts", {})
+    prompts = counts.get("prompts", "n/a")
     text = [f"Every pair of methods scored on the same {prompts} prompts."]
     for level in dict.fromkeys(r["level"] for r in rows):
         mine = [r for r in rows if r["level"] == level and is_number(to_float(r["spearman"]))]
@@ -103,7 +117,8 @@ def agreement_body(stage: StageFolder) -> Body:
     figures = [Figure(stage.folder / "agreement.png",
                       "Spearman correlation (and top-10 overlap) between the methods' component rankings, per "
                       "level.")] if stage.has("agreement.png") else []  # fmt: skip
-    return Body(" ".join(text), figures, [table])
+    small = small_samples({"": prompts}, "prompt") + small_samples({"mediation": counts.get("mediation_pairs")}, "pair")
+    return Body(" ".join(text), figures, [table], small)
 
 
 def _tokens(text: str, n: int = 6) -> str:
@@ -199,7 +214,11 @@ def neurons_body(stage: StageFolder) -> Body:
         figures.append(Figure(stage.folder / "pruning.png",
                               "Accuracy with only the top-scored neurons of the deep layers kept vs as many random "
                               "ones (mean ± sd)."))  # fmt: skip
-    return Body(" ".join(text), figures, tables)
+    counts: dict[str, Any] = meta.get("counts", {})
+    prompts = counts.get("prompts")  # per operation
+    small = small_samples(prompts if isinstance(prompts, dict) else {"": prompts}, "prompt")
+    small += small_samples({f"pruning ({k})": v for k, v in counts.get("pruning_prompts", {}).items()}, "prompt")
+    return Body(" ".join(text), figures, tables, small)
 
 
 def finetune_body(stage: StageFolder) -> Body:
@@ -218,9 +237,12 @@ def finetune_body(stage: StageFolder) -> Body:
         f"({pct(meta.get('trainable_fraction'), 2)}) for {plural(int(steps), 'step')} at "
         f"{num(meta.get('samples_per_second'))} samples/s"
     )
+    data: dict[str, Any] = meta.get("data", {})
+    if data.get("operations"):  # `data: arithmetic`: the train part of the template split
+        text += (f" on {data.get('kept', 'n/a')} arithmetic prompts ({listing(data['operations'])}; train templates "
+                 f"and operand pairs of split {data.get('split_fingerprint', 'n/a')})")  # fmt: skip
     text += f"; loss {num(losses[0])} at the first step, {num(losses[-1])} at the last." if losses else "."
     memory: dict[str, Any] = meta.get("peak_memory", {})
-    data: dict[str, Any] = meta.get("data", {})
     rows = [
         ("method", str(method)), ("heads trained", listing(heads, 20)), ("MLPs trained", listing(mlps, 20)),
         ("trainable parameters", count(trainable)), ("total parameters", count(total)),
@@ -247,6 +269,7 @@ def evaluate_body(stage: StageFolder) -> Body:
     base, tuned = _results(stage, "base"), _results(stage, "tuned")
     names = list(dict.fromkeys([*base, *tuned]))
     text, rows = [], []
+    arithmetic = arithmetic_part(stage, base, tuned)
     for name in names:
         b, t = base.get(name, {}), tuned.get(name, {})
         kind = (b or t).get("kind", "")
@@ -254,17 +277,21 @@ def evaluate_body(stage: StageFolder) -> Body:
             ppl_b, ppl_t, kl = (to_float(b.get("perplexity")), to_float(t.get("perplexity")), to_float(t.get("kl")))
             cells = (f"perplexity {num(ppl_b)}", f"perplexity {num(ppl_t)}" if t else "n/a",
                      f"KL {num(kl)}" if t else "n/a")  # fmt: skip
-            text.append(f"{name}: perplexity {num(ppl_b)}"
-                        + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
+            if kind not in arithmetic.covers:
+                text.append(f"{name}: perplexity {num(ppl_b)}"
+                            + (f" base, {num(ppl_t)} tuned (KL to the base model {num(kl)})" if t else ""))  # fmt: skip
         else:
             acc_b, acc_t = to_float(b.get("accuracy")), to_float(t.get("accuracy"))
             change = f"{(acc_t - acc_b) * 100:+.1f} points" if is_number(acc_b) and is_number(acc_t) else "n/a"
             cells = (pct(acc_b, 1), pct(acc_t, 1) if t else "n/a", change)
             n = (b or t).get("n", "n/a")
-            text.append(f"{name} (n={n}): {pct(acc_b, 1)}" + (f" base, {pct(acc_t, 1)} tuned ({change})" if t else ""))
+            if kind not in arithmetic.covers:  # arithmetic: read out per operation by the arithmetic part
+                tail = f" base, {pct(acc_t, 1)} tuned ({change})" if t else ""
+                text.append(f"{name} (n={n}): {pct(acc_b, 1)}{tail}")
         rows.append((name, kind, (b or t).get("n", "n/a"), *cells))
     lead = "Base and tuned model" if tuned else "Base model"
-    reading = f"{lead} on {plural(len(names), 'benchmark')}: " + "; ".join(text) + "." if names else \
-        "No benchmark results were written."  # fmt: skip
+    reading = f"{lead} on {plural(len(text), 'benchmark')}: " + "; ".join(text) + "." if text else ""
+    reading = f"{arithmetic.reading} {reading}".strip() or "No benchmark results were written."
     table = Table("Benchmark results", ("benchmark", "kind", "n", "base", "tuned", "change"), rows)
-    return Body(reading, [], [table])
+    sizes = {name: (base.get(name) or tuned[name]).get("n") for name in names}
+    return Body(reading, [], [*arithmetic.tables, table], small_samples(sizes, "row"))

@@ -20,7 +20,10 @@ score) and layers, one site per attention layer and per MLP (attention layer = s
 the patching methods, all its heads zeroed together for zero-ablation). For every pair of methods it reports
 the Spearman correlation and the top-k overlap (analysis/agreement.py).
 
-Writes agreement.csv, importance.csv, agreement.png and metadata.json (last) into the output folder.
+Writes agreement.csv, importance.csv, agreement.png and metadata.json (last) into the output folder. An
+undefined number is an empty cell: a Spearman correlation with a constant score, a top-k overlap with fewer
+than k sites (agreement.csv), a site a method does not score (importance.csv: mediation has no head score,
+and no score at all when the counterfactual moves no answer).
 """
 
 from __future__ import annotations
@@ -50,7 +53,16 @@ from arithmech.patching.mediation import mediation_effects
 from arithmech.patching.path import PatchingBatch, path_patch
 from arithmech.patching.states import collect_end_states
 from arithmech.patching.total import total_patched_logits
-from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.runs import (
+    atomic_write_json,
+    atomic_write_text,
+    cell,
+    csv_text,
+    defined,
+    defined_row,
+    git_sha,
+    package_versions,
+)
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -100,6 +112,7 @@ class AgreementResult:
     metadata: dict[str, Any]
 
 
+@torch.no_grad()
 def method_agreement(
     handle: ModelHandle, cfg: AgreementConfig, out_dir: str | Path, quiet: bool = False
 ) -> AgreementResult:
@@ -244,9 +257,9 @@ def write_agreement_outputs(result: AgreementResult, model: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "metadata.json").unlink(missing_ok=True)
     methods = list(result.metadata["config"]["methods"])
-    atomic_write_text(out / "agreement.csv", csv_text(result.rows, float_format=".6f"))
+    atomic_write_text(out / "agreement.csv", csv_text([defined_row(r) for r in result.rows], float_format=".6f"))
     importance_rows = [
-        {"level": level, "site": site, **{m: f"{result.importance[level][m][i]:.6g}" for m in methods}}
+        {"level": level, "site": site, **{m: cell(defined(result.importance[level][m][i]), ".6g") for m in methods}}
         for level in LEVELS
         for i, site in enumerate(result.sites[level])
     ]

@@ -30,7 +30,7 @@ from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_components
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -141,6 +141,7 @@ def token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
     return out
 
 
+@torch.no_grad()
 def analyze_attention(
     handle: ModelHandle, cfg: AttentionConfig, run_dir: str | Path, out_dir: str | Path, quiet: bool = False
 ) -> AttentionResult:
@@ -204,8 +205,8 @@ def roles_csv(heads: list[Component], scores: torch.Tensor, labels: list[str]) -
     for head, row, label in zip(heads, scores.tolist(), labels, strict=True):
         masses = dict(zip(ROLES, row, strict=True))
         writer.writerow(
-            [head.name, head.layer, head.head, *(f"{v:.6f}" for v in row),
-             f"{masses['A'] + masses['B']:.6f}", label]
+            [head.name, head.layer, head.head, *(cell(v, ".6f") for v in row),
+             cell(masses['A'] + masses['B'], ".6f"), label]
         )  # fmt: skip
     return buffer.getvalue()
 

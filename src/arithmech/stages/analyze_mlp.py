@@ -39,7 +39,7 @@ from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.states import collect_end_states
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, defined, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ def _label(tokenizer: Any, token_id: int) -> str:
     return str(tokenizer.decode([token_id])).replace(" ", "␣").replace("\n", "⏎")
 
 
+@torch.no_grad()
 def analyze_mlp(
     handle: ModelHandle, cfg: AnalyzeMlpConfig, run_dir: str | Path, out_dir: str | Path, quiet: bool = False
 ) -> MlpLensResult:
@@ -230,7 +231,9 @@ def _example_info(
 
 
 def cosines_csv(result: MlpLensResult, std: dict[str, np.ndarray]) -> str:
-    """One row per layer: layer, the six mean cosines, then their standard deviations over prompts."""
+    """One row per layer: layer, the six mean cosines, then their standard deviations over prompts. A
+    wrong-candidate cosine is empty when no prompt has a candidate number token other than the correct one
+    (its mean over no candidates is undefined)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["layer", *COSINE_COLUMNS, *(f"{name}_std" for name in COSINE_COLUMNS)])
@@ -238,7 +241,7 @@ def cosines_csv(result: MlpLensResult, std: dict[str, np.ndarray]) -> str:
         values = [result.mean[name][row] for name in COSINE_COLUMNS] + [
             std[name][row] for name in COSINE_COLUMNS
         ]
-        writer.writerow([layer, *(f"{v:.6g}" for v in values)])
+        writer.writerow([layer, *(cell(defined(v), ".6g") for v in values)])
     return buffer.getvalue()
 
 

@@ -9,6 +9,10 @@ Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomica
                                        fingerprint of the config and model that produced it
     results.csv                        one row per benchmark: n, correct, accuracy, accuracy_norm (choice),
                                        perplexity, base_perplexity, kl (general), excluded rows, seconds
+    arithmetic.csv, split.json         with arithmetic benchmarks: per benchmark, operation and (operation,
+                                       formation), first-token accuracy and exact match with Wilson 95%
+                                       intervals; and the train/test split they were drawn from
+                                       (data/arithmetic_split.py)
     harness/                           lm-evaluation-harness tasks (--harness-tasks): results.json and
                                        samples/<task>.jsonl -- see evaluate/harness.py
     metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
@@ -40,142 +44,29 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
-from arithmech.errors import ConfigError
-from arithmech.evaluate.benchmarks import CHOICE_FORMATS, GENERAL, benchmark_names
-from arithmech.evaluate.harness import HarnessOptions, HarnessResult, lm_eval_version, run_harness, task_manager
-from arithmech.evaluate.runner import BenchmarkResult, EvalOptions, EvalResult, evaluate_benchmark
+from arithmech.evaluate.arithmetic import GROUP_COLUMNS
+from arithmech.evaluate.benchmarks import GENERAL
+from arithmech.evaluate.harness import HarnessResult, lm_eval_version, run_harness
+from arithmech.evaluate.runner import BenchmarkResult, EvalResult, evaluate_benchmark
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, cell, csv_text, git_sha, package_versions
+from arithmech.stages.evaluate_config import EvaluateConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "mmlu", "csqa")
 _HARNESS_FIELDS = ("harness_tasks", "harness_include_path", "harness_num_fewshot")
 # the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py)
 _NOT_IN_FINGERPRINT = ("benchmarks", "base_model", *_HARNESS_FIELDS)
 RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
                   "base_perplexity", "kl", "excluded", "seconds", "metric", "score")
-
-
-@dataclass(frozen=True)
-class EvaluateConfig:
-    """Settings of the evaluate stage."""
-
-    benchmarks: tuple[str, ...] | None = field(
-        default=None,
-        metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
-                          "or a .jsonl file; default gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when "
-                          "harness tasks are given"},
-    )
-    limit: int | None = field(
-        default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
-    )
-    seed: int = field(default=0, metadata={"help": "seed of the subsets (same seed = same rows)"})
-    batch_size: int = field(default=8, metadata={"help": "prompts (or choice rows) per forward pass"})
-    max_new_tokens: int = field(default=256, metadata={"help": "longest generated solution (math benchmarks)"})
-    n_shot: int | None = field(
-        default=None, metadata={"help": "solved examples per prompt; default each benchmark's (math 8, mmlu 5, csqa 0)"}
-    )
-    choice_format: str | None = field(
-        default=None, metadata={"help": "letter or text scoring of choices; default mmlu letter, csqa text"}
-    )
-    chat_template: bool = field(
-        default=False, metadata={"help": "wrap each prompt in the tokenizer's chat template (default: plain few-shot)"}
-    )
-    exclude_train_overlap: bool = field(
-        default=False,
-        metadata={"help": "drop math rows seen in training (orig_id or question text of the train file)"},
-    )
-    train_file: str | None = field(
-        default=None, metadata={"help": "training JSONL for the overlap rule; default llm_adapters_math_v1/train"}
-    )
-    data_dir: str | None = field(
-        default=None, metadata={"help": "data folder; else $ARITHMECH_DATA, then the sets shipped with arithmech"}
-    )
-    general_text: str | None = field(
-        default=None, metadata={"help": "text file (paragraphs) or JSONL with text for the general check"}
-    )
-    general_max_tokens: int = field(default=512, metadata={"help": "tokens kept per general text"})
-    base_model: str | None = field(
-        default=None,
-        metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
-    )
-    harness_tasks: tuple[str, ...] = field(
-        default=(),
-        metadata={"help": "lm-evaluation-harness tasks, groups or tags (e.g. arc_easy,hellaswag); needs "
-                          "pip install 'arithmech[lm-eval]'; limit takes each task's first rows"},
-    )
-    harness_include_path: str | None = field(
-        default=None, metadata={"help": "folder of your own lm-eval task YAMLs, named in harness_tasks"}
-    )
-    harness_num_fewshot: int | None = field(
-        default=None, metadata={"help": "few-shot examples per harness prompt; default each task's own (else 0)"}
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "harness_tasks", _names(self.harness_tasks))
-        default = () if self.harness_tasks else DEFAULT_BENCHMARKS
-        object.__setattr__(self, "benchmarks", default if self.benchmarks is None else _names(self.benchmarks))
-        if not self.benchmarks and not self.harness_tasks:
-            raise ConfigError("no benchmark given; name at least one, e.g. gsm8k,mmlu, or a harness task")
-        self._check_harness()
-        known = benchmark_names()
-        for name in self.benchmarks:
-            if name not in known and not is_jsonl_path(name):
-                raise ConfigError(f"unknown benchmark {name!r}; use one of {', '.join(known)} or a .jsonl path")
-        if len(set(self.benchmarks)) != len(self.benchmarks):
-            raise ConfigError(f"benchmark list {', '.join(self.benchmarks)} names one benchmark twice; name it once")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit must be at least 1, or unset for all rows (got {self.limit})")
-        for name in ("batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.general_max_tokens < 2:
-            raise ConfigError(f"general_max_tokens must be at least 2 (got {self.general_max_tokens})")
-        if self.n_shot is not None and self.n_shot < 0:
-            raise ConfigError(f"n_shot must be 0 or more (got {self.n_shot})")
-        if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
-            raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
-
-    def _check_harness(self) -> None:
-        """Cheap checks first, then the names against lm-eval's task index, so a typo fails before a model loads."""
-        if len(set(self.harness_tasks)) != len(self.harness_tasks):
-            raise ConfigError(f"harness task list {', '.join(self.harness_tasks)} names one task twice; name it once")
-        if not self.harness_tasks and (self.harness_include_path or self.harness_num_fewshot is not None):
-            raise ConfigError("harness_include_path and harness_num_fewshot apply to harness tasks; name them too, "
-                              "e.g. --harness-tasks my_task")  # fmt: skip
-        if self.harness_include_path is not None and not Path(self.harness_include_path).is_dir():
-            raise ConfigError(f"harness_include_path {self.harness_include_path!r} is not a folder; give the folder "
-                              "holding your task YAML files")  # fmt: skip
-        if self.harness_num_fewshot is not None and self.harness_num_fewshot < 0:
-            raise ConfigError(f"harness_num_fewshot must be 0 or more (got {self.harness_num_fewshot})")
-        if self.harness_tasks:
-            task_manager(self.harness_tasks, self.harness_include_path)  # lm-eval installed, every name known
-
-    def harness_options(self) -> HarnessOptions:
-        """The harness bridge's options: its own fields plus the shared limit, seed, batch size and chat template."""
-        return HarnessOptions(tasks=self.harness_tasks, include_path=self.harness_include_path,
-                              num_fewshot=self.harness_num_fewshot, limit=self.limit, seed=self.seed,
-                              batch_size=self.batch_size, chat_template=self.chat_template)  # fmt: skip
-
-    def options(self) -> EvalOptions:
-        """The runner's options (every field but the benchmark list and the base model)."""
-        names = {f.name for f in fields(EvalOptions)}
-        return EvalOptions(**{k: v for k, v in asdict(self).items() if k in names})
-
-
-def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """A comma list ("a, b") or a sequence of names as a tuple."""
-    if isinstance(value, str):
-        return tuple(n.strip() for n in value.split(",") if n.strip())
-    return tuple(value)
 
 
 def model_fingerprint(model: Any) -> str:
@@ -236,12 +127,13 @@ def _write_benchmark(examples: Path, stem: str, fingerprint: str, result: Benchm
     atomic_write_json(examples / f"{stem}.summary.json", {"fingerprint": fingerprint, "result": _summary(result)})
 
 
-def _load_base(handle: ModelHandle, name: str) -> ModelHandle:
+def _load_base(handle: ModelHandle, name: str, quiet: bool) -> ModelHandle:
     model = None if name == "default" else name
     return load_model(ModelConfig(model=model, device=handle.source.get("device", "cpu"),
-                                  dtype=handle.source.get("dtype", "float32")))
+                                  dtype=handle.source.get("dtype", "float32")), quiet=quiet)
 
 
+@torch.no_grad()
 def evaluate_stage(
     handle: ModelHandle,
     cfg: EvaluateConfig,
@@ -257,7 +149,7 @@ def evaluate_stage(
     start = time.perf_counter()
     harness = cfg.harness_options()
     if base_handle is None and cfg.base_model and GENERAL in cfg.benchmarks:
-        base_handle = _load_base(handle, cfg.base_model)
+        base_handle = _load_base(handle, cfg.base_model, quiet)
     identity = _identity(handle)
     base_identity = _identity(base_handle) if base_handle is not None else None
     options = cfg.options()
@@ -279,6 +171,11 @@ def evaluate_stage(
         results[name] = result
     harness_results = run_harness(handle, harness, out / "harness", identity) if harness.tasks else {}
     atomic_write_text(out / "results.csv", results_csv(results.values(), harness_results.values()))
+    arithmetic = [r for r in results.values() if r.kind == "arithmetic"]
+    if arithmetic:
+        atomic_write_text(out / "arithmetic.csv", csv_text([g for r in arithmetic for g in r.info["groups"]],
+                                                           GROUP_COLUMNS, ".6f"))  # fmt: skip
+        atomic_write_json(out / "split.json", make_split(cfg.split_seed).record())
     metadata = {
         "stage": "evaluate",
         "model": handle.source,
@@ -322,5 +219,5 @@ def results_csv(results: Any, harness: Any = ()) -> str:
             rows.append([f"harness:{s.task}", "harness", s.n, s.correct, s.accuracy, s.accuracy_norm, None, None,
                          None, None, result.seconds, s.metric, s.value])  # fmt: skip
     for cells in rows:
-        writer.writerow(["" if c is None else (f"{c:.6f}" if isinstance(c, float) else c) for c in cells])
+        writer.writerow([cell(c, ".6f") if c is None or isinstance(c, float) else c for c in cells])
     return buffer.getvalue()

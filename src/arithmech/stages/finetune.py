@@ -11,7 +11,9 @@ Writes into the output folder (atomically, metadata.json last):
     delta.safetensors, delta.json   what changed (finetune/delta.py); `apply_delta(base_model, folder)`
     merged/                         with `save_merged`: the whole trained model and tokenizer (HF format)
     lora_adapter/                   for LoRA: the adapter in peft's format
-    train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm, tokens, seconds
+    train_log.csv                   per optimizer step: step, epoch, lr, loss, grad_norm (empty without
+                                    clipping), tokens, seconds
+    split.json                      with `data: arithmetic`: the train/test split its prompts came from
     metadata.json                   selection (heads, MLPs, H/h_l per layer and its form, K/V groups), counts,
                                     trainable and total parameters, samples/second, peak memory, timings, versions
 Checkpoints live in checkpoints/ while training and are removed once the outputs are written.
@@ -23,29 +25,25 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
+from arithmech.evaluate.generation import context_length
+from arithmech.finetune.arithmetic_data import ARITHMETIC, arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
-from arithmech.finetune.data import TARGETS, read_sft_examples, resolve_sft_data, tokenize_examples
+from arithmech.finetune.data import TokenizedExample, read_sft_examples, resolve_sft_data, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
-from arithmech.finetune.head_slices import HEAD_SCALES
-from arithmech.finetune.methods import (
-    METHODS,
-    make_trainable,
-    requires_grad_state,
-    restore_requires_grad,
-    total_parameters,
-)
-from arithmech.finetune.train import TrainConfig, TrainResult, accelerator_for, train
+from arithmech.finetune.methods import make_trainable, requires_grad_state, restore_requires_grad, total_parameters
+from arithmech.finetune.train import TrainResult, accelerator_for, train
 from arithmech.lineage import identify_folder, identify_record
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.stages.finetune_config import FinetuneConfig
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -54,67 +52,6 @@ logger = logging.getLogger(__name__)
 LOG_FIELDS = ("step", "epoch", "lr", "loss", "grad_norm", "tokens", "seconds")
 """Columns of train_log.csv: one row per optimizer step."""
 _NOT_FINGERPRINTED = ("resume", "stop_after", "checkpoint_every", "save_merged")
-
-
-@dataclass(frozen=True)
-class FinetuneConfig(TrainConfig):
-    """Settings of the finetune stage: the optimisation settings of TrainConfig plus what and on what to train."""
-
-    method: str = field(default="precise", metadata={"help": "precise (key heads), full (every parameter) or lora"})
-    from_run: str | None = field(default=None, metadata={"help": "identify run folder: its top-k heads by effect"})
-    components: tuple[str, ...] | None = field(
-        default=None, metadata={"help": "heads (14.2) and MLPs (mlp.20) to train, instead of the run's top-k"}
-    )
-    top_k: int = field(default=32, metadata={"help": "heads taken from the identify run, most negative effect first"})
-    mlps: tuple[str, ...] = field(default=(), metadata={"help": "MLP layers trained whole as well (mlp.20 or 20)"})
-    top_mlps: int = field(default=0, metadata={"help": "also train the run's top MLPs by effect (paper: 3 is best)"})
-    head_scale: str = field(
-        default="gradient",
-        metadata={"help": "H / h_l (heads per layer / selected there) on a layer's head slices: gradient (paper; "
-                          "under AdamW nearly a no-op, Adam divides a constant gradient scale out), learning-rate "
-                          "(their lr times H / h_l: the form that changes AdamW's steps) or none"},
-    )  # fmt: skip
-    data: str = field(
-        default="llm_adapters_math_v1",
-        metadata={"help": "llm_adapters_math_v1, gsm8k (shipped train splits) or a JSONL path"},
-    )
-    data_dir: str | None = field(
-        default=None, metadata={"help": "folder holding the data sets (default $ARITHMECH_DATA, then shipped)"}
-    )
-    target: str = field(default="rationale", metadata={"help": "rationale (correct ones only) or answer"})
-    max_samples: int | None = field(default=None, metadata={"help": "use at most this many rows (seeded sample)"})
-    max_length: int = field(default=512, metadata={"help": "drop examples longer than this many tokens"})
-    chat_template: bool = field(default=True, metadata={"help": "use the tokenizer's chat template when it has one"})
-    lora_r: int = field(default=8, metadata={"help": "LoRA rank"})
-    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (scale alpha / r)"})
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
-    save_merged: bool = field(default=False, metadata={"help": "also save the whole trained model in HF format"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("components", "mlps"):
-            value = getattr(self, name)
-            if isinstance(value, list | str):
-                object.__setattr__(self, name, tuple(value.split(",") if isinstance(value, str) else value))
-        if self.method not in METHODS:
-            raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
-        if self.head_scale not in HEAD_SCALES:
-            raise ConfigError(f"head_scale {self.head_scale!r} is not one of {', '.join(HEAD_SCALES)}")
-        if self.target not in TARGETS:
-            raise ConfigError(f"target {self.target!r} is not one of {', '.join(TARGETS)}")
-        if self.method == "precise" and self.from_run is None and not self.components and not self.mlps:
-            raise ConfigError(
-                "precise SFT needs heads: give --from RUN_DIR (its top-k heads) or --components 14.2,18.5"
-            )
-        if self.top_mlps and self.from_run is None:
-            raise ConfigError("top_mlps ranks MLPs by an identify run; give --from RUN_DIR or name them in --mlps")
-        for name in ("top_k", "lora_r", "max_length"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.top_mlps < 0 or self.max_samples is not None and self.max_samples < 1:
-            raise ConfigError("top_mlps must be 0 or more and max_samples at least 1")
-        if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
 
 
 @dataclass
@@ -158,11 +95,8 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     precise = cfg.method == "precise"
     identify_run = identify_record(identify_folder(cfg.from_run)) if precise and cfg.from_run else None
     heads, mlps = select_components(handle, cfg) if precise else ([], [])
-    path = resolve_sft_data(cfg.data, cfg.data_dir)
-    examples, read_counts = read_sft_examples(path, cfg.target)
-    if cfg.max_samples is not None and cfg.max_samples < len(examples):
-        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
-    data, tok_counts = tokenize_examples(handle.tokenizer, examples, cfg.max_length, cfg.chat_template)
+    data, data_record = _training_data(handle, cfg)
+    split = data_record.pop("split", None)
     accelerator = accelerator_for(handle.device)
     handle.model.to(accelerator.device)
     flags = requires_grad_state(handle.model)
@@ -185,13 +119,15 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
                 trainable.save_native(staging)
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
-        metadata = _metadata(handle, cfg, result, selection, read_counts, tok_counts, path, start)
+        metadata = _metadata(handle, cfg, result, selection, data_record, start)
         metadata["identify_run"] = identify_run
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:
                 save_merged(handle.model, handle.tokenizer, out / "merged")
             atomic_write_text(out / "train_log.csv", csv_text(result.log, LOG_FIELDS))
+            if split is not None:
+                atomic_write_json(out / "split.json", split)
             atomic_write_json(out / "metadata.json", metadata)
             remove_checkpoints(out)
         accelerator.wait_for_everyone()
@@ -201,14 +137,39 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     return FinetuneResult(out, result, selection, metadata)
 
 
+def _max_length(handle: ModelHandle, cfg: FinetuneConfig) -> int:
+    """cfg.max_length, or the model's context length where that is shorter: an example longer than the context
+    cannot be trained on (GPT-2's learned positions end there), so it is dropped like any too-long one."""
+    context = context_length(handle.model)
+    if context is None or context >= cfg.max_length:
+        return cfg.max_length
+    logger.info("max_length %d is longer than the model's context; examples over %d tokens are dropped",
+                cfg.max_length, context)  # fmt: skip
+    return context
+
+
+def _training_data(handle: ModelHandle, cfg: FinetuneConfig) -> tuple[list[TokenizedExample], dict[str, Any]]:
+    """The tokenized examples, and what metadata.json records of them (arithmetic: also its split); max_length is
+    the limit applied: cfg.max_length, or the model's context where that is shorter."""
+    max_length = _max_length(handle, cfg)
+    if cfg.data == ARITHMETIC:
+        data, record = arithmetic_examples(handle.tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed,
+                                           cfg.seed, max_length)  # fmt: skip
+        return data, {**record, "max_length": max_length}
+    path = resolve_sft_data(cfg.data, cfg.data_dir)
+    examples, read_counts = read_sft_examples(path, cfg.target)
+    if cfg.max_samples is not None and cfg.max_samples < len(examples):
+        examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
+    data, tok_counts = tokenize_examples(handle.tokenizer, examples, max_length, cfg.chat_template)
+    return data, {"path": str(path), "sha256": data_sha256(path), **read_counts, **tok_counts, "max_length": max_length}
+
+
 def _metadata(
     handle: ModelHandle,
     cfg: FinetuneConfig,
     result: TrainResult,
     selection: dict[str, Any],
-    read_counts: dict[str, int],
-    tok_counts: dict[str, Any],
-    data_path: Path,
+    data: dict[str, Any],
     start: float,
 ) -> dict[str, Any]:
     total = total_parameters(handle.model)
@@ -221,7 +182,7 @@ def _metadata(
         "config": asdict(cfg),
         "seed": cfg.seed,
         "selection": selection,
-        "data": {"path": str(data_path), "sha256": data_sha256(data_path), **read_counts, **tok_counts},
+        "data": data,
         "counts": {"steps": result.steps, "total_steps": result.total_steps, "examples_per_step": cfg.batch_size},
         "trainable_parameters": trainable,
         "total_parameters": total,

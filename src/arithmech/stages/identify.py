@@ -2,7 +2,10 @@
 
 Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
 template_accuracy.csv and metadata.json, each atomically; metadata.json is written last, with the run's
-fingerprint (`lineage.py`). Analyses of an earlier identify run found in the folder are moved aside.
+fingerprint (`lineage.py`). Analyses of an earlier identify run found in the folder are moved aside. A scan
+whose effect is undefined on some prompt (an answer logit of 0 or not finite) is refused, naming the prompts; a
+share of a whole-prompt effect of 0 is written as null / an empty cell, as is a Spearman correlation of a
+constant ranking (agreement, method "both") and the accuracy of a template none of whose pairs was kept.
 
 Under `accelerate launch` every process builds the same reference set, patches its own chunks of it, and
 gathers everyone's per-prompt effects (bit-identical to one process); rank 0 writes the folder.
@@ -10,8 +13,6 @@ gathers everyone's per-prompt effects (bit-identical to one process); rank 0 wri
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import shutil
@@ -27,13 +28,14 @@ from arithmech import distributed
 from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
+from arithmech.data.pair_checks import describe, pair_location
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
-from arithmech.errors import ConfigError
+from arithmech.errors import ConfigError, DataError
 from arithmech.lineage import identify_fingerprint, move_aside_stale
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, path_patch, resume_key
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +74,12 @@ class IdentifyResult:
     patch: PatchResult
     key: KeyComponents
     pairs: list[PromptPair]
-    template_accuracy: dict[str, dict[str, float]]
+    template_accuracy: dict[str, dict[str, float | None]]
     out_dir: Path
     metadata: dict[str, Any]
 
 
+@torch.no_grad()
 def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quiet: bool = False) -> IdentifyResult:
     """Run the identify stage and write its run folder."""
     out = Path(out_dir)
@@ -101,7 +104,13 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         timings["attribution_s"] = time.perf_counter() - start
     patch = exact or attribution
     assert patch is not None
-    agreement = compare_methods(exact, attribution) if exact and attribution else None
+    try:
+        for result in (r for r in (exact, attribution) if r is not None):
+            check_finite(result, tokenized.pairs)
+    except DataError:
+        shutil.rmtree(out / ".partial", ignore_errors=True)  # its chunks would be refused again
+        raise
+    agreement = defined_row(compare_methods(exact, attribution)) if exact and attribution else None
     key = rank_components(
         patch.components,
         patch.effects.tolist(),
@@ -193,28 +202,46 @@ def _sharded(batch: PatchingBatch, lo: int, hi: int, scan: Callable[[PatchingBat
     )
 
 
+def check_finite(patch: PatchResult, pairs: list[PromptPair]) -> None:
+    """Refuse a scan whose effect is undefined on some prompts: an answer logit that is 0 (the relative change
+    divides by it) or not finite (float16 overflow, a broken checkpoint)."""
+    finite = torch.isfinite(patch.per_prompt).all(dim=0) & torch.isfinite(patch.ref_logit + patch.cf_logit)  # [batch]
+    bad = (~finite | (patch.ref_logit == 0)).nonzero().flatten().tolist()
+    if bad:
+        where = describe([pair_location(pairs[i], i + 1) for i in bad], len(pairs))
+        raise DataError(
+            f"{where}: the {patch.variant} patching effect is undefined, since the answer's logit is 0 or not "
+            "finite there ((patched - ref) / |ref| has no value); load the model in float32 (--dtype float32), "
+            "or leave these prompts out"
+        )
+
+
 def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
-    """One row per component: component, layer, head, kind, effect, effect_std, fraction_of_total."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["component", "layer", "head", "kind", "effect", "effect_std", "fraction_of_total"])
+    """One row per component: component, layer, head, kind, effect, effect_std, fraction_of_total.
+
+    fraction_of_total is empty when the whole-prompt effect is 0 (a share of it is undefined); effect_std is
+    0 for a single prompt.
+    """
     std = patch.per_prompt.std(dim=1) if patch.per_prompt.shape[1] > 1 else torch.zeros(len(patch.components))
     total = key.total_effect
-    for component, effect, spread in zip(patch.components, patch.effects.tolist(), std.tolist(), strict=True):
-        head = "" if component.head is None else component.head
-        fraction = effect / total if total else float("nan")
-        writer.writerow(
-            [
-                component.name,
-                component.layer,
-                head,
-                component.kind,
-                f"{effect:.8g}",
-                f"{spread:.8g}",
-                f"{fraction:.8g}",
-            ]
-        )
-    return buffer.getvalue()
+    rows = [
+        {
+            "component": component.name,
+            "layer": component.layer,
+            "head": "" if component.head is None else component.head,
+            "kind": component.kind,
+            "effect": cell(effect, ".8g"),
+            "effect_std": cell(spread, ".8g"),
+            "fraction_of_total": cell(effect / total if total else None, ".8g"),
+        }
+        for component, effect, spread in zip(patch.components, patch.effects.tolist(), std.tolist(), strict=True)
+    ]
+    return csv_text(rows, EFFECT_COLUMNS)
+
+
+EFFECT_COLUMNS = ("component", "layer", "head", "kind", "effect", "effect_std", "fraction_of_total")
+TEMPLATE_COLUMNS = ("template_id", "pairs", "rejected_length_mismatch", "kept", "correct", "accuracy")
+"""template_accuracy.csv; accuracy is empty for a template none of whose pairs was kept (0 of 0 is undefined)."""
 
 
 def write_identify_outputs(
@@ -223,7 +250,7 @@ def write_identify_outputs(
     patch: PatchResult,
     key: KeyComponents,
     pairs: list[PromptPair],
-    accuracy: dict[str, dict[str, float]],
+    accuracy: dict[str, dict[str, float | None]],
     metadata: dict[str, Any],
     attribution: PatchResult | None = None,
 ) -> None:
@@ -246,11 +273,8 @@ def write_identify_outputs(
     write_prompt_file(out / "prompts.jsonl", pairs)
     metadata["fingerprint"] = identify_fingerprint(out)  # of the files analyses read (lineage.py)
     move_aside_stale(out, metadata["fingerprint"], metadata["created"])  # analyses of an earlier run in `out`
-    columns = ["pairs", "rejected_length_mismatch", "kept", "correct"]
-    rows = ["template_id," + ",".join(columns) + ",accuracy"] + [
-        f"{k}," + ",".join(str(v[c]) for c in columns) + f",{v['accuracy']:.4f}" for k, v in accuracy.items()
-    ]
-    atomic_write_text(out / "template_accuracy.csv", "\n".join(rows) + "\n")
+    rows = [{"template_id": k, **v, "accuracy": cell(v["accuracy"], ".4f")} for k, v in accuracy.items()]
+    atomic_write_text(out / "template_accuracy.csv", csv_text(rows, TEMPLATE_COLUMNS))
     dims = handle.dims
     effects = patch.effects.numpy().reshape(dims.n_layers, dims.n_heads + 1)
     title = f"{patch.variant} patching: {handle.source.get('model', '?')}, {len(pairs)} prompts"

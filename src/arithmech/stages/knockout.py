@@ -5,7 +5,8 @@ components (then the ranking is their order, and the prompts come from the run o
 as identify does). The ablation values are taken over that whole prompt set (`knockout/ablation.py` says
 how); the sweep scores `max_prompts` of its prompts, a seeded sample stratified by operation and template
 (`data/sampling.py`). metadata.json records which prompts were scored, the group sizes and the fallbacks.
-Writes knockout.csv, knockout_summary.csv, knockout.png and metadata.json (last).
+Writes knockout.csv, knockout_summary.csv (its random-rank columns empty with n_random 0), knockout.png and
+metadata.json (last).
 
 Under `accelerate launch` every process computes the ablation sources on the whole prompt set (a mean over a
 template group must see all of its prompts), sweeps its own slice of the prompts, and the per-configuration
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -42,7 +44,7 @@ from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
-from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
 
 
@@ -110,6 +112,7 @@ def _ranking_and_prompts(
     return ranked, reference.tokenized.pairs, None
 
 
+@torch.no_grad()
 def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quiet: bool = False) -> KnockoutResult:
     """Run the effect-rank vs random-rank sweep and write its run folder."""
     from tqdm.auto import tqdm
@@ -189,7 +192,8 @@ def _sharded_sweep(
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
-    """Per k: effect-rank accuracy and probability, and the random-rank mean and standard deviation."""
+    """Per k: effect-rank accuracy and probability, and the random-rank mean and standard deviation (NaN with
+    no random draws; knockout_summary.csv holds an empty cell there)."""
     out = []
     for k in sorted({r.k for r in rows if r.k > 0}):
         effect = next(r for r in rows if r.k == k and r.ranking == "effect")
@@ -200,11 +204,11 @@ def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
             {
                 "k": k,
                 "effect_accuracy": effect.accuracy,
-                "random_accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
-                "random_accuracy_std": statistics.pstdev(acc) if len(acc) > 1 else 0.0,
+                "random_accuracy_mean": statistics.fmean(acc) if acc else math.nan,
+                "random_accuracy_std": statistics.pstdev(acc) if acc else math.nan,
                 "effect_prob": effect.mean_prob,
-                "random_prob_mean": statistics.fmean(prob) if prob else float("nan"),
-                "random_prob_std": statistics.pstdev(prob) if len(prob) > 1 else 0.0,
+                "random_prob_mean": statistics.fmean(prob) if prob else math.nan,
+                "random_prob_std": statistics.pstdev(prob) if prob else math.nan,
             }
         )
     return out
@@ -226,14 +230,14 @@ def write_knockout_outputs(
                 r.k,
                 r.ranking,
                 "" if r.seed is None else r.seed,
-                f"{r.accuracy:.6f}",
-                f"{r.mean_prob:.6f}",
+                cell(r.accuracy, ".6f"),
+                cell(r.mean_prob, ".6f"),
                 " ".join(r.components),
             ]
         )
     atomic_write_text(out / "knockout.csv", buffer.getvalue())
     summary = summarize(rows)
-    atomic_write_text(out / "knockout_summary.csv", csv_text(summary, float_format=".6f"))
+    atomic_write_text(out / "knockout_summary.csv", csv_text([defined_row(r) for r in summary], float_format=".6f"))
     baseline = next(r for r in rows if r.ranking == "none")
     title = f"{cfg.ablation} ablation, {metadata['counts']['prompts']} prompts: {model}"
     knockout_curves(summary, baseline.accuracy, baseline.mean_prob, out / "knockout.png", title)

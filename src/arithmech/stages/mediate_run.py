@@ -1,8 +1,9 @@
 """The mediate run folder: its tables and figures written from a `MediateResult`, and read back for reports.
 
 A folder is finished when its metadata.json exists (written last). Tables hold one number per cell with 9
-significant digits (float32 round-trips exactly); NaN is written "nan" (a class a task lacks, e.g. operand2
-for facts; number accuracy of facts). Medians follow torch: the lower middle value for an even count.
+significant digits (float32 round-trips exactly); an undefined value (NaN in memory: a class a task lacks,
+e.g. operand2 for facts; number accuracy of facts) is an empty cell, read back as NaN. Medians follow torch:
+the lower middle value for an even count.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from arithmech.data.mediation_tokens import POSITION_CLASSES
 from arithmech.errors import ConfigError
 from arithmech.patching.mediation import top_neurons
-from arithmech.runs import atomic_write_json, atomic_write_text, csv_text
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined
 
 if TYPE_CHECKING:
     from arithmech.stages.mediate import MediateConfig, MediateResult
@@ -33,7 +34,11 @@ TOTAL_FIELDS = (
 
 
 def _num(value: float) -> str:
-    return f"{float(value):.9g}"
+    return cell(defined(float(value)), ".9g")
+
+
+def _read_num(text: str) -> float:
+    return float(text) if text else np.nan
 
 
 def by_class_rows(task: str, result: Any) -> list[dict[str, Any]]:
@@ -137,12 +142,12 @@ def read_mediation_run(run_dir: str | Path) -> MediationRun:
     median = {t: np.full(shape, np.nan) for t in tasks}
     n_pairs = {t: np.zeros(len(POSITION_CLASSES), dtype=int) for t in tasks}
     for r in rows:
-        cell = (components.index(r["component"]), layers.index(int(r["layer"])), POSITION_CLASSES.index(r["class"]))
-        mean[r["task"]][cell] = float(r["mean_ie"])
-        median[r["task"]][cell] = float(r["median_ie"])
-        n_pairs[r["task"]][cell[2]] = int(r["n_pairs"])
+        at = (components.index(r["component"]), layers.index(int(r["layer"])), POSITION_CLASSES.index(r["class"]))
+        mean[r["task"]][at] = _read_num(r["mean_ie"])
+        median[r["task"]][at] = _read_num(r["median_ie"])
+        n_pairs[r["task"]][at[2]] = int(r["n_pairs"])
     with (path / "mediation_total.csv").open() as handle:
         totals = {r["task"]: r for r in csv.DictReader(handle)}
     with (path / "neuron_overlap.csv").open() as handle:
-        overlaps = {(r["task_a"], r["task_b"]): float(r["overlap"]) for r in csv.DictReader(handle)}
+        overlaps = {(r["task_a"], r["task_b"]): _read_num(r["overlap"]) for r in csv.DictReader(handle)}
     return MediationRun(path, tasks, components, layers, mean, median, n_pairs, totals, overlaps, metadata)

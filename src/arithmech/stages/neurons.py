@@ -16,7 +16,9 @@ Steps (METHODS.md sec. 6; the engines are in `arithmech/neurons/`):
 Each step's result is saved under <out>/.partial/ (keyed by model and settings) as soon as it is done, so an
 interrupted run restarts at the step that did not finish. Writes head_importance.csv, specialisation.json,
 head_importance.png, attention_li.csv, cna_neurons.csv, pruning.csv, pruning.png, lora_coefficients.csv
-(and lora_adapter/ when trained here), then metadata.json last.
+(and lora_adapter/ when trained here), then metadata.json last. An undefined number is an empty cell (a mean
+or spread over too few prompts in pruning.csv, a coefficient ratio over a zero coefficient in
+lora_coefficients.csv), or null (share_of_drop of an operation whose heads lower nothing, specialisation.json).
 """
 
 from __future__ import annotations
@@ -27,75 +29,28 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from arithmech.data.reference_set import ReferenceSetConfig
-from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
-from arithmech.runs import atomic_open, atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.runs import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_text,
+    csv_text,
+    defined,
+    defined_row,
+    git_sha,
+    package_versions,
+)
 from arithmech.stages.identify_run import model_identity
-
-PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
-
-
-@dataclass(frozen=True)
-class NeuronsConfig:
-    """Settings of the neurons stage."""
-
-    operations: tuple[str, ...] = field(default=OPERATIONS, metadata={"help": "operations with a prompt set each"})
-    formations: tuple[str, ...] = field(default=("equation",), metadata={"help": "prompt formations"})
-    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
-    max_prompts: int = field(default=8, metadata={"help": "answered prompts per operation"})
-    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
-    importance_layers: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "layers whose heads are zeroed one by one (default all)"}
-    )
-    top_heads: int = field(default=5, metadata={"help": "heads per operation in the specialisation table"})
-    head: str | None = field(
-        default=None, metadata={"help": "head zeroed for CNA, e.g. 14.2 (default: most important on the first op)"}
-    )
-    layers: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "deep layers scored and pruned (default: the last third)"}
-    )
-    top_neurons: int = field(default=20, metadata={"help": "top CNA neurons reported"})
-    n_tokens: int = field(default=10, metadata={"help": "value-vector tokens listed per neuron"})
-    keep_sizes: tuple[int, ...] = field(default=(10, 100, 1000), metadata={"help": "neurons kept when pruning"})
-    prune_by: str = field(default="cna", metadata={"help": "cna or li (the intact LI) as the pruning score"})
-    selection: str = field(default="global", metadata={"help": "global or per-layer ranking when pruning"})
-    n_random: int = field(default=3, metadata={"help": "random pruning repeats per size"})
-    lora: bool = field(default=True, metadata={"help": "run the LoRA coefficient analysis"})
-    adapter: str | None = field(default=None, metadata={"help": "your peft LoRA folder (else one is trained)"})
-    lora_layer: int | None = field(
-        default=None, metadata={"help": "layer whose MLP gets the LoRA (default: holds most top neurons)"}
-    )
-    lora_steps: int = field(default=20, metadata={"help": "LoRA training steps"})
-    lora_rank: int = field(default=4, metadata={"help": "LoRA rank"})
-    batch_size: int = field(default=32, metadata={"help": "rows per forward pass"})
-    seed: int = field(default=0, metadata={"help": "seed of the prompts, random pruning and LoRA"})
-
-    def __post_init__(self) -> None:
-        for name in ("operations", "formations", "importance_layers", "layers", "keep_sizes"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-        bad = [op for op in self.operations if op not in OPERATIONS]
-        if bad or not self.operations:
-            raise ConfigError(f"operations must be drawn from {', '.join(OPERATIONS)}; got {list(self.operations)}")
-        if self.prune_by not in PRUNE_SCORES:
-            raise ConfigError(f"prune_by {self.prune_by!r} is not one of {', '.join(PRUNE_SCORES)}")
-        if self.selection not in ("global", "per-layer"):
-            raise ConfigError(f"selection {self.selection!r} is not global or per-layer")
-        for name in ("max_prompts", "top_heads", "top_neurons", "n_tokens", "lora_steps", "lora_rank", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.n_random < 0 or self.few_shot < 0 or not self.keep_sizes or min(self.keep_sizes) < 0:
-            raise ConfigError("n_random and few_shot must be 0 or more, and keep_sizes non-negative numbers")
+from arithmech.stages.neurons_config import NeuronsConfig
 
 
 @dataclass
@@ -136,6 +91,7 @@ class _Steps:
         return value
 
 
+@torch.no_grad()
 def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet: bool = False) -> NeuronsResult:
     """Head importance per operation, CNA of the key head, pruning and LoRA analysis; writes the folder."""
     from tqdm.auto import tqdm
@@ -276,7 +232,8 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
     atomic_write_text(out / "head_importance.csv", _csv(rows))
     spec = result.specialisation
     atomic_write_json(out / "specialisation.json", {
-        "top": {op: [h.name for h in hs] for op, hs in spec.top.items()}, "share_of_drop": spec.share,
+        "top": {op: [h.name for h in hs] for op, hs in spec.top.items()},
+        "share_of_drop": {op: defined(v) for op, v in spec.share.items()},
         "only_this_operation": {op: [h.name for h in hs] for op, hs in spec.only.items()},
         "shared_by_all": [h.name for h in spec.shared],
         "base_accuracy": dict(zip(imp.operations, imp.base_accuracy.tolist(), strict=True)),
@@ -305,4 +262,4 @@ def write_neurons_outputs(result: NeuronsResult, model: str) -> None:
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
-    return csv_text(rows, float_format=".6g")
+    return csv_text([defined_row(row) for row in rows], float_format=".6g")

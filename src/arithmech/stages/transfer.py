@@ -22,7 +22,9 @@ Numbers (per source x target)
                   model got wrong stay wrong (without filtering: unablated - effect_accuracy, measured)
     random_*    the same for the random-rank control: mean and sd over seeds.
     k defaults to the number of key heads of the source run (key heads + key MLPs with include_mlps), at
-    least 1 and at most 32. A target with no prompt kept gives NaN rows with a note, not an error.
+    least 1 and at most 32. A target with no prompt kept gives rows of undefined numbers with a note, not an
+    error. In memory an undefined number is NaN; in transfer.csv it is an empty cell (also a relative drop from
+    an unablated accuracy of 0, and a spread over fewer than 2 random draws), in metadata.json null.
 
 Scoring is by the answer's first token at END (not greedy generation): the metric identify and knockout
 use, one forward pass per (configuration, prompt), and for word problems after the short prefix "Answer: ".
@@ -41,7 +43,6 @@ Usage
 from __future__ import annotations
 
 import csv
-import io
 import json
 import logging
 import math
@@ -51,6 +52,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from arithmech.analysis.shared_prefix import end_knockout_scores
 from arithmech.data.target_sets import (
@@ -66,7 +69,7 @@ from arithmech.knockout.ablation import (
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components
-from arithmech.runs import atomic_write_json, atomic_write_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined, git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
 from arithmech.stages.transfer_targets import PreparedTarget, prepare_target, rows_per_pass
 
@@ -283,6 +286,7 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
     )
 
 
+@torch.no_grad()
 def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quiet: bool = False) -> TransferResult:
     """Knock out each source's key components on each target set and write the matrix."""
     from tqdm.auto import tqdm
@@ -306,7 +310,8 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         rows += score_target(handle, target, plans, cfg)
         targets_meta[name] = {
             "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
-            "used": len(target.batch) if target.batch is not None else 0, "base_accuracy": target.base_accuracy,
+            "used": len(target.batch) if target.batch is not None else 0,
+            "base_accuracy": defined(target.base_accuracy),
             "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
             "ablation_sources": target.ablation_info, "scored_prompts": target.prompts, "note": target.note,
             "seconds": time.perf_counter() - began,
@@ -334,19 +339,18 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
 
 
 def transfer_csv(rows: list[TransferRow]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in rows:
-        values = asdict(row)
-        writer.writerow([f"{v:.6f}" if isinstance(v, float) else v for v in (values[c] for c in CSV_COLUMNS)])
-    return buffer.getvalue()
+    """One row per source x target; an undefined number (NaN in memory) is an empty cell."""
+    table = [
+        {c: cell(defined(v), ".6f") if isinstance(v, float) else v for c, v in asdict(row).items() if c in CSV_COLUMNS}
+        for row in rows
+    ]
+    return csv_text(table, CSV_COLUMNS)
 
 
 def read_transfer_csv(path: str | Path) -> list[TransferRow]:
-    """The rows of a transfer.csv, typed again (for reports that only read artefacts)."""
+    """The rows of a transfer.csv, typed again (for reports that only read artefacts); empty cells are NaN."""
     types = {f: t for f, t in TransferRow.__annotations__.items()}
-    convert = {"int": int, "float": float, "str": str}
+    convert = {"int": int, "float": lambda v: float(v) if v else math.nan, "str": str}
     with Path(path).open() as handle:
         return [TransferRow(**{k: convert[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(handle)]
 

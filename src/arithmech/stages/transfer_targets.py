@@ -96,7 +96,10 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     spec = target_set(name)
     pairs = build_target_pairs(spec, cfg.target_options())
     try:
-        t, _ = tokenize_pairs(handle.tokenizer, pairs)
+        # a target is scored on its answer's first token (multi-digit, decimals); word problems have no counterfactual
+        t, _ = tokenize_pairs(
+            handle.tokenizer, pairs, first_token_answers=True, counterfactual_required=spec.kind != "word"
+        )
     except DataError as exc:
         return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
     limit = _context_length(handle)

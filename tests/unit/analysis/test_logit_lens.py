@@ -134,13 +134,14 @@ def test_ranks_equal_full_vocabulary_sort(arch: str) -> None:
 def pair(reference: str, answer: str, a: str | None, b: str | None, spans: bool = True) -> PromptPair:
     found = {"A": reference.rindex(a), "B": reference.rindex(b)} if (a and b) else {}
     span = {k: (v, v + len(a if k == "A" else b or "")) for k, v in found.items()} if spans else {}
-    return PromptPair(reference, reference.replace("+", "@"), answer, a=a, b=b, spans=span)  # type: ignore[arg-type]
+    counterfactual = reference.replace("+", "@").replace("plus", "xxxx")
+    return PromptPair(reference, counterfactual, answer, a=a, b=b, spans=span)  # type: ignore[arg-type]
 
 
 def test_operand_tokens_are_the_tokens_the_model_saw() -> None:
     tokenizer = make_tiny_tokenizer()
     pairs = [pair("1 + 2 = 3\n4 + 5 = ", "9", "4", "5"), pair("Q: 7 plus 12? A: ", "19", "7", "12")]
-    tokenized, _ = tokenize_pairs(tokenizer, pairs)
+    tokenized, _ = tokenize_pairs(tokenizer, pairs, first_token_answers=True)  # "19": only operands matter here
     a_ids, b_ids = operand_token_ids(tokenizer, pairs)
     for role, ids in (("A", a_ids), ("B", b_ids)):
         first = [

@@ -31,7 +31,7 @@ def test_matches_full_forward_passes(tiny_model_dir) -> None:
     for i, q in enumerate(questions):
         prompt = f"{PREFIX}Question: {q}?\nAnswer: "
         pairs.append(PromptPair(prompt, prompt, str(i)))
-    t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    t, _ = tokenize_pairs(handle.tokenizer, pairs, counterfactual_required=False)  # as transfer's word problems
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     p = common_prefix_length(batch.ref_ids, batch.end)
     assert p == len(PREFIX) + len("Question: ") + 1 - 1  # bytes; questions differ from their first character

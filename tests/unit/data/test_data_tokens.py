@@ -47,6 +47,9 @@ class FakeTokenizer:
             return {"input_ids": self.table[text]}
         return {"input_ids": [ord(c) for c in text]}
 
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
 
 def ids(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
     return tok(text)["input_ids"]

@@ -19,7 +19,7 @@ from arithmech.evaluate import harness
 from arithmech.evaluate.harness import HarnessOptions, main_scores, run_harness, task_manager
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.pipeline import load_run_config
-from arithmech.stages.evaluate import DEFAULT_BENCHMARKS, EvaluateConfig
+from arithmech.stages.evaluate_config import DEFAULT_BENCHMARKS, EvaluateConfig
 
 from harness_tasks import (
     CHOICE_TASK,

@@ -242,6 +242,16 @@ def test_batched_greedy_matches_unpadded_greedy_loop() -> None:
         assert out.text == want and out.n_tokens == 6 and not out.truncated
 
 
+def test_generation_longer_than_the_context_stops_at_its_end() -> None:
+    """GPT-2 has a learned position table (128 rows here): max_new_tokens past it ends at the context's end."""
+    handle = tiny_handle("gpt2", torch.float32)
+    prompts = ["Q: 1?\nA:", "Question: what is two?\nAnswer:"]
+    outs = generate_greedy(handle.model, handle.tokenizer, prompts, max_new_tokens=300, batch_size=2)
+    widest = max(len(handle.tokenizer(p)["input_ids"]) for p in prompts)
+    assert all(out.n_tokens <= 128 - widest and not out.truncated for out in outs)
+    assert any(out.n_tokens == 128 - widest for out in outs)  # random weights never emit end-of-sequence here
+
+
 def test_stop_criterion_marks_rows_whose_new_text_holds_a_stop() -> None:
     from arithmech.evaluate.generation import _StopOnStrings
 

@@ -7,6 +7,7 @@ wrong slice in the view would fail these tests.
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -227,3 +228,30 @@ def test_components_must_exist_in_the_model(handle_of, sft_jsonl, tmp_path) -> N
         finetune(handle_of("llama"), config(sft_jsonl, components=("1.7",)), tmp_path, quiet=True)
     with pytest.raises(ConfigError, match="layers 0..2"):
         finetune(handle_of("llama"), config(sft_jsonl, components=("0.1",), mlps=("9",)), tmp_path, quiet=True)
+
+
+def test_no_nan_reaches_the_train_log(handle_of, sft_jsonl, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without clipping there is no gradient norm: an empty cell. A loss that is NaN is refused at its step."""
+    train_module = importlib.import_module("arithmech.finetune.train")  # the package exports a function of that name
+    handle = handle_of("llama")
+    out = tmp_path / "unclipped"
+    finetune(handle, config(sft_jsonl, components=("0.1",), max_grad_norm=0.0), out, quiet=True)
+    rows = list(csv.DictReader((out / "train_log.csv").open()))
+    assert len(rows) == 3 and all(r["grad_norm"] == "" and float(r["loss"]) > 0 for r in rows)
+    real = train_module.token_loss_sum
+    monkeypatch.setattr(train_module, "token_loss_sum", lambda logits, labels: real(logits, labels) * float("nan"))
+    with pytest.raises(ConfigError, match=r"training diverged at step 1 of 3: the loss is nan; lower the learning"):
+        finetune(handle, config(sft_jsonl, components=("0.1",)), tmp_path / "diverged", quiet=True)
+    assert not (tmp_path / "diverged" / "metadata.json").exists()
+
+
+def test_examples_longer_than_the_context_are_dropped(handle_of, sft_jsonl, tmp_path) -> None:
+    """GPT-2's learned positions end at its context (128 in the tiny model): max_length 512 must not reach them."""
+    handle = handle_of("gpt2")
+    rows = [json.loads(line) for line in sft_jsonl.read_text().splitlines()][:9]
+    rows[0]["question"] = "Count the apples in this very long story. " * 4  # ~190 byte tokens with the answer
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = finetune(handle, config(data, method="full", max_steps=1, max_length=512), tmp_path / "out", quiet=True)
+    assert result.train.finished
+    assert result.metadata["data"]["max_length"] == 128 and result.metadata["data"]["too_long"] == 1

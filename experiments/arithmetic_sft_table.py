@@ -1,0 +1,219 @@
+"""The files of experiments/arithmetic_sft.py: reading its run folders into the table, the figure and the estimate.
+
+Only reads what the finetune and evaluate stages wrote (metadata.json, arithmetic.csv, results.csv); nothing is
+recomputed, so `python experiments/arithmetic_sft.py` on a finished folder only rewrites table.md, table.csv and
+arithmetic_sft.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+from arithmech.data.arithmetic_split import TRANSFER_PER_TEMPLATE, make_split
+from arithmech.data.templates import OPERATIONS, load_templates
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _arith(folder: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """(benchmark, operation) -> its all-formations row of an eval folder's arithmetic.csv."""
+    rows = csv.DictReader((folder / "arithmetic.csv").open())
+    return {(r["benchmark"], r["operation"]): r for r in rows if r["formation"] == "all"}
+
+
+def sweep_score(folder: Path, ops: tuple[str, ...]) -> float:
+    """Mean first-token accuracy over the training operations on the validation part."""
+    rows = _arith(folder)
+    return statistics.fmean(float(rows[f"arithmetic-{op}", op]["accuracy"]) for op in ops)
+
+
+def lora_params_per_rank(dims: dict[str, int]) -> int:
+    """LoRA on q, k, v, o of every layer adds r * (fan_in + fan_out) per projection (separate q/k/v projections)."""
+    d, q, kv = dims["d_model"], dims["n_heads"] * dims["d_head"], dims["n_kv_heads"] * dims["d_head"]
+    return dims["n_layers"] * ((d + q) + 2 * (d + kv) + (q + d))
+
+
+def lora_rank(precise_folder: Path, identify_dir: Path) -> int:
+    """The rank whose LoRA parameter count is closest to that precise SFT run's trainable parameters."""
+    dims = read_json(identify_dir / "metadata.json")["dims"]
+    target = read_json(precise_folder / "metadata.json")["trainable_parameters"]
+    per_rank = lora_params_per_rank(dims)
+    rank = max(1, round(target / per_rank))
+    print(f"LoRA rank {rank}: {rank * per_rank:,} parameters ({per_rank:,} per rank) vs precise {target:,}")
+    return rank
+
+
+def _cell(row: dict[str, str] | None, key: str = "accuracy") -> str:
+    if not row:
+        return "n/a"
+    low, high = ("exact_ci_low", "exact_ci_high") if key == "exact_accuracy" else ("ci_low", "ci_high")
+    return f"{float(row[key]):.1%} [{float(row[low]):.0%}, {float(row[high]):.0%}]"
+
+
+def row_record(name: str, folder: Path, a: Namespace) -> dict[str, Any]:
+    """One table row: training facts, held-out accuracy per operation, transfer, general ability."""
+    rec: dict[str, Any] = {"row": name}
+    if name != "base":
+        meta = read_json(folder / "metadata.json")
+        memory = meta["peak_memory"]["bytes"] / 2**20
+        rec.update(lr=meta["config"]["lr"], trainable_parameters=meta["trainable_parameters"],
+                   samples_per_second=meta["samples_per_second"], peak_memory_mib=memory,
+                   heads=",".join(meta["selection"].get("heads", [])))  # fmt: skip
+    arith = _arith(folder / "eval-test")
+    for op in OPERATIONS:
+        row = arith.get(("arithmetic", op))
+        rec.update({f"{op}": _cell(row), f"{op}_accuracy": row and float(row["accuracy"]),
+                    f"{op}_ci": row and (float(row["ci_low"]), float(row["ci_high"]))})  # fmt: skip
+    for op in a.ops:
+        row = arith.get((f"arithmetic-multidigit-{op}", op))
+        rec[f"multidigit-{op}"] = _cell(row, "exact_accuracy")
+    general = read_json(folder / "eval-general" / "metadata.json")["benchmarks"]  # full precision (not the csv)
+    for bench in ("mmlu", "csqa"):
+        r = general.get(bench, {})
+        rec[bench] = f"{r['correct']}/{r['n']}" if r else "n/a"
+    info = general.get("general", {}).get("info", {})
+    rec["perplexity"], rec["kl"] = info.get("perplexity"), info.get("kl") if name != "base" else None
+    return rec
+
+
+def _table(records: list[dict[str, Any]], a: Namespace) -> list[str]:
+    cols = ["row", "lr", "trainable parameters", "samples/s", "peak memory (MiB)", *OPERATIONS,
+            *(f"multi-digit {op} (exact)" for op in a.ops), "MMLU", "CSQA", "perplexity", "KL to base"]  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in records:
+        cells = [r["row"], f"{r['lr']:g}" if "lr" in r else "-",
+                 f"{r['trainable_parameters']:,}" if "lr" in r else "-",
+                 f"{r['samples_per_second']:.2f}" if "lr" in r else "-",
+                 f"{r['peak_memory_mib']:,.0f}" if "lr" in r else "-", *(r[op] for op in OPERATIONS),
+                 *(r[f"multidigit-{op}"] for op in a.ops), r["mmlu"], r["csqa"],
+                 f"{r['perplexity']:.2f}" if r["perplexity"] else "n/a",
+                 f"{r['kl']:.2g}" if r["kl"] is not None else "-"]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def _random_summary(records: list[dict[str, Any]], a: Namespace) -> list[str]:
+    """Effect-ranked vs random heads: the random rows' mean and sd over seeds, per k and training operation."""
+    lines = []
+    for k in a.ks:
+        top = next(r for r in records if r["row"] == f"precise-top{k}")
+        rand = [r for r in records if r["row"].startswith(f"precise-random{k}-seed")]
+        for op in a.ops:
+            values = [r[f"{op}_accuracy"] for r in rand]
+            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+            low, high = top[f"{op}_ci"]
+            each = ", ".join(f"{v:.1%}" for v in values)
+            lines.append(f"- k = {k}, {op}: effect-ranked {top[f'{op}_accuracy']:.1%} [{low:.0%}, {high:.0%}] vs "
+                         f"random {statistics.fmean(values):.1%} ± {sd:.1%} (sd over {len(values)} seeds: {each})")
+    return lines
+
+
+def _control(records: list[dict[str, Any]], a: Namespace) -> list[str]:
+    """Whether full SFT, the positive control, beats base beyond the 95% intervals on each training operation."""
+    base, full = records[0], next(r for r in records if r["row"] == "full")
+    lines = []
+    for op in a.ops:
+        beyond = full[f"{op}_ci"][0] > base[f"{op}_ci"][1]
+        verdict = "beyond the 95% intervals" if beyond else "NOT beyond them: the setup is too small, raise --steps"
+        lines.append(f"- positive control, {op}: base {base[op]} -> full SFT {full[op]}: {verdict}")
+    return lines
+
+
+def write_outputs(out: Path, rows: dict[str, Path | None], a: Namespace) -> None:
+    records = [row_record(name, folder or out / "base", a) for name, folder in rows.items()]
+    keys = list(dict.fromkeys(k for r in records for k in r if not k.endswith("_ci")))
+    with (out / "table.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+    text = [*_table(records, a), "", *_control(records, a), *_random_summary(records, a)]
+    (out / "table.md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    figure(records, a, out / "arithmetic_sft.png")
+
+
+def figure(records: list[dict[str, Any]], a: Namespace, path: Path) -> None:
+    """Held-out accuracy on each training operation per row, with 95% Wilson intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from arithmech.report.plots import save_figure
+    from arithmech.report.style import styled
+
+    @styled
+    def draw() -> None:
+        fig, ax = plt.subplots(figsize=(max(5.0, 0.55 * len(records) + 2), 3.2), dpi=150)
+        width = 0.8 / len(a.ops)
+        for j, op in enumerate(a.ops):
+            xs = [i + (j - (len(a.ops) - 1) / 2) * width for i in range(len(records))]
+            ys = [r[f"{op}_accuracy"] * 100 for r in records]
+            err = [[(r[f"{op}_accuracy"] - r[f"{op}_ci"][0]) * 100 for r in records],
+                   [(r[f"{op}_ci"][1] - r[f"{op}_accuracy"]) * 100 for r in records]]  # fmt: skip
+            ax.bar(xs, ys, width, yerr=err, capsize=2, label=f"{op} (held out)")
+        ax.axhline(records[0][f"{a.ops[0]}_accuracy"] * 100, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(range(len(records)), [r["row"] for r in records], rotation=45, ha="right")
+        ax.set_ylabel("first-token accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title("Held-out templates and operand pairs, 95% Wilson intervals")
+        ax.legend(frameon=False)
+        fig.tight_layout()
+        save_figure(fig, path)
+
+    draw()
+
+
+def _prompt_counts(a: Namespace) -> dict[str, int]:
+    split, templates = make_split(a.split_seed), load_templates()
+
+    def per_op(part: str, op: str) -> int:
+        n_templates = sum(t.operation == op and t.id in split.templates_of(part) for t in templates)
+        return n_templates * len(split.valid_pairs(part, op))
+
+    return {"validation": sum(per_op("validation", op) for op in a.ops),
+            "test": sum(per_op("test", op) for op in OPERATIONS),
+            "multidigit": sum(TRANSFER_PER_TEMPLATE * sum(t.operation == op and t.id in split.test_templates
+                                                          for t in templates) for op in a.ops)}  # fmt: skip
+
+
+def print_estimate(out: Path, a: Namespace, timing: dict[str, Any]) -> None:
+    """Extrapolate the measured step and evaluation times to the whole table (printed and in estimate.json)."""
+    counts = _prompt_counts(a)
+    test = read_json(out / "estimate" / "base" / "eval-test" / "metadata.json")["benchmarks"]
+    gen = read_json(out / "estimate" / "base" / "eval-general" / "metadata.json")["benchmarks"]
+    per_prompt = statistics.fmean(b["seconds"] / b["n"] for b in test.values())
+    general_row = sum(b["seconds"] / b["n"] for b in gen.values()) * a.general_limit
+    load = max(0.0, timing["eval_call_s"] - sum(b["seconds"] for b in [*test.values(), *gen.values()])) / 2
+    n_lrs = {"precise": len(a.lrs_precise), "full": len(a.lrs_full), "lora": len(a.lrs_lora)}
+    trainings = {f"precise-top{k}": n_lrs["precise"] for k in a.ks}
+    trainings.update({f"precise-random{k}": n_lrs["precise"] + a.random_seeds - 1 for k in a.ks})
+    trainings.update(full=n_lrs["full"], lora=n_lrs["lora"])
+    train_s = sum(n * (a.steps * timing[_kind(name)]["s_per_step"] + load) for name, n in trainings.items())
+    swept = sum(n_lrs["precise"] * 2 for _ in a.ks) + n_lrs["full"] + n_lrs["lora"] + 1
+    val_s = swept * (counts["validation"] * per_prompt + load)
+    n_rows = 1 + len(a.ks) * (1 + a.random_seeds) + 2
+    test_s = n_rows * ((counts["test"] + counts["multidigit"]) * per_prompt * 1.1 + general_row + 2 * load)
+    total = (timing.get("identify_s") or 0) + train_s + val_s + test_s
+    steps = ", ".join(f"{k} {v['s_per_step']:.1f} s/step" for k, v in timing.items() if isinstance(v, dict))
+    lines = [f"measured: {steps}; {per_prompt:.3f} s per arithmetic prompt; MMLU+CSQA+general {general_row:.0f} s "
+             f"per row; model load ~{load:.0f} s per call",
+             f"plan: {sum(trainings.values())} trainings x {a.steps} steps x {a.batch_size} prompts, {swept} "
+             f"validation evaluations x {counts['validation']} prompts, {n_rows} rows x {counts['test']} test + "
+             f"{counts['multidigit']} multi-digit prompts",
+             f"estimate: identify {timing.get('identify_s') or 0:.0f} s + training {train_s / 60:.1f} min + validation "
+             f"{val_s / 60:.1f} min + test {test_s / 60:.1f} min = {total / 60:.0f} min on this machine"]  # fmt: skip
+    (out / "estimate.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _kind(name: str) -> str:
+    """The timed training that stands for a row type (random-k heads train like top-k heads)."""
+    return name.replace("precise-random", "precise-top")

@@ -1,0 +1,149 @@
+"""The evaluate stage's settings (stages/evaluate.py runs them), importable without torch.
+
+The CLI builds `arithmech evaluate`'s options from these fields and checks every name (benchmarks, lm-eval
+tasks) before a model loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from arithmech.data.locate import is_jsonl_path
+from arithmech.errors import ConfigError
+from arithmech.evaluate.benchmarks import CHOICE_FORMATS, benchmark_names
+from arithmech.evaluate.harness import HarnessOptions, task_manager
+
+if TYPE_CHECKING:
+    from arithmech.evaluate.runner import EvalOptions
+
+DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "mmlu", "csqa")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Settings of the evaluate stage."""
+
+    benchmarks: tuple[str, ...] | None = field(
+        default=None,
+        metadata={"help": "benchmarks: gsm8k, svamp, addsub, singleeq, adapters-<set>, mmlu, csqa, general, "
+                          "arithmetic[-<operation>], arithmetic-multidigit[-<operation>], or a .jsonl file; default "
+                          "gsm8k,svamp,addsub,singleeq,mmlu,csqa, or none when harness tasks are given"},
+    )
+    limit: int | None = field(
+        default=None, metadata={"help": "rows (texts for general) per benchmark, a seeded subset; all if unset"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the subsets (same seed = same rows)"})
+    batch_size: int = field(default=8, metadata={"help": "prompts (or choice rows) per forward pass"})
+    max_new_tokens: int = field(default=256, metadata={"help": "longest generated solution (math benchmarks)"})
+    n_shot: int | None = field(
+        default=None, metadata={"help": "solved examples per prompt; default each benchmark's (math 8, mmlu 5, csqa 0)"}
+    )
+    choice_format: str | None = field(
+        default=None, metadata={"help": "letter or text scoring of choices; default mmlu letter, csqa text"}
+    )
+    chat_template: bool = field(
+        default=False, metadata={"help": "wrap each prompt in the tokenizer's chat template (default: plain few-shot)"}
+    )
+    exclude_train_overlap: bool = field(
+        default=False,
+        metadata={"help": "drop math rows seen in training (orig_id or question text of the train file)"},
+    )
+    train_file: str | None = field(
+        default=None, metadata={"help": "training JSONL for the overlap rule; default llm_adapters_math_v1/train"}
+    )
+    data_dir: str | None = field(
+        default=None, metadata={"help": "data folder; else $ARITHMECH_DATA, then the sets shipped with arithmech"}
+    )
+    general_text: str | None = field(
+        default=None, metadata={"help": "text file (paragraphs) or JSONL with text for the general check"}
+    )
+    general_max_tokens: int = field(default=512, metadata={"help": "tokens kept per general text"})
+    base_model: str | None = field(
+        default=None,
+        metadata={"help": "base model for KL in the general check: hub id, folder, .gguf, or 'default'"},
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "seed of the arithmetic train/test split; the same as the finetune stage's"}
+    )
+    arithmetic_part: str = field(
+        default="test",
+        metadata={"help": "arithmetic benchmarks ask: test (held-out templates and operand pairs) or validation "
+                          "(train templates, validation pairs: for choosing hyperparameters)"},
+    )  # fmt: skip
+    harness_tasks: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "lm-evaluation-harness tasks, groups or tags (e.g. arc_easy,hellaswag); needs "
+                          "pip install 'arithmech[lm-eval]'; limit takes each task's first rows"},
+    )
+    harness_include_path: str | None = field(
+        default=None, metadata={"help": "folder of your own lm-eval task YAMLs, named in harness_tasks"}
+    )
+    harness_num_fewshot: int | None = field(
+        default=None, metadata={"help": "few-shot examples per harness prompt; default each task's own (else 0)"}
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "harness_tasks", _names(self.harness_tasks))
+        default = () if self.harness_tasks else DEFAULT_BENCHMARKS
+        object.__setattr__(self, "benchmarks", default if self.benchmarks is None else _names(self.benchmarks))
+        if not self.benchmarks and not self.harness_tasks:
+            raise ConfigError("no benchmark given; name at least one, e.g. gsm8k,mmlu, or a harness task")
+        self._check_harness()
+        known = benchmark_names()
+        for name in self.benchmarks:
+            if name not in known and not is_jsonl_path(name):
+                raise ConfigError(f"unknown benchmark {name!r}; use one of {', '.join(known)} or a .jsonl path")
+        if len(set(self.benchmarks)) != len(self.benchmarks):
+            raise ConfigError(f"benchmark list {', '.join(self.benchmarks)} names one benchmark twice; name it once")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit must be at least 1, or unset for all rows (got {self.limit})")
+        for name in ("batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.general_max_tokens < 2:
+            raise ConfigError(f"general_max_tokens must be at least 2 (got {self.general_max_tokens})")
+        if self.n_shot is not None and self.n_shot < 0:
+            raise ConfigError(f"n_shot must be 0 or more (got {self.n_shot})")
+        if self.arithmetic_part not in ("test", "validation"):
+            raise ConfigError(f"arithmetic_part {self.arithmetic_part!r} is not test or validation")
+        if self.arithmetic_part != "test" and any(n.startswith("arithmetic-multidigit") for n in self.benchmarks):
+            raise ConfigError("the multi-digit transfer set is held out for testing only; use arithmetic_part test")
+        if self.choice_format is not None and self.choice_format not in CHOICE_FORMATS:
+            raise ConfigError(f"choice_format {self.choice_format!r} is not one of {', '.join(CHOICE_FORMATS)}")
+
+    def _check_harness(self) -> None:
+        """Cheap checks first, then the names against lm-eval's task index, so a typo fails before a model loads."""
+        if len(set(self.harness_tasks)) != len(self.harness_tasks):
+            raise ConfigError(f"harness task list {', '.join(self.harness_tasks)} names one task twice; name it once")
+        if not self.harness_tasks and (self.harness_include_path or self.harness_num_fewshot is not None):
+            raise ConfigError("harness_include_path and harness_num_fewshot apply to harness tasks; name them too, "
+                              "e.g. --harness-tasks my_task")  # fmt: skip
+        if self.harness_include_path is not None and not Path(self.harness_include_path).is_dir():
+            raise ConfigError(f"harness_include_path {self.harness_include_path!r} is not a folder; give the folder "
+                              "holding your task YAML files")  # fmt: skip
+        if self.harness_num_fewshot is not None and self.harness_num_fewshot < 0:
+            raise ConfigError(f"harness_num_fewshot must be 0 or more (got {self.harness_num_fewshot})")
+        if self.harness_tasks:
+            task_manager(self.harness_tasks, self.harness_include_path)  # lm-eval installed, every name known
+
+    def harness_options(self) -> HarnessOptions:
+        """The harness bridge's options: its own fields plus the shared limit, seed, batch size and chat template."""
+        return HarnessOptions(tasks=self.harness_tasks, include_path=self.harness_include_path,
+                              num_fewshot=self.harness_num_fewshot, limit=self.limit, seed=self.seed,
+                              batch_size=self.batch_size, chat_template=self.chat_template)  # fmt: skip
+
+    def options(self) -> EvalOptions:
+        """The runner's options (every field but the benchmark list and the base model)."""
+        from arithmech.evaluate.runner import EvalOptions
+
+        names = {f.name for f in fields(EvalOptions)}
+        return EvalOptions(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """A comma list ("a, b") or a sequence of names as a tuple."""
+    if isinstance(value, str):
+        return tuple(n.strip() for n in value.split(",") if n.strip())
+    return tuple(value)
