@@ -258,10 +258,15 @@ def failure_sentence(rows: Sequence[Row], results: Path, tolerance_pct: float) -
 
 
 def select(only: str | None, device: str) -> list[Benchmark]:
-    """The benchmarks to run: those named by --only, else all that the device can run."""
+    """The benchmarks to run: those named by --only, else all that the device can run and whose optional
+    extra is installed (the others are named, with how to install it)."""
     by_name = {b.name: b for b in BENCHMARKS}
     if only is None:
-        return [b for b in BENCHMARKS if device.startswith("cuda") or not b.needs_cuda]
+        runnable = [b for b in BENCHMARKS if device.startswith("cuda") or not b.needs_cuda]
+        for bench in runnable:
+            if bench.missing():
+                print(f"{bench.name} left out: {', '.join(bench.missing())} not installed ({bench.install})")
+        return [b for b in runnable if not b.missing()]
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in by_name]
     if unknown:
@@ -269,6 +274,9 @@ def select(only: str | None, device: str) -> list[Benchmark]:
     needing_cuda = [n for n in names if by_name[n].needs_cuda and not device.startswith("cuda")]
     if needing_cuda:
         sys.exit(f"{', '.join(needing_cuda)} needs a GPU; add --device cuda")
+    lacking = [by_name[n] for n in names if by_name[n].missing()]
+    if lacking:
+        sys.exit("; ".join(f"{b.name} needs {', '.join(b.missing())}: {b.install}" for b in lacking))
     return [by_name[n] for n in names]
 
 

@@ -1,9 +1,12 @@
 """The README's Performance tables, rendered from benchmarks/results.json so the two cannot disagree.
 
 One table per size (`suite.SIZES`): full (each script's defaults, `compare.py --full --update`), then quick (what
-`make bench` compares against). Each row is one benchmark as recorded: its exact command, the fast side's and the
-baseline's time (or rate), the ratio of the two measured in that run, and its correctness check; each caption
-names the date, machine and commit of its runs. The README holds the rendered text between the marker lines
+`make bench` compares against). Each row is one measurement of a benchmark as recorded: its exact command, the fast
+side's and the baseline's time (or rate), the ratio of the two measured in that run, and its correctness check
+(a benchmark may show several rows; a row whose metrics an older entry lacks is left out); each caption names the
+date, machine and commit of its runs. The side-by-side comparison with TransformerLens and nnsight
+(benchmarks/peers.py) gets a table of its own per size, in the layout of issue #16.
+The README holds the rendered text between the marker lines
 `<!-- bench:begin -->` and `<!-- bench:end -->`; tests/unit/test_bench_compare.py fails when it differs from what
 results.json renders.
 
@@ -43,12 +46,28 @@ class Shown:
     """Metric of the baseline side; None when the script records only the ratio."""
     unit: str
     check: Callable[[Metrics], str]
+    ratio: str = "speedup"
+    """Metric of the ratio of the two sides."""
 
 
-SHOWN: dict[str, Shown] = {
-    "path_patching": Shown(
-        "path patching, every head and MLP: fast engine vs one forward pass per component (sampled, scaled)",
-        "fast_s", "loop_s", "s", lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}",
+def _passes(m: Metrics, key: str) -> str:
+    return f"; {m[key]:.2f} forward passes of the batch (counted)" if key in m else ""
+
+
+SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
+    "path_patching": (
+        Shown(
+            "path patching, every head and MLP: fast engine vs one forward pass per component (sampled, scaled)",
+            "fast_s", "loop_s", "s",
+            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path_passes')}",
+        ),
+        Shown(
+            "activation patching at END (`--variant total`), every head and MLP: fast engine vs one forward pass "
+            "per component (sampled, scaled)",
+            "total_s", "total_loop_s", "s",
+            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total_passes')}",
+            ratio="total_speedup",
+        ),
     ),
     "knockout": Shown(
         "knockout sweep: batched configurations vs one configuration per forward pass",
@@ -116,8 +135,15 @@ def provenance(entries: Mapping[str, Mapping[str, Any]]) -> str:
     return "measured " + "; ".join(f"{', '.join(names)}: {where}" for where, names in groups.items())
 
 
+def rows_of(name: str) -> tuple[Shown, ...]:
+    """The rows that show benchmark `name`."""
+    shown = SHOWN[name]
+    return shown if isinstance(shown, tuple) else (shown,)
+
+
 def table(size: Size, entries: Mapping[str, Mapping[str, Any]]) -> str:
-    """The caption and table of one size, benchmarks in suite order."""
+    """The caption and table of one size, benchmarks in suite order (peers apart: `peers_table`)."""
+    entries = {name: entry for name, entry in entries.items() if name != PEERS}
     if not entries:
         return f"{CAPTIONS[size]}: nothing recorded yet."
     unknown = [name for name in entries if name not in SHOWN]
@@ -127,18 +153,53 @@ def table(size: Size, entries: Mapping[str, Mapping[str, Any]]) -> str:
     lines = [f"{CAPTIONS[size]}; {provenance({n: entries[n] for n in order})}:", "",
              "| benchmark | command | fast side | baseline | ratio | check |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name in order:
-        shown, entry = SHOWN[name], entries[name]
+        entry = entries[name]
         metrics = entry["metrics"]
-        baseline = "-" if shown.baseline is None else _number(metrics[shown.baseline], shown.unit)
-        cells = [shown.what, f"`{entry['command']}`", _number(metrics[shown.fast], shown.unit), baseline,
-                 _ratio(metrics["speedup"]), shown.check(metrics)]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
+        for shown in (s for s in rows_of(name) if s.fast in metrics):
+            baseline = "-" if shown.baseline is None else _number(metrics[shown.baseline], shown.unit)
+            cells = [shown.what, f"`{entry['command']}`", _number(metrics[shown.fast], shown.unit), baseline,
+                     _ratio(metrics[shown.ratio]), shown.check(metrics)]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+PEERS = "peers"
+PEERS_HOW = '`pip install "arithmech[peers]"`, then `python benchmarks/compare.py --only peers --update`'
+PEER_ROWS = (
+    ("tl", "TransformerLens (TransformerBridge, `get_act_patch_attn_head_out_by_pos`)"),
+    ("nnsight", "nnsight (one trace per head)"),
+)
+
+
+def peers_table(size: Size, entry: Mapping[str, Any] | None) -> str:
+    """The side-by-side table of one size: each peer's time per head, a plain forward pass, arithmech's scans."""
+    caption = f"Side by side with TransformerLens and nnsight, {size} size"
+    if entry is None:
+        return f"{caption}: nothing recorded yet ({PEERS_HOW})."
+    m = entry["metrics"]
+    plain, n = m["plain_forward_s"], m["components"]
+    lines = [f"{caption} (`{entry['command']}`); {provenance({PEERS: entry})}:", "",
+             "| | time | per component |", "|---|---|---|"]  # fmt: skip
+    for key, what in PEER_ROWS:
+        if f"{key}_s_per_head" in m:
+            per_head = m[f"{key}_s_per_head"]
+            lines.append(f"| {what} | {_number(per_head, 's')} per head | {per_head / plain:.2f} forwards; "
+                         f"max \\|difference\\| to arithmech {m[f'{key}_max_abs_diff']:.1e} |")  # fmt: skip
+    lines.append(f"| one plain forward pass of the batch | {_number(plain, 's')} | |")
+    for variant in ("total", "path"):
+        versus = [f"{_ratio(m[f'total_vs_{key}'])} {what.split(' ')[0]}" for key, what in PEER_ROWS
+                  if variant == "total" and f"total_vs_{key}" in m]  # fmt: skip
+        per = f"{m[f'{variant}_s'] / plain / n:.3f} forwards" + (f": {', '.join(versus)}" if versus else "")
+        lines.append(f"| arithmech `--variant {variant}`, all {n} components | {_number(m[f'{variant}_s'], 's')} | "
+                     f"{per}; {m[f'{variant}_passes']:.2f} forward passes in all (counted) |")  # fmt: skip
     return "\n".join(lines)
 
 
 def render(results: Results) -> str:
     """The whole README section, markers included."""
-    tables = "\n\n".join(table(size, results[size]) for size in SIZES)
+    tables = "\n\n".join(
+        [table(size, results[size]) for size in SIZES] + [peers_table(size, results[size].get(PEERS)) for size in SIZES]
+    )
     note = "<!-- rendered from benchmarks/results.json by `python benchmarks/readme_tables.py --write`; do not edit -->"
     return f"{BEGIN}\n{note}\n{tables}\n{END}"
 

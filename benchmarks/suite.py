@@ -13,6 +13,7 @@ Two sizes of every benchmark are kept in benchmarks/results.json:
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -55,6 +56,7 @@ def at_most(limit: float) -> Check:
 
 
 AGREE = Check("must be true", lambda value: value is True)
+COUNT = Check("must be a positive whole number", lambda value: isinstance(value, int) and value > 0)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,14 @@ class Benchmark:
     full_args: tuple[str, ...] = ()
     """Full size: what the README reports (`compare.py --full`); the script's defaults, spelled out."""
     needs_cuda: bool = False
+    requires: tuple[str, ...] = ()
+    """Modules of an optional extra the script compares with; without them `compare.py` leaves it out."""
+    install: str = ""
+    """How to install `requires`."""
+
+    def missing(self) -> list[str]:
+        """The modules of `requires` that cannot be imported here."""
+        return [name for name in self.requires if importlib.util.find_spec(name) is None]
 
     def script_args(self, device: str, size: Size = "quick") -> list[str]:
         """The script's arguments; gpu_scan.py has no --device (it always runs on CUDA)."""
@@ -80,9 +90,13 @@ BENCHMARKS = (
     Benchmark(
         "path_patching",
         ("--prompts", "32", "--sample", "8"),
-        {"speedup": RATIO, "fast_s": SECONDS, "loop_s": SECONDS, "max_abs_diff": at_most(1e-4)},
+        {
+            "speedup": RATIO, "fast_s": SECONDS, "loop_s": SECONDS, "max_abs_diff": at_most(1e-4),
+            "path_passes": at_most(5.0), "total_speedup": RATIO, "total_s": SECONDS, "total_loop_s": SECONDS,
+            "total_max_abs_diff": at_most(1e-4), "total_passes": at_most(6.0),
+        },
         full_args=("--prompts", "64", "--sample", "12"),
-    ),
+    ),  # fmt: skip
     Benchmark(
         "knockout",
         ("--prompts", "32", "--max-k", "8", "--n-random", "2"),
@@ -112,6 +126,19 @@ BENCHMARKS = (
             "precise_samples_per_s": PER_SECOND, "full_samples_per_s": PER_SECOND,
         },
         full_args=("--steps", "3", "--batch-size", "4", "--max-samples", "64"),  # the defaults are already small
+    ),  # fmt: skip
+    Benchmark(
+        "peers",
+        ("--prompts", "16", "--heads", "4"),
+        {
+            "total_vs_tl": RATIO, "total_vs_nnsight": RATIO, "tl_max_abs_diff": at_most(1e-5),
+            "nnsight_max_abs_diff": at_most(1e-5), "total_passes": at_most(6.0), "path_passes": at_most(5.0),
+            "plain_forward_s": SECONDS, "total_s": SECONDS, "path_s": SECONDS, "tl_s_per_head": SECONDS,
+            "nnsight_s_per_head": SECONDS, "components": COUNT,
+        },
+        full_args=("--prompts", "64", "--heads", "12"),
+        requires=("transformer_lens", "nnsight"),
+        install='pip install "arithmech[peers]"',
     ),  # fmt: skip
     Benchmark(
         "gpu_scan",

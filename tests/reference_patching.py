@@ -69,8 +69,9 @@ class ReferencePatcher:
         self.view, self.batch = view, batch
         self.rows = torch.arange(len(batch))
         ref_logits, self.ref_z, self.ref_mlp = _run(view, batch, batch.ref_ids, batch.ref_mask)
-        _, self.cf_z, self.cf_mlp = _run(view, batch, batch.cf_ids, batch.cf_mask)
+        cf_logits, self.cf_z, self.cf_mlp = _run(view, batch, batch.cf_ids, batch.cf_mask)
         self.ref_logit = ref_logits[self.rows, batch.answer_ids]
+        self.cf_logit = cf_logits[self.rows, batch.answer_ids]
 
     @torch.no_grad()
     def effect(self, sender: Component, variant: str) -> torch.Tensor:

@@ -56,14 +56,16 @@ def test_few_shot_addition_is_answered(small_set) -> None:
     assert counts["used"] == 8
 
 
-def test_fast_equals_reference_on_real_model(handle: ModelHandle, small_set) -> None:
+@pytest.mark.parametrize("variant", ["path", "total"])
+def test_fast_equals_reference_on_real_model(handle: ModelHandle, small_set, variant: str) -> None:
     t, _, _ = small_set
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
-    fast = path_patch(handle.view, batch, "path", batch_size=8)
+    assert batch.shared_length() > 0  # the few-shot examples: the counterfactual pass starts from the cache
+    fast = path_patch(handle.view, batch, variant, batch_size=8)
     reference = ReferencePatcher(handle.view, batch)
     order = all_components(handle.dims)
     for component in parse_components("14.2,18.5,0.0,29.8,mlp.19,mlp.29", handle.dims):
-        expected = reference.effect(component, "path")
+        expected = reference.effect(component, variant)
         torch.testing.assert_close(fast.per_prompt[order.index(component)], expected, atol=1e-5, rtol=1e-4)
     assert fast.total_effect < 0, "the operator counterfactual should lower the answer logit"
     assert float(fast.effects.min()) < -0.005

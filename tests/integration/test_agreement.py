@@ -110,12 +110,17 @@ def test_end_only_zero_ablation_matches_a_full_forward_knockout(run: tuple[Path,
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     sources = ablation_sources(handle.view, batch, "zero", groups=[0] * 5, end_only=True)
     components = all_components(handle.dims)
-    prob = knockout_scores(handle.view, batch, sources, [[], *([c] for c in components)]).mean_prob
-    expected = (prob[0] - prob[1:]).reshape(handle.dims.n_layers, -1)  # [layer, heads + mlp]
+    n_layers = handle.dims.n_layers
+    layer_heads = [[c for c in components if c.layer == layer and c.head is not None] for layer in range(n_layers)]
+    configs = [[], *([c] for c in components), *layer_heads]
+    prob = knockout_scores(handle.view, batch, sources, configs).mean_prob
+    drop = prob[0] - prob[1:]
+    expected = drop[: len(components)].reshape(n_layers, -1)  # [layer, heads + mlp]
     heads = result.importance["head"]["zero-ablation"]
     np.testing.assert_allclose(heads, expected[:, :-1].reshape(-1).numpy(), atol=1e-5)
-    mlps = result.importance["layer"]["zero-ablation"][handle.dims.n_layers :]
+    attention, mlps = np.split(result.importance["layer"]["zero-ablation"], 2)
     np.testing.assert_allclose(mlps, expected[:, -1].numpy(), atol=1e-5)
+    np.testing.assert_allclose(attention, drop[len(components) :].numpy(), atol=1e-5)  # all of a layer's heads
 
 
 def test_mediation_score_matches_a_two_run_computation(run: tuple[Path, Path], tmp_path: Path) -> None:

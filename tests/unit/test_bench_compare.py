@@ -28,8 +28,11 @@ KNOCKOUT = next(b for b in suite.BENCHMARKS if b.name == "knockout")
 
 
 def entry(machine: dict[str, Any] = MACHINE, **metrics: Any) -> dict[str, Any]:
-    """A path_patching results entry: 100x speedup, 10 s fast, 1000 s loop, agreeing to 1e-6, unless overridden."""
-    base = {"speedup": 100.0, "fast_s": 10.0, "loop_s": 1000.0, "max_abs_diff": 1e-6}
+    """A path_patching results entry: 100x speedup, 10 s fast, 1000 s loop, agreeing to 1e-6 (the total variant:
+    50x, 20 s, 1000 s, 1e-6), 3.8 and 4.7 forward passes, unless overridden."""
+    base = {"speedup": 100.0, "fast_s": 10.0, "loop_s": 1000.0, "max_abs_diff": 1e-6, "path_passes": 3.8,
+            "total_speedup": 50.0, "total_s": 20.0, "total_loop_s": 1000.0, "total_max_abs_diff": 1e-6,
+            "total_passes": 4.7}  # fmt: skip
     return {"metrics": {**base, **metrics}, "args": ARGS, "machine": machine, "date": "2025-01-01", "git_sha": "abc"}
 
 
@@ -77,7 +80,8 @@ def test_correctness_break_fails_even_when_faster() -> None:
 
 def test_missing_previous_benchmark_or_metric_is_new_not_failed() -> None:
     first_run = verdicts({}, {"path_patching": entry()})
-    assert set(first_run.values()) == {"new: no previous result", "ok (must be <= 0.0001)"}
+    checks = {"ok (must be <= 0.0001)", "ok (must be <= 5)", "ok (must be <= 6)"}
+    assert set(first_run.values()) == {"new: no previous result", *checks}
     assert failed({}, {"path_patching": entry()}) == set()
     previous = entry()
     del previous["metrics"]["loop_s"]
@@ -240,15 +244,66 @@ def test_readme_table_rows_caption_and_missing_size() -> None:
     caption = next(line for line in section if line.startswith("Quick size"))
     assert "path_patching: 2025-02-02 on Other CPU, 2 logical cores, torch 2.13.0, cpu, git abcdef0" in caption
     assert "knockout: 2025-01-01 on Test CPU" in caption
-    rows = [line for line in section if line.startswith("| ") and "`" in line]
+    rows = [line for line in section if line.startswith("| ") and "`" in line and "benchmarks/x.py" in line]
+    counted = "forward passes of the batch (counted) |"
     assert [row.split(" | ")[2:] for row in rows] == [  # suite order, not the file's
-        ["10.0 s", "1,000 s", "**100.0x**", "max \\|fast - loop\\| 1.0e-06 |"],
+        ["10.0 s", "1,000 s", "**100.0x**", f"max \\|fast - loop\\| 1.0e-06; 3.80 {counted}"],
+        ["20.0 s", "1,000 s", "**50.0x**", f"max \\|fast - loop\\| 1.0e-06; 4.70 {counted}"],
         ["50.3 s", "55.0 s", "**1.09x**", "accuracies identical |"],
     ]
 
 
+def test_rows_an_older_entry_lacks_are_left_out() -> None:
+    """An entry recorded before the total variant's metrics existed shows its path row only, without a count."""
+    older = {k: v for k, v in entry()["metrics"].items() if not k.startswith("total") and k != "path_passes"}
+    section = readme_tables.table("quick", {"path_patching": stamped(older)})
+    rows = [line for line in section.splitlines() if "benchmarks/x.py" in line]
+    assert len(rows) == 1 and rows[0].endswith("max \\|fast - loop\\| 1.0e-06 |")
+
+
+PEERS_METRICS = {
+    "plain_forward_s": 2.5, "components": 300, "total_s": 12.0, "total_passes": 4.7, "path_s": 10.0,
+    "path_passes": 3.8, "tl_s_per_head": 2.8, "tl_max_abs_diff": 6e-7, "total_vs_tl": 70.0,
+    "nnsight_s_per_head": 2.5, "nnsight_max_abs_diff": 5e-7, "total_vs_nnsight": 62.5,
+}  # fmt: skip
+
+
+def test_peers_table_in_the_layout_of_the_issue() -> None:
+    results = {"full": {"peers": stamped(PEERS_METRICS)}, "quick": {}}
+    lines = readme_tables.render(results).splitlines()
+    caption = next(line for line in lines if line.startswith("Side by side") and "full size" in line)
+    assert "(`python benchmarks/x.py --n 1`); measured 2025-01-01 on Test CPU" in caption
+    rows = [line for line in lines if line.startswith("| ") and "time" not in line and "---" not in line]
+    assert rows == [
+        "| TransformerLens (TransformerBridge, `get_act_patch_attn_head_out_by_pos`) | 2.80 s per head | 1.12 "
+        "forwards; max \\|difference\\| to arithmech 6.0e-07 |",
+        "| nnsight (one trace per head) | 2.50 s per head | 1.00 forwards; max \\|difference\\| to arithmech 5.0e-07 |",
+        "| one plain forward pass of the batch | 2.50 s | |",
+        "| arithmech `--variant total`, all 300 components | 12.0 s | 0.016 forwards: **70.0x** TransformerLens, "
+        "**62.5x** nnsight; 4.70 forward passes in all (counted) |",
+        "| arithmech `--variant path`, all 300 components | 10.0 s | 0.013 forwards; 3.80 forward passes in all "
+        "(counted) |",
+    ]
+    assert any(line.startswith("Side by side") and "quick size: nothing recorded yet" in line for line in lines)
+    only_nnsight = {k: v for k, v in PEERS_METRICS.items() if not k.startswith(("tl", "total_vs_tl"))}
+    table = readme_tables.peers_table("quick", stamped(only_nnsight))
+    assert "TransformerLens (" not in table and "**62.5x** nnsight;" in table
+
+
 def test_every_benchmark_of_the_suite_has_a_readme_row() -> None:
-    assert set(readme_tables.SHOWN) == {b.name for b in suite.BENCHMARKS}
+    assert set(readme_tables.SHOWN) | {readme_tables.PEERS} == {b.name for b in suite.BENCHMARKS}
+
+
+def test_benchmarks_of_a_missing_extra_are_left_out(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`make bench` without TransformerLens and nnsight runs the others and says how to add peers."""
+    monkeypatch.setattr(suite.importlib.util, "find_spec", lambda name: None)
+    names = [b.name for b in compare.select(None, "cpu")]
+    assert "peers" not in names and "path_patching" in names
+    assert 'peers left out: transformer_lens, nnsight not installed (pip install "arithmech[peers]")' in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit, match="peers needs transformer_lens, nnsight"):
+        compare.select("peers", "cpu")
 
 
 def test_readme_section_is_replaced_between_the_markers_only(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Background
     A 3-shot word-problem prompt is mostly solved examples, the same for every prompt of a set. A causal
     model's states on those tokens do not depend on what follows, and an ablation placed at END only cannot
     reach them either. So the shared prefix runs once (batch 1, its key/value cache kept) and each prompt's
-    own tokens (the suffix) run batched, right-padded, on a copy of that cache repeated over the batch. The
+    own tokens (the suffix) run batched, right-padded, on that cache indexed out for every row. The
     END logits are those of the whole prompt up to float rounding (`tests/unit/analysis/test_shared_prefix`
     checks this against `predict_at_end` and `knockout_scores`). For SmolLM2 on SVAMP/GSM8K this runs
     ~60-100 tokens per (configuration, prompt) instead of ~300.
@@ -27,7 +27,6 @@ Usage
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 
 from arithmech.knockout.ablation import config_masks
 from arithmech.knockout.batched import KnockoutScores
+from arithmech.models.from_layer import full_cache, prefix_cache
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.predictions import EndPredictions
 from arithmech.models.sites import Component
@@ -72,7 +72,7 @@ def common_prefix_length(ids: torch.Tensor, end: torch.Tensor) -> int:
 
 
 class _Prefix:
-    """The shared prefix's key/value cache, copied and repeated for each suffix batch."""
+    """The shared prefix's key/value cache, indexed out for the rows of each suffix batch."""
 
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
         self.view, self.batch, self.p = view, batch, prefix_len
@@ -80,8 +80,9 @@ class _Prefix:
         self.arg = cache_kwarg(view.model.base_model)
         self.cache = None  # no shared prefix: whole prompts
         if prefix_len:
-            out = view.model.base_model(input_ids=batch.ref_ids[:1, :prefix_len].to(self.device), use_cache=True)
-            self.cache = getattr(out, self.arg)
+            self.cache = full_cache()
+            ids = batch.ref_ids[:1, :prefix_len].to(self.device)
+            view.model.base_model(input_ids=ids, use_cache=True, **{self.arg: self.cache})
 
     def logits(self, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits at END [rows, d_vocab] of `prompts` (indices into the batch), and END in suffix coordinates."""
@@ -92,8 +93,7 @@ class _Prefix:
         if self.cache is None:
             resid = self.view.final_resid(input_ids=ids, attention_mask=mask, use_cache=False)
         else:
-            past = copy.deepcopy(self.cache)
-            past.batch_repeat_interleave(len(prompts))
+            past = prefix_cache(self.view, self.cache, torch.zeros(len(prompts), dtype=torch.long), self.p)
             full_mask = torch.cat([mask.new_ones(len(prompts), self.p), mask], dim=1)
             resid = self.view.final_resid(input_ids=ids, attention_mask=full_mask, use_cache=True, **{self.arg: past})
         rows = torch.arange(len(prompts), device=resid.device)

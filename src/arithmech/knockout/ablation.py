@@ -309,10 +309,11 @@ def _heads_hook(
     view: ModelView, row_heads: torch.Tensor, sources: AblationSources, layer: int, prompt: torch.Tensor
 ) -> Any:
     def fn(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        z = args[0]  # [row, pos, head * d_head]
-        width = z.shape[1]
-        where = sources.positions[prompt, :width, None, None] & row_heads[:, None, :, None]  # [row, pos, head, 1]
-        source = view.split_heads(sources.z[layer][sources.row[prompt], :width].to(z.device, z.dtype))
+        z = args[0]  # [row, pos, head * d_head]: the first rows, when later ones join at later layers
+        n, width = z.shape[0], z.shape[1]
+        rows = prompt[:n]
+        where = sources.positions[rows, :width, None, None] & row_heads[:n, None, :, None]  # [row, pos, head, 1]
+        source = view.split_heads(sources.z[layer][sources.row[rows], :width].to(z.device, z.dtype))
         new = torch.where(where.to(z.device), source, view.split_heads(z))
         return (new.reshape(z.shape), *args[1:])
 
@@ -321,10 +322,11 @@ def _heads_hook(
 
 def _mlp_hook(row_mlp: torch.Tensor, sources: AblationSources, layer: int, prompt: torch.Tensor) -> Any:
     def fn(_m: Any, _a: Any, output: Any) -> Any:
-        out = first_tensor(output)  # [row, pos, d_model]
-        width = out.shape[1]
-        where = sources.positions[prompt, :width, None] & row_mlp[:, None, None]  # [row, pos, 1]
-        source = sources.mlp[layer][sources.row[prompt], :width].to(out.device, out.dtype)
+        out = first_tensor(output)  # [row, pos, d_model]: the first rows, as for heads
+        n, width = out.shape[0], out.shape[1]
+        rows = prompt[:n]
+        where = sources.positions[rows, :width, None] & row_mlp[:n, None, None]  # [row, pos, 1]
+        source = sources.mlp[layer][sources.row[rows], :width].to(out.device, out.dtype)
         new = torch.where(where.to(out.device), source, out)
         return (new, *output[1:]) if isinstance(output, tuple) else new
 

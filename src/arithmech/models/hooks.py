@@ -13,21 +13,27 @@ from torch import nn
 
 PreHook = Callable[[nn.Module, tuple[Any, ...]], Any]
 PostHook = Callable[[nn.Module, tuple[Any, ...], Any], Any]
+KwargsPreHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], Any]
 
 
 @contextmanager
 def hooks(
     pre: Sequence[tuple[nn.Module, PreHook]] = (),
     post: Sequence[tuple[nn.Module, PostHook]] = (),
+    pre_kwargs: Sequence[tuple[nn.Module, KwargsPreHook]] = (),
 ) -> Iterator[None]:
     """Register forward pre-hooks and forward hooks for the duration of the block.
 
     A pre-hook may return new positional args (a tuple) or None; a post-hook may return a new output or None.
+    A `pre_kwargs` hook also sees the keyword arguments, `fn(module, args, kwargs)`, and may return a new
+    `(args, kwargs)` pair or None.
     """
     handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
         for module, fn in pre:
             handles.append(module.register_forward_pre_hook(fn))
+        for module, fn in pre_kwargs:
+            handles.append(module.register_forward_pre_hook(fn, with_kwargs=True))
         for module, fn in post:
             handles.append(module.register_forward_hook(fn))
         yield

@@ -31,16 +31,20 @@ Formula
     (|A ∩ B| / k of the top-k neurons of two tasks).
 
 How it is computed
-    Per pair: one forward pass of [base; alternative] reads P, P_alt and caches every site's alternative value.
-    Then, for each position p, the interventions of every (component, layer) at p are the rows of one batched
-    forward pass (chunks of at most `max_rows` rows): row j's hook replaces position p of site j's output in
-    row j only, and P*(r) and P*(r') are read from the same row. Two exact savings:
-    - an intervention at p cannot change positions before p, so the batch starts from the base prompt's
-      key/value cache of positions < p (run once per pair, one row, extended as p grows, copied per batch) and
-      runs tokens p..END only; with a few-shot prefix most of the prompt is never recomputed;
+    Per pair: one forward pass of [base; alternative] reads P, P_alt, caches every site's alternative value, the
+    base run's residual entering every layer and its keys/values. Then, for each position p, the interventions
+    of every (component, layer) at p are the rows of one batched pass (chunks of at most `max_rows` rows): row
+    j's hook replaces position p of site j's output in row j only, and P*(r) and P*(r') are read from the same
+    row. Three exact savings:
+    - an intervention at p cannot change positions before p, so the rows run tokens p..END only, on the base
+      run's keys/values of positions < p (indexed out of its cache, never copied per row); with a few-shot
+      prefix most of the prompt is never recomputed;
+    - an intervention at layer l cannot change the layers below l, so each row joins at its site's layer from
+      the base run's residual there (`models/from_layer.run_from_layers`): about half the layer-rows;
     - positions before the first token where base and alternative differ have identical activations in both
       runs (causal attention), so their IE is exactly 0 and they are not run.
-    Neurons: the rows are neurons, all at END, so each batch is a single-token step on the cached prompt.
+    Neurons: the rows are neurons of one layer, all at END, so each batch is a single-token step from that
+    layer on the cached prompt.
     Base and alternative must have the same token length (`tokenize_mediation_pairs` rejects and counts
     mismatches; no padding is needed since every forward pass holds one pair).
 
@@ -57,7 +61,6 @@ sec. 4 (specificity: number retrieval, factual knowledge; neuron overlap); METHO
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +71,7 @@ from torch import nn
 from arithmech.data.mediation_prompts import COMPONENTS
 from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair
 from arithmech.errors import ConfigError, SpecError
+from arithmech.models.from_layer import JoiningRows, full_cache, prefix_cache, run_from_layers
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.view import ModelView, cache_kwarg
 
@@ -148,25 +152,24 @@ def mediation_effects(
     correct = torch.full((len(items),), float("nan"))
     sites = [(c, layer) for c in components for layer in layers]  # site s = (component, layer)
     modules = [_component_module(view, c, layer) for c, layer in sites]
+    order = sorted(range(len(sites)), key=lambda s: sites[s][1])  # rows join the pass by layer
     for i, item in enumerate(items):
         n = len(item.base_ids)
-        logits, alt_values = _base_and_alt(view, item, modules, lambda inputs, output: first_tensor(output))
-        probs[i] = torch.cat([_probs(logits[0], item), _probs(logits[1], item)])
+        base = _base_and_alt(view, item, modules, lambda inputs, output: first_tensor(output))
+        probs[i] = torch.cat([_probs(base.logits[0], item), _probs(base.logits[1], item)])
         if item.number_ids is not None:
             ids = torch.tensor(item.number_ids)
-            correct[i] = float(int(ids[logits[0, ids].argmax()]) == item.result_id)
+            correct[i] = float(int(ids[base.logits[0, ids].argmax()]) == item.result_id)
         position_class[i, :n] = item.position_class
         first = _first_difference(item)
         ie[i, :, :, :n] = 0.0  # positions before `first` are identical in both runs: IE exactly 0
-        prefix = _BasePrefix(view, item.base_ids)
-        for p in range(first, n):  # one batch of rows per position: row j = site j's intervention at p
+        for p in range(first, n):  # one batch of rows per position: row j = site block[j]'s intervention at p
             for start in range(0, len(sites), max_rows):
-                block = range(start, min(start + max_rows, len(sites)))  # [row] site ids
-                post = [(modules[s], _set_row(j, alt_values[s][p])) for j, s in enumerate(block)]
-                prefix.advance_to(p)
-                cache = prefix.copies(len(block))
+                block = order[start : start + max_rows]  # [row] site ids, by layer
+                post = [(modules[s], _set_row(j, base.alt_values[s][p])) for j, s in enumerate(block)]
+                layer_of = torch.tensor([sites[s][1] for s in block])
                 with hooks(post=post):
-                    star = _run_from(view, item.base_ids, p, cache, len(block))  # [row, d_vocab]
+                    star = base.run_from(view, item, p, layer_of)  # [row, d_vocab]
                 p_star = _probs_rows(star, item)  # [row, 2]
                 effect = indirect_effect(probs[i, 0], probs[i, 1], p_star[:, 0], p_star[:, 1])
                 site_ids = torch.tensor(block)  # site s = component index * len(layers) + layer index
@@ -200,19 +203,17 @@ def neuron_effects(
     out = torch.zeros(len(items), len(chosen))
     for i, item in enumerate(items):
         end = len(item.base_ids) - 1
-        logits, (alt_act,) = _base_and_alt(view, item, [module], lambda inputs, output: inputs[0], pre=True)
-        p = _probs(logits[0], item)
+        base = _base_and_alt(view, item, [module], lambda inputs, output: inputs[0], pre=True)
+        p = _probs(base.logits[0], item)
         if _first_difference(item) > end:
             if progress is not None:
                 progress(1)
             continue  # identical prompts: every IE is 0
-        prefix = _BasePrefix(view, item.base_ids)
+        (alt_act,) = base.alt_values
         for start in range(0, len(chosen), max_rows):
             block = chosen[start : start + max_rows]  # one row per neuron
-            prefix.advance_to(end)
-            cache = prefix.copies(len(block))
             with hooks(pre=[(module, _set_neurons(block, alt_act[end, block]))]):
-                star = _run_from(view, item.base_ids, end, cache, len(block))  # [row, d_vocab]
+                star = base.run_from(view, item, end, torch.full((len(block),), layer))  # [row, d_vocab]
             p_star = _probs_rows(star, item)  # [row, 2]
             out[i, start : start + len(block)] = indirect_effect(p[0], p[1], p_star[:, 0], p_star[:, 1])
         if progress is not None:
@@ -276,44 +277,23 @@ def _device(view: ModelView) -> torch.device:
     return view.o_proj(0).weight.device
 
 
-def _end_logits(view: ModelView, ids: torch.Tensor, cache: Any = None) -> torch.Tensor:
-    """Full-vocabulary logits [row, d_vocab] (float32) at the last position of `ids` [row, pos]."""
-    kwargs = {cache_kwarg(view.model.base_model): cache} if cache is not None else {}
-    resid = view.final_resid(input_ids=ids.to(_device(view)), use_cache=cache is not None, **kwargs)
-    return view.vocab_logits(resid[:, -1])  # [row, d_vocab], the float32 readout of base and intervened runs
+@dataclass(frozen=True)
+class _BaseRun:
+    """One forward pass of [base; alternative]: END logits, the sites' alternative values, and what the
+    intervened rows start from (the base run's residual entering every layer and its keys/values)."""
 
+    logits: torch.Tensor  # [2, d_vocab] float32
+    alt_values: list[torch.Tensor]  # per module [pos, ...]
+    resid: list[torch.Tensor]  # per layer [pos, d_model]: the base run's residual entering it
+    cache: Any  # the run's keys/values of every position (`full_cache`)
 
-class _BasePrefix:
-    """The base prompt's key/value cache of positions < pos (one row), advanced as pos grows.
-
-    Run it outside the intervention hooks: the prefix must be the plain base run. `rows` copies of it start
-    each batch of interventions at pos.
-    """
-
-    def __init__(self, view: ModelView, base_ids: torch.Tensor) -> None:
-        self.view, self.base_ids, self.pos, self.cache = view, base_ids, 0, None
-
-    def advance_to(self, pos: int) -> None:
-        if pos <= self.pos:
-            return
-        base = self.view.model.base_model
-        kwargs = {cache_kwarg(base): self.cache} if self.cache is not None else {}
-        ids = self.base_ids[None, self.pos : pos].to(_device(self.view))  # [1, pos - self.pos]
-        out = base(input_ids=ids, use_cache=True, **kwargs)
-        self.cache = getattr(out, "cache", None) or out.past_key_values
-        self.pos = pos
-
-    def copies(self, rows: int) -> Any:
-        if self.cache is None:
-            return None
-        cache = copy.deepcopy(self.cache)
-        cache.batch_repeat_interleave(rows)
-        return cache
-
-
-def _run_from(view: ModelView, base_ids: torch.Tensor, start: int, cache: Any, rows: int) -> torch.Tensor:
-    """END logits [rows, d_vocab] of `rows` copies of the base prompt, running positions start..END only."""
-    return _end_logits(view, base_ids[None, start:].expand(rows, -1), cache)
+    def run_from(self, view: ModelView, item: TokenizedMediationPair, pos: int, layer: torch.Tensor) -> torch.Tensor:
+        """END logits [row, d_vocab] of base-prompt rows that join at `layer` [row] (sorted), positions pos..END."""
+        resid = torch.stack([self.resid[int(x)][pos:] for x in layer])  # [row, pos.., d_model]
+        rows = JoiningRows(torch.zeros(len(layer), dtype=torch.long), layer, resid)
+        prefix = prefix_cache(view, self.cache, torch.zeros(1, dtype=torch.long), pos) if pos > 0 else None
+        final = run_from_layers(view, rows, item.base_ids[None, pos:], prefix=prefix)  # [row, pos.., d_model]
+        return view.vocab_logits(final[:, -1])  # [row, d_vocab], the float32 readout of base and intervened runs
 
 
 def _base_and_alt(
@@ -322,19 +302,26 @@ def _base_and_alt(
     modules: list[nn.Module],
     read: Callable[[tuple[Any, ...], Any], torch.Tensor],
     pre: bool = False,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """END logits [2, d_vocab] of [base; alternative], and each module's alternative value [pos, ...]."""
+) -> _BaseRun:
+    """The run of [base; alternative], each module's alternative value read by `read(inputs, output)`."""
     values: list[Any] = [None] * len(modules)
+    resid: list[Any] = [None] * view.dims.n_layers
 
     def save(s: int) -> Any:
         if pre:
             return lambda _m, args: values.__setitem__(s, read(args, None)[1].detach().clone())
         return lambda _m, args, output: values.__setitem__(s, read(args, output)[1].detach().clone())
 
+    def save_resid(layer: int) -> Any:
+        return lambda _m, args: resid.__setitem__(layer, args[0][0].detach())
+
     hooked = [(m, save(s)) for s, m in enumerate(modules)]
-    with hooks(pre=hooked if pre else (), post=() if pre else hooked):
-        logits = _end_logits(view, torch.stack([item.base_ids, item.alt_ids]))  # [2, d_vocab]
-    return logits, values
+    entering = [(view.attn_norm(layer), save_resid(layer)) for layer in range(view.dims.n_layers)]
+    cache = full_cache()
+    ids = torch.stack([item.base_ids, item.alt_ids]).to(_device(view))
+    with hooks(pre=[*entering, *(hooked if pre else ())], post=() if pre else hooked):
+        final = view.final_resid(input_ids=ids, use_cache=True, **{cache_kwarg(view.model.base_model): cache})
+    return _BaseRun(view.vocab_logits(final[:, -1]), values, resid, cache)
 
 
 def _probs(logits: torch.Tensor, item: TokenizedMediationPair) -> torch.Tensor:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from arithmech.models.from_layer import shared_cache
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.metrics import relative_change
@@ -60,6 +61,13 @@ class PatchingBatch:
 
     def __len__(self) -> int:
         return int(self.ref_ids.shape[0])
+
+    def shared_length(self) -> int:
+        """Positions at the start where every reference and counterfactual prompt agree (token and mask), at
+        most up to the first END: a counterfactual run can take them from the reference run's cache."""
+        differs = ((self.ref_ids != self.cf_ids) | (self.ref_mask != self.cf_mask)).any(0)  # [pos]
+        first = int(differs.int().argmax()) if bool(differs.any()) else int(differs.shape[0])
+        return min(first, int(self.end.min()))
 
     def select(self, idx: slice) -> PatchingBatch:
         """A sub-batch of prompts, trimmed to its own longest prompt."""
@@ -104,32 +112,55 @@ def sweep_senders(
 ) -> torch.Tensor:
     """Patched answer logits [component, batch] of every sender, in one pass over the layers.
 
-    `state` holds one perturbed END residual per (sender so far, prompt): [sender, batch, d_model].
+    `state` holds one perturbed END residual per (sender so far, prompt): [sender, batch, d_model]. The
+    senders of earlier layers see every head frozen; the new senders of each layer join after it.
     """
     dims = view.dims
     batch = ref.resid_pre.shape[1]
     state = ref.resid_pre.new_zeros(0, batch, dims.d_model)  # [sender, batch, d_model]
     for layer in range(dims.n_layers):
-        w_o = view.W_O(layer).to(ref.z.dtype)  # [head, d_head, d_model]
-        dz = view.split_heads(cf.z[layer] - ref.z[layer])  # [batch, head, d_head]
-        delta = torch.einsum("bhd,hdm->hbm", dz, w_o)  # [head, batch, d_model]
         attn_ref = view.attn_resid(layer, ref.attn_out[layer])  # [batch, d_model]
-        attn_new = view.attn_resid(layer, ref.attn_out[layer] + delta)  # [head, batch, d_model]
-        n_old = state.shape[0]
-        x = torch.cat([state, ref.resid_pre[layer].expand(dims.n_heads, -1, -1)])  # [sender, batch, d]
-        attn = torch.cat([attn_ref.expand(n_old, -1, -1), attn_new])  # [sender, batch, d_model]
-        mlp_ref = _mlp_resid_from_out(view, layer, ref.mlp_out[layer])  # [batch, d_model]
-        if not recompute_mlps:
-            x = x + attn + mlp_ref
-        elif view.parallel_residual:
-            x = x + attn + view.mlp_resid(layer, x)
-        else:
-            mid = x + attn
-            x = mid + view.mlp_resid(layer, mid)
-        mlp_cf = _mlp_resid_from_out(view, layer, cf.mlp_out[layer])
-        mlp_sender = ref.resid_pre[layer + 1] + (mlp_cf - mlp_ref)  # [batch, d_model]
-        state = torch.cat([x, mlp_sender[None]])
+        frozen = _after_block(view, layer, ref, state, attn_ref, recompute_mlps)  # [sender, batch, d_model]
+        state = torch.cat([frozen, sender_resid(view, ref, cf, layer, recompute_mlps)])
     return view.answer_logits(state, answer_ids)  # [sender, batch]
+
+
+def sender_resid(view: ModelView, ref: EndStates, cf: EndStates, layer: int, recompute_mlp: bool) -> torch.Tensor:
+    """END residual entering layer + 1 [head + 1, batch, d_model] with one sender of `layer` patched from `cf`.
+
+    Rows: each head (its output changes the attention output by (z_cf - z_ref) W_O[head]), then the MLP (its
+    output from `cf`). Nothing below `layer` changes, and the attention's inputs at `layer` do not either.
+    With `recompute_mlp` the layer's MLP reads the head sender's residual, else it keeps its reference output.
+    """
+    w_o = view.W_O(layer).to(ref.z.dtype)  # [head, d_head, d_model]
+    dz = view.split_heads(cf.z[layer] - ref.z[layer])  # [batch, head, d_head]
+    delta = torch.einsum("bhd,hdm->hbm", dz, w_o)  # [head, batch, d_model]
+    attn_new = view.attn_resid(layer, ref.attn_out[layer] + delta)  # [head, batch, d_model]
+    x = ref.resid_pre[layer].expand(view.dims.n_heads, -1, -1)  # [head, batch, d_model]
+    heads = _after_block(view, layer, ref, x, attn_new, recompute_mlp)
+    mlp_ref = _mlp_resid_from_out(view, layer, ref.mlp_out[layer])  # [batch, d_model]
+    mlp = ref.resid_pre[layer + 1] + (_mlp_resid_from_out(view, layer, cf.mlp_out[layer]) - mlp_ref)
+    return torch.cat([heads, mlp[None]])  # [head + 1, batch, d_model]
+
+
+def attention_resid(view: ModelView, ref: EndStates, cf: EndStates, layer: int) -> torch.Tensor:
+    """END residual entering layer + 1 [batch, d_model] with every head of `layer` from `cf` at once (the MLP
+    recomputed): with zeros for `cf`, the layer's attention knocked out at END."""
+    delta = view.head_outputs(layer, cf.z[layer] - ref.z[layer]).sum(-2)  # [batch, d_model]
+    attn = view.attn_resid(layer, ref.attn_out[layer] + delta.to(ref.attn_out.dtype))
+    return _after_block(view, layer, ref, ref.resid_pre[layer], attn, recompute_mlp=True)
+
+
+def _after_block(
+    view: ModelView, layer: int, ref: EndStates, x: torch.Tensor, attn: torch.Tensor, recompute_mlp: bool
+) -> torch.Tensor:
+    """Residual after `layer` [..., batch, d_model] of END residuals x entering it, given the attention's part."""
+    if not recompute_mlp:
+        return x + attn + _mlp_resid_from_out(view, layer, ref.mlp_out[layer])
+    if view.parallel_residual:
+        return x + attn + view.mlp_resid(layer, x)
+    mid = x + attn
+    return mid + view.mlp_resid(layer, mid)
 
 
 def _mlp_resid_from_out(view: ModelView, layer: int, mlp_out: torch.Tensor) -> torch.Tensor:
@@ -177,8 +208,10 @@ def path_patch(
 
 def _patch_chunk(view: ModelView, chunk: PatchingBatch, variant: Variant) -> dict[str, torch.Tensor]:
     """Per-prompt effects [component, chunk] and the reference/counterfactual answer logits of one chunk."""
-    ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end)
-    cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end)
+    ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end, keep_cache=True)
+    shared = chunk.shared_length()
+    past = shared_cache(ref.cache, shared) if shared > 0 else None
+    cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end, past=past)
     answers = chunk.answer_ids.to(ref.resid_pre.device)
     ref_logit = end_logits(view, ref, answers)
     if variant == "total":

@@ -161,20 +161,24 @@ def _layers_from_components(importance: torch.Tensor, n_layers: int, n_heads: in
     return torch.cat([per_layer[:, :n_heads].sum(1), per_layer[:, n_heads]])
 
 
+@torch.no_grad()
 def _zero_ablation(
     handle: ModelHandle, batch: PatchingBatch, components: list[Component], batch_size: int, end_only: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop of the answer probability with each component, and each whole attention layer, zeroed."""
     dims, view = handle.dims, handle.view
-    heads_of = [[c for c in components if c.layer == layer and c.head is not None] for layer in range(dims.n_layers)]
-    sources = ablation_sources(view, batch, "zero", groups=[0] * len(batch), end_only=end_only)
-    if end_only:  # single components: one decoding step each on the cached prompt (patching/total.py)
-        ref = collect_end_states(view, batch.ref_ids, batch.ref_mask, batch.end)
+    if end_only:  # one decoding step per component, and per attention layer, on the cached prompt (total.py)
+        ref = collect_end_states(view, batch.ref_ids, batch.ref_mask, batch.end, keep_cache=True)
         zeros = dataclasses.replace(ref, z=torch.zeros_like(ref.z), mlp_out=torch.zeros_like(ref.mlp_out))
         prob = total_patched_logits(view, batch, ref, zeros, read=_answer_prob).mean(1)  # [component]
-        layers = knockout_scores(view, batch, sources, [[], *heads_of], batch_size).mean_prob  # [1 + layer]
-        per_component, per_attention_layer = layers[0] - prob, layers[0] - layers[1:]
+        layers = total_patched_logits(view, batch, ref, zeros, read=_answer_prob, whole_layers=True).mean(1)
+        answers = batch.answer_ids.to(ref.resid_final.device)
+        intact = _answer_prob(view.vocab_logits(ref.resid_final), answers).mean()
+        per_component, per_attention_layer = intact - prob, intact - layers
     else:
+        layers_of = range(dims.n_layers)
+        heads_of = [[c for c in components if c.layer == layer and c.head is not None] for layer in layers_of]
+        sources = ablation_sources(view, batch, "zero", groups=[0] * len(batch))
         configs = [[], *([c] for c in components), *heads_of]  # baseline, each component, each attention layer
         prob = knockout_scores(view, batch, sources, configs, batch_size).mean_prob  # [config]
         drop = prob[0] - prob[1:]

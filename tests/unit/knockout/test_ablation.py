@@ -15,7 +15,8 @@ from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
 
-from tiny_models import make_tiny_model
+from forward_cost import count_layer_tokens
+from tiny_models import TINY_ARCHS, make_tiny_model
 
 
 def view_of(arch: str) -> ModelView:
@@ -170,8 +171,9 @@ def test_resample_of_a_small_group_takes_another_prompts_end_value() -> None:
 
 
 @pytest.mark.parametrize("mode", ["mean", "resample"])
-def test_batched_scores_equal_one_configuration_per_pass(mode: str) -> None:
-    view = view_of("llama")
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_batched_scores_equal_one_configuration_per_pass(arch: str, mode: str) -> None:
+    view = view_of(arch)
     batch = make_batch(view, LENGTHS)
     sources = ablation_sources(view, batch, mode, alignment_groups(KEYS, batch.end + 1))
     configs = [
@@ -180,6 +182,7 @@ def test_batched_scores_equal_one_configuration_per_pass(mode: str) -> None:
         [Component(2, 3), Component(1)],
         [Component(1, 0), Component(1, 2), Component(0)],
     ]
+    configs = [[c for c in config if c.layer < view.dims.n_layers] for config in configs]  # 2-layer archs
     scores = knockout_scores(view, batch, sources, configs, batch_size=7)
     for i, config in enumerate(configs):
         with ablate(view, config, sources):
@@ -189,6 +192,19 @@ def test_batched_scores_equal_one_configuration_per_pass(mode: str) -> None:
             scores.answer_prob[i], logits.softmax(-1)[torch.arange(len(batch)), batch.answer_ids]
         )
     assert scores.accuracy[0] == 1.0  # answers are the model's own top tokens
+    assert count_hooks(view.model) == 0
+
+
+def test_rows_start_at_the_lowest_ablated_layer() -> None:
+    """Layer m runs the intact pass of the prompts, then the rows of each configuration ablating a layer <= m."""
+    view = view_of("llama")  # 3 layers
+    batch = make_batch(view, LENGTHS)
+    sources = ablation_sources(view, batch, "zero", [0] * len(batch))
+    configs = [[], [Component(2, 1)], [Component(1)], [Component(2), Component(0, 3)]]  # first layers 3, 2, 1, 0
+    with count_layer_tokens(view) as seen:
+        knockout_scores(view, batch, sources, configs, batch_size=100)
+    tokens = len(batch) * max(LENGTHS)  # every pass holds all prompts, padded to the longest
+    assert seen == [2 * tokens, 3 * tokens, 4 * tokens]  # intact pass + configurations with first layer <= m
 
 
 def test_sweep_rows_and_errors() -> None:

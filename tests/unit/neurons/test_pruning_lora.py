@@ -34,6 +34,7 @@ from arithmech.neurons.pruning import (
     top_keep_sets,
 )
 
+from forward_cost import count_layer_tokens
 from tiny_models import PAD_ID, make_tiny_model
 
 ARCHS = ["llama", "gpt2"]
@@ -165,6 +166,21 @@ def test_sweep_matches_hand_gated_model(arch: str, selection: str) -> None:
     assert row["random_prob_mean"] == pytest.approx(float(result.random_prob[1].mean()))
     assert row["random_prob_sd"] == pytest.approx(float(result.random_prob[1].std()))
     assert row["fraction_kept"] == pytest.approx(result.n_kept(40) / result.n_neurons)
+
+
+def test_configurations_start_at_the_first_pruned_layer() -> None:
+    """Below the pruned layers only the intact pass runs (and one stand-in row per configuration, as the layers
+    need a batch); from the first pruned layer on, every configuration but the baseline, which is the intact
+    pass."""
+    handle = handle_of("llama")  # 3 layers
+    batch = prompts()
+    scores = scores_for(handle.view, [2])
+    tokens, width = batch[0].numel(), batch[0].shape[1]  # the prompts, padded to the longest: one chunk
+    with count_layer_tokens(handle.view) as seen:
+        pruning_sweep(handle.view, *batch, scores, [2], [3, 6], n_random=2)
+    configurations = 2 * (1 + 2)  # per keep size the top set and 2 random ones
+    below = tokens + configurations * width
+    assert seen == [below, below, (1 + configurations) * tokens]
 
 
 def test_random_pruning_reproducible_and_seeded_locally() -> None:

@@ -35,6 +35,7 @@ from arithmech.patching.mediation import (
     top_neurons,
 )
 
+from forward_cost import count_layer_tokens
 from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -102,7 +103,7 @@ def _plain_ie(view: ModelView, item: TokenizedMediationPair, module: Any, pos: i
 
 
 # -- layer x position indirect effects ---------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox", "gemma2"])
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
 def test_ie_matches_plain_two_run(arch: str) -> None:
     view = view_of(arch)
     items = tiny_items(1) + tiny_items(1, "operator")
@@ -122,6 +123,18 @@ def test_ie_matches_plain_two_run(arch: str) -> None:
         torch.testing.assert_close(result.ie[i, :, :, :n], expected, **TOL)
         assert result.ie[i].abs().max() > 1e-3  # the tiny model is sensitive: a vacuous test would pass too
         assert torch.isnan(result.ie[i, :, :, n:]).all()
+
+
+def test_rows_run_only_the_layers_and_positions_they_can_change() -> None:
+    """An intervention at (layer l, position p) runs layers l.. on positions p.. only: layer m sees the base and
+    alternative run (2 n tokens), then at each position p, n - p tokens of each site at a layer <= m."""
+    view = view_of("llama")
+    (item,) = tiny_items(1)
+    n, first = len(item.base_ids), int((item.base_ids != item.alt_ids).nonzero()[0])
+    with count_layer_tokens(view) as seen:
+        mediation_effects(view, [item])
+    sites_up_to = [len(COMPONENTS) * (m + 1) for m in range(view.dims.n_layers)]
+    assert seen == [2 * n + sum((n - p) * sites_up_to[m] for p in range(first, n)) for m in range(view.dims.n_layers)]
 
 
 def test_total_effect_matches_alternative_run() -> None:
@@ -231,6 +244,16 @@ def test_neuron_ie_matches_plain_loop(arch: str) -> None:
         expected = torch.tensor([_plain_ie(view, item, down_proj(view, 1), end, neuron=k) for k in neurons])
         torch.testing.assert_close(result[i], expected, **TOL)
     assert result.abs().max() > 1e-4
+
+
+def test_neuron_rows_start_at_their_layer() -> None:
+    """Neurons of layer 2 at END: below it, one stand-in token per batch of rows; from it, one token per neuron."""
+    view = view_of("llama")
+    (item,) = tiny_items(1)
+    n = len(item.base_ids)
+    with count_layer_tokens(view) as seen:
+        neuron_effects(view, [item], layer=2, neurons=range(10), max_rows=4)
+    assert seen == [2 * n + 3, 2 * n + 3, 2 * n + 10]  # 3 batches of rows: 4 + 4 + 2 neurons
 
 
 def test_down_projection_table_covers_every_spec() -> None:

@@ -10,13 +10,16 @@ from arithmech.models.hooks import count_hooks, hooks
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, path_patch
+from arithmech.patching.states import collect_end_states
+from arithmech.patching.total import total_patched_logits
 
 from reference_patching import ReferencePatcher, end_logits
 from tiny_models import TINY_ARCHS, make_tiny_model
 
 
-def random_batch(vocab: int, lengths: list[int], seed: int = 1) -> PatchingBatch:
-    """Right-padded prompt pairs of different lengths; the counterfactual differs at two positions."""
+def random_batch(vocab: int, lengths: list[int], seed: int = 1, shared_start: bool = False) -> PatchingBatch:
+    """Right-padded prompt pairs of different lengths; the counterfactual differs at two positions, or with
+    `shared_start` at one past the middle only, so that the pairs share their start (as few-shot prompts do)."""
     gen = torch.Generator().manual_seed(seed)
     width = max(lengths)
     ref = torch.randint(3, vocab - 2, (len(lengths), width), generator=gen)
@@ -25,7 +28,8 @@ def random_batch(vocab: int, lengths: list[int], seed: int = 1) -> PatchingBatch
     for i, n in enumerate(lengths):
         mask[i, :n] = 1
         cf[i, n // 2] = (ref[i, n // 2] + 7) % (vocab - 5) + 3  # the "operator" token
-        cf[i, 0] = (ref[i, 0] + 11) % (vocab - 5) + 3
+        if not shared_start:
+            cf[i, 0] = (ref[i, 0] + 11) % (vocab - 5) + 3
         ref[i, n:] = 0
         cf[i, n:] = 0
     end = torch.tensor(lengths) - 1
@@ -33,9 +37,9 @@ def random_batch(vocab: int, lengths: list[int], seed: int = 1) -> PatchingBatch
     return PatchingBatch(ref, mask, cf, mask.clone(), end, answers)
 
 
-def answered_batch(view: ModelView, lengths: list[int], seed: int = 1) -> PatchingBatch:
+def answered_batch(view: ModelView, lengths: list[int], seed: int = 1, shared_start: bool = False) -> PatchingBatch:
     """A random batch whose answer is the model's own top token, as in a filtered reference set."""
-    batch = random_batch(int(view.dims.d_vocab), lengths, seed)
+    batch = random_batch(int(view.dims.d_vocab), lengths, seed, shared_start)
     with torch.no_grad():
         logits = view.model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits
     top = logits[torch.arange(len(lengths)), batch.end].argmax(-1)
@@ -58,6 +62,32 @@ def test_fast_equals_reference(arch: str, variant: str) -> None:
     assert fast.per_prompt.shape == expected.shape
     torch.testing.assert_close(fast.per_prompt, expected, atol=1e-5, rtol=1e-4)
     assert expected.abs().max() > 1e-3, "effects are all ~0: the test could not tell variants apart"
+    assert count_hooks(view.model) == 0
+
+
+@pytest.mark.parametrize("variant", ["path", "total"])
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_shared_start_equals_reference(arch: str, variant: str) -> None:
+    """Pairs that share their first positions: the counterfactual run starts from the reference run's cache."""
+    view = view_of(arch)
+    batch = answered_batch(view, [10, 7, 9, 10], shared_start=True)
+    assert batch.shared_length() == 3  # the shortest prompt's operator position, 7 // 2
+    fast = path_patch(view, batch, variant=variant, batch_size=4)
+    reference = ReferencePatcher(view, batch)
+    expected = torch.stack([reference.effect(c, variant) for c in all_components(view.dims)])
+    torch.testing.assert_close(fast.per_prompt, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(fast.cf_logit, reference.cf_logit, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_total_in_small_blocks_equals_one_block(arch: str) -> None:
+    """Blocks of a few rows start at later layers (one stand-in row below them) or at the final norm."""
+    view = view_of(arch)
+    batch = answered_batch(view, [7, 5, 9, 7])
+    ref = collect_end_states(view, batch.ref_ids, batch.ref_mask, batch.end, keep_cache=True)
+    cf = collect_end_states(view, batch.cf_ids, batch.cf_mask, batch.end)
+    small = total_patched_logits(view, batch, ref, cf, max_rows=3)
+    torch.testing.assert_close(small, total_patched_logits(view, batch, ref, cf), atol=1e-6, rtol=1e-5)
     assert count_hooks(view.model) == 0
 
 

@@ -1,0 +1,86 @@
+"""The cost of the path-patching scans, counted in forward passes of the batch (tests/forward_cost.py).
+
+Counted on a random-init model with SmolLM2-135M's shape scaled down (30 layers x 9 heads, 3 key/value heads,
+d_mlp / d_model = 8 / 3, d_vocab / d_model = 49152 / 576): linear-layer work scales as d_model^2 throughout,
+so the count in forward passes is SmolLM2's own, on any machine. The prompts look like the benchmark's: about
+30 tokens, the pair differing only at the query's operator, four tokens before END (few-shot examples shared).
+The README's cost model (section Performance) is the formula checked here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from arithmech.models.archs import spec_for_model_type
+from arithmech.models.hooks import count_hooks
+from arithmech.models.view import ModelView
+from arithmech.patching.path import PatchingBatch, path_patch
+
+from forward_cost import count_work, plain_forward_macs
+from tiny_models import seeded_rng
+
+LENGTHS = [28, 30, 32, 30, 29, 31, 30, 30]
+OPERATOR_FROM_END = 4
+
+
+def smollm2_shaped() -> ModelView:
+    config = LlamaConfig(
+        hidden_size=36, intermediate_size=96, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        vocab_size=3072, tie_word_embeddings=True, max_position_embeddings=64, attn_implementation="eager",
+        use_cache=False,
+    )  # fmt: skip
+    with seeded_rng(0):
+        model = AutoModelForCausalLM.from_config(config).eval()
+    return ModelView(model, spec_for_model_type("llama"))
+
+
+def benchmark_like_batch(vocab: int) -> PatchingBatch:
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randint(3, vocab, (len(LENGTHS), max(LENGTHS)), generator=gen)
+    cf, mask = ref.clone(), torch.zeros_like(ref)
+    for i, n in enumerate(LENGTHS):
+        mask[i, :n] = 1
+        cf[i, n - OPERATOR_FROM_END] = (ref[i, n - OPERATOR_FROM_END] + 1) % vocab
+    end = torch.tensor(LENGTHS) - 1
+    return PatchingBatch(ref, mask, cf, mask.clone(), end, torch.randint(3, vocab, (len(LENGTHS),), generator=gen))
+
+
+def predicted_passes(view: ModelView, batch: PatchingBatch, variant: str) -> float:
+    """The README's cost model, in multiply-accumulates of a llama-family model, over one plain forward pass.
+
+    Both variants: the reference pass (N x T tokens through L layers) and the counterfactual pass of the
+    positions after the shared start s (N x (T - s)). path: per prompt, an MLP on every (sender so far, layer):
+    (H + 1) L (L - 1) / 2 + H L MLP applications. total: per prompt, one token through the layers above each
+    sender, (H + 1) L (L - 1) / 2 token-layers, plus the head senders' own-layer MLP, H L.
+    """
+    d = view.dims
+    n, width = len(batch), batch.ref_ids.shape[1]
+    shared = min(LENGTHS) - OPERATOR_FROM_END  # the first position where a pair differs
+    d_mlp = view.mlp(0).up_proj.out_features
+    c_attn = 2 * d.d_model * d.n_heads * d.d_head + 2 * d.d_model * d.n_kv_heads * d.d_head  # q, o; k, v
+    c_mlp = 3 * d.d_model * d_mlp  # gate, up, down
+    c_layer = c_attn + c_mlp
+    plain = n * width * (d.n_layers * c_layer + d.d_vocab * d.d_model)
+    passes = n * (2 * width - shared) * d.n_layers * c_layer
+    triangle = (d.n_heads + 1) * d.n_layers * (d.n_layers - 1) // 2
+    if variant == "path":
+        scan = n * c_mlp * (triangle + d.n_heads * d.n_layers)
+    else:
+        scan = n * (triangle * c_layer + d.n_heads * d.n_layers * c_mlp)
+    return (passes + scan) / plain
+
+
+@pytest.mark.parametrize(("variant", "limit"), [("path", 5.0), ("total", 6.0)])
+def test_scan_costs_what_the_cost_model_says(variant: str, limit: float) -> None:
+    view = smollm2_shaped()
+    batch = benchmark_like_batch(view.dims.d_vocab)
+    unit = plain_forward_macs(view.model, batch.ref_ids, batch.ref_mask)
+    with count_work(view.model) as work:
+        path_patch(view, batch, variant, batch_size=len(batch))
+    passes = work.macs / unit
+    assert passes == pytest.approx(predicted_passes(view, batch, variant), rel=0.01)
+    assert passes <= limit, f"{variant} patching costs {passes:.2f} forward passes of the batch (limit {limit})"
+    assert count_hooks(view.model) == 0
+

@@ -1,0 +1,57 @@
+"""benchmarks/peers.py: without TransformerLens and nnsight it says how to install them and exits 0; with them,
+each peer's per-head patching gives arithmech's values (tiny model; skipped where they are not installed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithmech.models.sites import all_components
+from arithmech.patching.path import path_patch
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCH_DIR) not in sys.path:  # the benchmark scripts are not a package; they import each other by name
+    sys.path.insert(0, str(BENCH_DIR))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "patching"))
+
+import peers  # noqa: E402
+from test_path_exact import answered_batch, view_of  # noqa: E402
+
+
+def test_without_the_peers_it_says_how_to_install_them_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(peers, "load_model", lambda cfg: pytest.fail("no model is loaded when there is no peer"))
+    assert peers.main(["--prompts", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "neither TransformerLens nor nnsight is installed" in out and 'pip install "arithmech[peers]"' in out
+
+
+def test_with_one_peer_missing_it_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: object() if name == "nnsight" else None)
+    assert peers.installed_peers() == ["nnsight"]
+
+
+@pytest.mark.parametrize("peer", ["nnsight", "transformer_lens"])
+def test_a_peer_patches_every_head_as_arithmech_total(peer: str) -> None:
+    pytest.importorskip(peer)
+    view = view_of("llama")
+    batch = answered_batch(view, [7, 5, 9, 7])  # right-padded, three END positions
+    fast = path_patch(view, batch, variant="total")
+    with torch.no_grad():
+        logits = view.model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits
+    ref_logit = logits[torch.arange(len(batch)), batch.end, batch.answer_ids]
+    if peer == "nnsight":
+        patch = peers.nnsight_patcher(view.model, view, batch, ref_logit)
+    else:
+        from tiny_models import make_tiny_tokenizer
+
+        patch = peers.transformer_lens_patcher(view.model, make_tiny_tokenizer(), batch, ref_logit, "cpu")
+    heads = [c for c in all_components(view.dims) if c.head is not None]
+    values = torch.stack([patch(head) for head in heads])  # [head, batch]
+    expected = fast.per_prompt[[fast.components.index(head) for head in heads]]
+    torch.testing.assert_close(values, expected, atol=1e-5, rtol=1e-4)
