@@ -74,8 +74,6 @@ from arithmech.models.view import ModelView
 from arithmech.neurons.readout import compute_dtype, final_norm
 from arithmech.patching.states import EndStates
 
-GROUPS: tuple[str, ...] = ("attention", "mlp")
-FILTERS: tuple[str, ...] = ("low-pass", "high-pass")
 _RANK_TOL = 1e-10
 """Singular values below this fraction of the largest do not count as directions of D_S."""
 
@@ -103,8 +101,8 @@ def max_frequency(n_numbers: int) -> int:
 def removed_frequencies(kind: str, cutoff: int, n_numbers: int) -> list[int]:
     """The frequencies a filter removes: f > cutoff (low-pass) or f < cutoff (high-pass), within 0..F."""
     top = max_frequency(n_numbers)
-    if kind not in FILTERS:
-        raise ConfigError(f"filter {kind!r} is not one of {', '.join(FILTERS)}")
+    if kind not in ("low-pass", "high-pass"):
+        raise ConfigError(f"filter {kind!r} is not low-pass or high-pass")
     if not 0 <= cutoff <= top:
         raise ConfigError(f"cutoff {cutoff} is not a frequency of {n_numbers} numbers; choose 0..{top}")
     return [f for f in range(top + 1) if (f > cutoff if kind == "low-pass" else f < cutoff)]
@@ -165,7 +163,7 @@ def _output_module(view: ModelView, group: str, layer: int) -> torch.nn.Module:
     if group == "mlp":
         norm = view.mlp_out_norm(layer)
         return norm if norm is not None else view.mlp(layer)
-    raise ConfigError(f"group {group!r} is not one of {', '.join(GROUPS)}")
+    raise ConfigError(f"group {group!r} is not attention or mlp")
 
 
 @contextmanager
