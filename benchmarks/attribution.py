@@ -17,10 +17,12 @@ import torch
 from record import record
 
 from arithmech.analysis.agreement import compare_methods, top_k
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_set import build_reference_set
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.patching.attribution import attribution_patch
-from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, path_patch
+from arithmech.patching.path import PatchingBatch, PatchResult, path_patch
+from arithmech.patching.variants import VARIANTS
 
 
 def main() -> None:

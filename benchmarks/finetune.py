@@ -30,7 +30,8 @@ def run_one(args: argparse.Namespace) -> dict[str, object]:
     import torch
 
     from arithmech.models.load import ModelConfig, load_model
-    from arithmech.stages.finetune import FinetuneConfig, finetune
+    from arithmech.stages.finetune import finetune
+    from arithmech.stages.finetune_config import FinetuneConfig
 
     torch.set_num_threads(args.threads)
     handle = load_model(ModelConfig(model=args.model, device=args.device))

@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from record import record  # noqa: E402
 
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
+from arithmech.data.reference_config import ReferenceSetConfig  # noqa: E402
+from arithmech.data.reference_set import build_reference_set  # noqa: E402
 from arithmech.knockout.ablation import ablate, ablation_sources, alignment_groups  # noqa: E402
 from arithmech.knockout.batched import knockout_scores  # noqa: E402
 from arithmech.knockout.sweep import k_values  # noqa: E402

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from record import record  # noqa: E402
 
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
+from arithmech.data.reference_config import ReferenceSetConfig  # noqa: E402
+from arithmech.data.reference_set import build_reference_set  # noqa: E402
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
 from arithmech.models.sites import all_components  # noqa: E402
 from arithmech.patching.path import PatchingBatch, path_patch  # noqa: E402

@@ -22,7 +22,8 @@ print(handle.source["model"], handle.dims)
 # ## 1. Identify: path patching of every head and MLP at the last token
 
 # %%
-from arithmech.stages.identify import IdentifyConfig, identify
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
 
 identify_cfg = IdentifyConfig(operations=("addition",), max_prompts=8 if small else 64, fraction_threshold=0.1,
                               filter_correct=not small, n_per_template=2 if small else 16)  # fmt: skip
@@ -34,7 +35,8 @@ print("top components", [(r.component.name, f"{r.effect:+.2%}") for r in found.k
 # ## 2. Knockout: effect-ranked vs random heads
 
 # %%
-from arithmech.stages.knockout import KnockoutConfig, knockout, summarize
+from arithmech.stages.knockout import knockout, summarize
+from arithmech.stages.knockout_config import KnockoutConfig
 
 ko = knockout(handle, KnockoutConfig(from_run=str(out / "identify"), max_k=4 if small else 16,
                                      n_random=1 if small else 3, max_prompts=8 if small else 32),
@@ -46,7 +48,8 @@ for row in summarize(ko.rows):
 # ## 3. Attention roles of the key heads
 
 # %%
-from arithmech.stages.analyze_attention import AttentionConfig, analyze_attention
+from arithmech.stages.analyze_attention import analyze_attention
+from arithmech.stages.analyze_attention_config import AttentionConfig
 
 roles = analyze_attention(handle, AttentionConfig(max_prompts=8 if small else 64), out / "identify",
                           out / "attention", quiet=True)  # fmt: skip
@@ -56,7 +59,8 @@ print(list(zip([h.name for h in roles.heads], roles.labels, strict=True)))
 # ## 4. Causal mediation: which layers carry the result, for arithmetic vs retrieval vs facts
 
 # %%
-from arithmech.stages.mediate import MediateConfig, mediate
+from arithmech.stages.mediate import mediate
+from arithmech.stages.mediate_config import MediateConfig
 
 mediation = mediate(handle, MediateConfig(n_pairs=2 if small else 4, neuron_k=3 if small else 20,
                                           few_shot=0 if small else 3), out / "mediation", quiet=True)  # fmt: skip
@@ -67,7 +71,8 @@ for task, result in mediation.results.items():
 # ## 5. Do the methods agree?
 
 # %%
-from arithmech.stages.agreement import AgreementConfig, method_agreement
+from arithmech.stages.agreement import method_agreement
+from arithmech.stages.agreement_config import AgreementConfig
 
 agreement = method_agreement(handle, AgreementConfig(from_run=str(out / "identify"), max_prompts=4 if small else 16),
                              out / "agreement", quiet=True)  # fmt: skip
@@ -78,7 +83,8 @@ for row in agreement.rows:
 # ## 6. Neurons: head importance per operation, CNA, pruning
 
 # %%
-from arithmech.stages.neurons import NeuronsConfig, neurons
+from arithmech.stages.neurons import neurons
+from arithmech.stages.neurons_config import NeuronsConfig
 
 neuron_cfg = NeuronsConfig(operations=("addition", "multiplication"), max_prompts=2 if small else 4,
                            filter_correct=not small, keep_sizes=(0, 8) if small else (10, 100, 1000),

@@ -16,7 +16,12 @@ Checks
     `input_file`    exists and is a file that can be opened; `input_folder` exists and is a folder (holding
                     the files named, when given).
     `stage_paths`   every path setting of a stage config: files, folders, identify runs (`lineage.identify_folder`,
-                    which also finds the identify/ inside an `arithmech run` folder), .jsonl benchmark files.
+                    which also finds the identify/ inside an `arithmech run` folder), .jsonl benchmark files;
+                    then the content of the files it reads (the config's `check_files`: a prompt or templates
+                    file, a benchmark, training or general-text file, read as the stage reads it), so JSON that
+                    does not parse, an empty file, a missing field or an answer that is no number fails now.
+                    Checks that need the tokenizer (an answer of one token) stay with the stage; log lines of
+                    these reads are held back, as the stage's own read logs them.
     Paths starting with ~ are expanded (a shell does not expand --out=~/runs/x), and the checked path is
     returned for the command to use.
 
@@ -28,8 +33,11 @@ Usage
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +148,8 @@ def _option(name: str, prefix: str | None) -> str:
 
 
 def stage_paths(cfg: Any, prefix: str | None = None, skip: frozenset[str] = frozenset()) -> Any:
-    """`cfg` with each path setting checked and ~ expanded; identify runs become their identify folder.
+    """`cfg` with each path setting checked and ~ expanded (identify runs become their identify folder), and the
+    content of the files it reads checked.
 
     Messages name the CLI option (--from, --data-dir), or "<prefix>.<field>" for a config file's stage;
     fields in `skip` (those `arithmech run` fills in itself) are left alone.
@@ -163,7 +172,23 @@ def stage_paths(cfg: Any, prefix: str | None = None, skip: frozenset[str] = froz
         elif name in ("benchmarks", "data"):  # set names, or .jsonl files of one's own
             items = [str(input_file(v, option)) if _is_jsonl(v) else v for v in ([value] if name == "data" else value)]
             changes[name] = items[0] if name == "data" else tuple(items)
-    return dataclasses.replace(cfg, **changes) if changes else cfg
+    cfg = dataclasses.replace(cfg, **changes) if changes else cfg
+    if hasattr(cfg, "check_files"):
+        with _logs_held_back():
+            cfg.check_files()
+    return cfg
+
+
+@contextmanager
+def _logs_held_back() -> Iterator[None]:
+    """arithmech's info and warning lines dropped: a file read now is read (and logged) again by its stage."""
+    log = logging.getLogger("arithmech")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def check(cfg: Any, out: str | os.PathLike[str], stage: str) -> tuple[Any, Path]:

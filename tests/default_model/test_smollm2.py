@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from arithmech.cli import main
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_set import build_reference_set
 from arithmech.models.load import ModelHandle, default_cache_dir, load_model
 from arithmech.models.sites import all_components, parse_components
 from arithmech.patching.path import PatchingBatch, path_patch

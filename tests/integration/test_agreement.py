@@ -18,7 +18,8 @@ from arithmech.knockout.batched import knockout_scores
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.models.sites import all_components
 from arithmech.patching.path import PatchingBatch, path_patch
-from arithmech.stages.agreement import AgreementConfig, method_agreement
+from arithmech.stages.agreement import method_agreement
+from arithmech.stages.agreement_config import AgreementConfig
 from arithmech.stages.identify_run import read_identify_run
 
 

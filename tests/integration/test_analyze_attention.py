@@ -11,13 +11,16 @@ from typing import Any
 
 import pytest
 
-from arithmech.analysis.attention import LABELS, ROLES
+from arithmech.analysis.attention import ROLES
+from arithmech.analysis.head_labels import LABELS
 from arithmech.cli import main
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.stages.analyze_attention import AttentionConfig, analyze_attention
-from arithmech.stages.identify import IdentifyConfig, identify
+from arithmech.stages.analyze_attention import analyze_attention
+from arithmech.stages.analyze_attention_config import AttentionConfig
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
 
 FILES = ["attention_roles.csv", "attention_roles.png", "attention_examples.png", "attention_examples.json"]
 

@@ -16,8 +16,10 @@ from arithmech.cli import main
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.stages.analyze_mlp import AnalyzeMlpConfig, MlpLensResult, analyze_mlp
-from arithmech.stages.identify import IdentifyConfig, identify
+from arithmech.stages.analyze_mlp import MlpLensResult, analyze_mlp
+from arithmech.stages.analyze_mlp_config import AnalyzeMlpConfig
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
 
 FILES = (
     "mlp_cosines.csv",

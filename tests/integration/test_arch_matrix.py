@@ -33,9 +33,12 @@ from test_demo_offline import SMALL
 from arithmech.cli import main
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.pipeline import STAGES
-from arithmech.stages.finetune import FinetuneConfig, finetune
-from arithmech.stages.identify import IdentifyConfig, identify
-from arithmech.stages.knockout import KnockoutConfig, knockout
+from arithmech.stages.finetune import finetune
+from arithmech.stages.finetune_config import FinetuneConfig
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
+from arithmech.stages.knockout import knockout
+from arithmech.stages.knockout_config import KnockoutConfig
 
 from grad_guard import GradRecorder
 from run_folders import check_intact, nonfinite

@@ -15,16 +15,18 @@ HEAVY = ("torch", "transformers", "numpy", "matplotlib", "accelerate", "lm_eval"
 
 
 def _heavy_after(argvs: list[list[str]]) -> dict[str, object]:
-    """In a fresh interpreter: import arithmech.cli, run each argv through main(); the heavy modules imported
-    and the exit status of each run."""
+    """In a fresh interpreter: import arithmech.cli, run each argv through main(); the exit status of each run,
+    the heavy modules imported by then, and what it wrote to stderr."""
     script = (
-        "import json, sys\n"
+        "import io, json, sys\n"
         "import arithmech.cli\n"
         f"heavy = {HEAVY!r}\n"
         "loaded = {'import': sorted(m for m in heavy if m in sys.modules)}\n"
         f"for argv in {argvs!r}:\n"
+        "    sys.stderr = io.StringIO()\n"
         "    code = arithmech.cli.main(argv)\n"
-        "    loaded[' '.join(argv)] = [code, sorted(m for m in heavy if m in sys.modules)]\n"
+        "    said, sys.stderr = sys.stderr.getvalue(), sys.__stderr__\n"
+        "    loaded[' '.join(argv)] = [code, sorted(m for m in heavy if m in sys.modules), said]\n"
         "sys.stdout = sys.__stdout__\n"
         "print('RESULT' + json.dumps(loaded))\n"
     )
@@ -35,20 +37,41 @@ def _heavy_after(argvs: list[list[str]]) -> dict[str, object]:
 
 
 def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
-    """`arithmech --help`, every command's --help and a bad option value answer before torch is imported."""
-    argvs = [["--help"], ["identify", "--help"], ["knockout", "--help"], ["transfer", "--help"],
+    """`arithmech --help`, every command's --help and a bad option value of every command answer before torch
+    is imported; a bad value is one sentence on stderr and exit status 2, and nothing is written."""
+    run = str(tmp_path / "no-such-run")  # never read: the bad option is refused first
+    helps = [["--help"], ["identify", "--help"], ["knockout", "--help"], ["transfer", "--help"],
              ["analyze", "attention", "--help"], ["analyze", "mlp", "--help"], ["analyze", "agreement", "--help"],
              ["mediate", "--help"], ["neurons", "--help"], ["finetune", "--help"], ["evaluate", "--help"],
-             ["run", "--help"], ["report", "--help"],
-             ["mediate", "--n-pairs", "0", "--out", str(tmp_path / "m")],
-             ["finetune", "--method", "bogus", "--out", str(tmp_path / "f")],
-             ["evaluate", "--benchmarks", "nosuch", "--out", str(tmp_path / "e")],
-             ["neurons", "--prune-by", "x", "--out", str(tmp_path / "n")]]  # fmt: skip
-    loaded = _heavy_after(argvs)
+             ["run", "--help"], ["report", "--help"]]  # fmt: skip
+    bad = {  # argv -> a word of the sentence that names the cause
+        ("identify", "--variant", "bogus", "--out", str(tmp_path / "i")): "variant",
+        ("identify", "--max-prompts", "0", "--out", str(tmp_path / "i")): "max_prompts",
+        ("knockout", "--components", "14.2", "--ablation", "bogus", "--out", str(tmp_path / "k")): "ablation",
+        ("knockout", "--out", str(tmp_path / "k")): "nothing to knock out",
+        ("transfer", "--from", run, "--targets", "nosuch", "--out", str(tmp_path / "t")): "nosuch",
+        ("transfer", "--from", run, "--min-group-size", "1", "--out", str(tmp_path / "t")): "min_group_size",
+        ("analyze", "attention", "--from", run, "--tau", "2", "--out", str(tmp_path / "a")): "tau",
+        ("analyze", "attention", "--from", run, "--heads", "mlp.3", "--out", str(tmp_path / "a")): "mlp.3",
+        ("analyze", "mlp", "--from", run, "--example-prompt", "99", "--max-prompts", "8",
+         "--out", str(tmp_path / "l")): "example_prompt",
+        ("analyze", "mlp", "--from", run, "--layers", "2,2", "--out", str(tmp_path / "l")): "layers",
+        ("analyze", "agreement", "--from", run, "--methods", "path", "--out", str(tmp_path / "g")): "two",
+        ("analyze", "agreement", "--from", run, "--ks", "0", "--out", str(tmp_path / "g")): "ks",
+        ("mediate", "--n-pairs", "0", "--out", str(tmp_path / "m")): "n_pairs",
+        ("finetune", "--method", "bogus", "--out", str(tmp_path / "f")): "bogus",
+        ("evaluate", "--benchmarks", "nosuch", "--out", str(tmp_path / "e")): "nosuch",
+        ("neurons", "--prune-by", "x", "--out", str(tmp_path / "n")): "prune_by",
+    }  # fmt: skip
+    loaded = _heavy_after([*helps, *(list(argv) for argv in bad)])
     assert loaded.pop("import") == []
-    for argv, (code, modules) in loaded.items():
+    for argv, (code, modules, _) in list(loaded.items())[: len(helps)]:
+        assert (code, modules) == (0, []), argv
+    for (argv, cause), (code, modules, said) in zip(bad.items(), list(loaded.values())[len(helps) :], strict=True):
         assert modules == [], f"{argv} imported {modules}"
-        assert code == (0 if argv.endswith("--help") else 2), argv
+        assert code == 2, (argv, said)
+        assert said.startswith("error: ") and said.count("\n") == 1 and "Traceback" not in said, (argv, said)
+        assert cause in said, (argv, said)
     assert not list(tmp_path.iterdir())
 
 

@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.stages.identify import IdentifyConfig, identify
-from arithmech.stages.knockout import KnockoutConfig, knockout
-from arithmech.stages.mediate import MediateConfig, mediate
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
+from arithmech.stages.knockout import knockout
+from arithmech.stages.knockout_config import KnockoutConfig
+from arithmech.stages.mediate import mediate
+from arithmech.stages.mediate_config import MediateConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,13 +24,13 @@ from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.patching.mediation import mediation_effects, neuron_effects
 from arithmech.stages import mediate as mediate_module
 from arithmech.stages.mediate import (
-    MediateConfig,
     MediateResult,
     mediate,
     mediation_items,
     read_mediation_run,
     resume_key,
 )
+from arithmech.stages.mediate_config import MediateConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

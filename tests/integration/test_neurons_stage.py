@@ -12,8 +12,8 @@ import pytest
 from arithmech.cli import main
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelConfig, load_model
-from arithmech.stages.neurons import NeuronsConfig, neurons
-from arithmech.stages.neurons_config import PRUNE_SCORES
+from arithmech.stages.neurons import neurons
+from arithmech.stages.neurons_config import PRUNE_SCORES, NeuronsConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -92,7 +92,8 @@ def test_bad_settings(tiny_model_dir, tmp_path: Path, capsys) -> None:
 
 def test_pruning_is_scored_on_prompts_that_did_not_rank_the_neurons(tiny_model_dir) -> None:
     """The held-out set holds answered prompts of the same operation, none of them in the ranking set."""
-    from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+    from arithmech.data.reference_config import ReferenceSetConfig
+    from arithmech.data.reference_set import build_reference_set
     from arithmech.neurons import heldout_set, operation_sets
 
     handle = load_model(ModelConfig(model=str(tiny_model_dir("llama"))))

@@ -30,9 +30,11 @@ from arithmech.analysis.logit_lens import (
 from arithmech.analysis.shared_prefix import common_prefix_length, end_knockout_scores, end_states
 from arithmech.data.mediation_generate import MediationDataConfig, generate_mediation_pairs
 from arithmech.data.mediation_tokens import tokenize_mediation_pairs
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_set import build_reference_set
 from arithmech.evaluate.choice import score_choices
-from arithmech.evaluate.general import GeneralText, general_scores
+from arithmech.evaluate.general import general_scores
+from arithmech.evaluate.general_texts import GeneralText
 from arithmech.evaluate.generation import generate_greedy
 from arithmech.knockout.ablation import ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores

@@ -142,6 +142,64 @@ def test_refused_before_the_model_loads(runs, no_model, capsys, argv: str, expec
     _refused(argv.format(**runs).split(), capsys, runs["root"], expected)
 
 
+def _jsonl(*rows: object) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+GOOD_PAIR = {"reference": "3 + 4 = ", "counterfactual": "3 @ 4 = ", "answer": "7"}
+ADD_TEMPLATE = {"id": "add", "operation": "addition", "formation": "equation", "text": "{A} + {B} = ",
+                "operator": "+", "counterfactual_operator": "@"}  # fmt: skip
+# case id -> (file name, its bytes, argv given the file as {file}, substrings of the one error line)
+FILE_CASES = {
+    "prompts-not-json": ("p.jsonl", _jsonl(GOOD_PAIR) + b"{broken\n", "identify --prompts {file}",
+                         ["p.jsonl, line 2 (1 of 2 lines)", "not JSON", "write one JSON object per line"]),
+    "prompts-empty": ("p.jsonl", b"\n \n", "identify --prompts {file}", ["p.jsonl has no rows"]),
+    "prompts-missing-column": ("p.jsonl", _jsonl({"reference": "3 + 4 = ", "answer": "7"}),
+                               "identify --prompts {file}", ["line 1", "no counterfactual", "add them"]),
+    "prompts-answer-not-a-string": ("p.jsonl", _jsonl({**GOOD_PAIR, "answer": [7]}), "identify --prompts {file}",
+                                    ["line 1", "non-string answer", "write it as a JSON string"]),
+    "prompts-counterfactual-is-reference": ("p.jsonl", _jsonl({**GOOD_PAIR, "counterfactual": "3 + 4 = "}),
+                                            "identify --prompts {file}",
+                                            ["line 1", "the counterfactual is the reference itself"]),
+    "prompts-answer-with-a-space": ("p.jsonl", _jsonl({**GOOD_PAIR, "answer": "7 "}), "identify --prompts {file}",
+                                    ["line 1", "the answer ends with a space"]),
+    "prompts-utf-16": ("p.jsonl", _jsonl(GOOD_PAIR).decode().encode("utf-16"), "identify --prompts {file}",
+                       ["UTF-16 text, not UTF-8"]),
+    "templates-not-json": ("t.json", b"[{", "identify --templates {file}", ["t.json is not valid JSON"]),
+    "templates-missing-fields": ("t.json", json.dumps([{"id": "x"}]).encode(), "identify --templates {file}",
+                                 ["template 'x' is missing operation"]),
+    "templates-none-of-the-operation": ("t.json", json.dumps([ADD_TEMPLATE]).encode(),
+                                        "identify --templates {file} --operations multiplication",
+                                        ["no template matches the chosen operations"]),
+    "benchmark-answer-not-a-number": ("b.jsonl", _jsonl({"question": "2 and 2?", "answer": "four"}),
+                                      "evaluate --benchmarks {file}", ["b.jsonl row 1", "'four' is not a number"]),
+    "benchmark-choice-out-of-range": ("b.jsonl", _jsonl({"question": "q", "choices": ["a", "b"], "answer": 5}),
+                                      "evaluate --benchmarks {file}", ["b.jsonl", "answer 5"]),
+    "train-file-not-json": ("t.jsonl", b"not json\n",
+                            "evaluate --benchmarks gsm8k --exclude-train-overlap --train-file {file}",
+                            ["t.jsonl line 1 is not valid JSON"]),
+    "general-text-empty": ("g.txt", b"\n\n", "evaluate --benchmarks general --general-text {file}",
+                           ["g.txt holds no text"]),
+    "sft-data-without-answers": ("s.jsonl", _jsonl({"question": "q"}), "finetune --method full --data {file}",
+                                 ["s.jsonl line 1 is not a JSON object with question and answer"]),
+    "run-with-a-bad-prompt-file": ("p.jsonl", b"{broken\n", "run --config {config} --set identify.prompts_file={file}",
+                                   ["p.jsonl, line 1", "not JSON"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FILE_CASES))
+def test_file_content_is_refused_before_the_model_loads(runs, no_model, capsys, tmp_path: Path, case: str) -> None:
+    """A malformed prompt, templates, benchmark, training or text file is named before the model loads (the
+    model load fails the test), not minutes later; checks that need the tokenizer are test_bad_prompts.py's."""
+    name, content, argv, expected = FILE_CASES[case]
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / name).write_bytes(content)
+    model = [] if argv.startswith("run ") else ["--model", str(runs["model"])]
+    args = argv.format(file=folder / name, config=runs["config"]).split()
+    _refused([*args, *model, "--out", str(folder / "out")] if model else args, capsys, folder, expected)
+
+
 YAML_CASES = [
     ("decimal-for-a-whole-number", {"attention": {"max_prompts": 8.5}}, "attention.max_prompts takes a whole number"),
     ("text-for-true-false", {"identify": {"filter_correct": "no"}}, "identify.filter_correct takes true or false"),

@@ -19,9 +19,11 @@ from arithmech.data.target_sets import build_target_pairs, target_set
 from arithmech.errors import ConfigError
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.stages.identify import IdentifyConfig, identify
+from arithmech.stages.identify import identify
+from arithmech.stages.identify_config import IdentifyConfig
 from arithmech.stages.identify_run import read_identify_run
-from arithmech.stages.transfer import CSV_COLUMNS, TransferConfig, TransferResult, read_transfer_csv, transfer
+from arithmech.stages.transfer import CSV_COLUMNS, TransferResult, read_transfer_csv, transfer
+from arithmech.stages.transfer_config import TransferConfig
 
 from reference_knockout import knocked_logits, mean_values
 from tiny_models import single_thread

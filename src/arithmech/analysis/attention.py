@@ -13,12 +13,8 @@ Formula, per head (l, h), prompt i and role r in ROLES = (A, B, operator, prefix
     score[l, h, r]       = mean_i mass[i, l, h, r]                              [layer, head, role]
     The five masses of a prompt sum to 1 (every real token has exactly one role; END itself is "other").
 
-Labelling rule (`label_head`), with operand = score[A] + score[B] and threshold tau (default 0.3):
-    operand head   if operand  >= tau and operand  > operator
-    operator head  if operator >= tau and operator > operand
-    neither        otherwise (also when both pass tau with exactly equal mass)
-    tau = 0.3 means "at least 30% of END's attention goes to that role"; a head spreading its mass over
-    the few-shot prefix or the BOS "sink" is neither.
+Labels (`label_heads`): operand head, operator head or neither, from score[A] + score[B] and
+    score[operator] against a threshold tau (default 0.3): the rule of `analysis/head_labels.py`.
 
 How the pattern is read
     The weights are the second output of the family's attention module (`ArchSpec.attn`) under transformers'
@@ -32,20 +28,21 @@ How the pattern is read
 Usage
     >>> rows = end_attention(view, t.ref_ids, t.ref_mask, t.end, layers=[14, 18])  # [batch, 2, head, pos]
     >>> scores = role_scores(rows, t.roles, t.ref_mask)                            # [2, head, role]
-    >>> label_head(dict(zip(ROLES, scores[0, 2].tolist())))                        # "operand", ...
+    >>> label_heads(scores[0])                                                     # ["operand", ...]
 
 References: Zhang et al., ICML 2024, section 4.2 and 5.2, Figures 5 and 7; METHODS.md section 4.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
+from arithmech.analysis.head_labels import DEFAULT_TAU, label_head
 from arithmech.data.tokens import ROLE_CODES
 from arithmech.errors import SpecError
 from arithmech.models.hooks import hooks
@@ -53,8 +50,6 @@ from arithmech.models.view import ModelView
 
 ROLES: tuple[str, ...] = ("A", "B", "operator", "prefix", "other")
 """Role order of the last axis of `role_scores`."""
-LABELS: tuple[str, ...] = ("operand", "operator", "neither")
-DEFAULT_TAU = 0.3
 
 
 @contextmanager
@@ -176,17 +171,6 @@ def role_masses(end_rows: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor)
 def role_scores(end_rows: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over prompts of `role_masses`: end_rows [batch, ..., pos] -> [..., role]."""
     return role_masses(end_rows, roles, mask).mean(dim=0)
-
-
-def label_head(scores: Mapping[str, float], tau: float = DEFAULT_TAU) -> str:
-    """"operand", "operator" or "neither" from a head's mean mass per role (see the module docstring)."""
-    operand = scores["A"] + scores["B"]
-    operator = scores["operator"]
-    if operand >= tau and operand > operator:
-        return "operand"
-    if operator >= tau and operator > operand:
-        return "operator"
-    return "neither"
 
 
 def label_heads(scores: torch.Tensor, tau: float = DEFAULT_TAU) -> list[str]:

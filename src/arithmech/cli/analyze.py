@@ -32,8 +32,7 @@ def analyze_attention(
     """Where each key head looks from the last token: operand A, operand B, operator, prefix (Figures 5, 7)."""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.analyze_attention import AttentionConfig
-    from arithmech.stages.analyze_attention import analyze_attention as run_attention
+    from arithmech.stages.analyze_attention_config import AttentionConfig
 
     cfg = AttentionConfig(
         heads=split(heads) if heads else None,
@@ -45,6 +44,8 @@ def analyze_attention(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "attention", "analyze_attention")
+    from arithmech.stages.analyze_attention import analyze_attention as run_attention
+
     handle = load()
     result = run_attention(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
     typer.echo("head    A     B     op    prefix other  label")
@@ -72,8 +73,7 @@ def analyze_mlp(
     """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer (Figure 6)?"""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.analyze_mlp import AnalyzeMlpConfig
-    from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
+    from arithmech.stages.analyze_mlp_config import AnalyzeMlpConfig
 
     cfg = AnalyzeMlpConfig(
         max_prompts=max_prompts,
@@ -84,6 +84,8 @@ def analyze_mlp(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "mlp", "analyze-mlp")
+    from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
+
     handle = load()
     result = run_mlp(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
     gap = result.mean["cos_update_C"] - result.mean["cos_update_C_wrong"]
@@ -146,12 +148,14 @@ def analyze_agreement(
     """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap)."""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.agreement import AgreementConfig, method_agreement
+    from arithmech.stages.agreement_config import AgreementConfig
 
     cfg, out_dir = preflight.check(AgreementConfig(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
         batch_size=batch_size, seed=seed,
     ), out or from_run / "agreement", "agreement")  # fmt: skip
+    from arithmech.stages.agreement import method_agreement
+
     handle = load()
     result = method_agreement(handle, cfg, out_dir, quiet=quiet)
     typer.echo("level  method A       method B       Spearman  top-10 overlap")

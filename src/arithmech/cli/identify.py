@@ -65,8 +65,7 @@ def identify(
     """Path-patch every attention head and MLP at the last token and write the key components."""
     setup_logging(quiet)
     from arithmech import distributed, preflight
-    from arithmech.stages.identify import IdentifyConfig
-    from arithmech.stages.identify import identify as run_identify
+    from arithmech.stages.identify_config import IdentifyConfig
 
     cfg, out_dir = preflight.check(IdentifyConfig(
         operations=split(operations),
@@ -87,12 +86,8 @@ def identify(
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S"), "identify")
-    if cfg.prompts_file is None:
-        cfg.generation()  # validate before the model loads
-        if cfg.templates_file:
-            from arithmech.data import load_templates
+    from arithmech.stages.identify import identify as run_identify
 
-            load_templates(cfg.templates_file)
     handle = distributed.local_device(load)()
     result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     if distributed.is_main():

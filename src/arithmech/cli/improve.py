@@ -35,10 +35,11 @@ def finetune(
     setup_logging(quiet)
     from arithmech import preflight
     from arithmech.distributed import local_device
-    from arithmech.stages.finetune import finetune as run_finetune
 
     default = Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
     cfg, out_dir = preflight.check(cfg, out or default, "finetune")
+    from arithmech.stages.finetune import finetune as run_finetune
+
     handle = local_device(load)()
     result = run_finetune(handle, cfg, out_dir, quiet=quiet)
     meta = result.metadata
@@ -66,10 +67,11 @@ def evaluate(
     and lm-evaluation-harness tasks (--harness-tasks arc_easy,hellaswag)."""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.evaluate import evaluate_stage
 
     cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S"), "evaluate")
     delta_dir = preflight.delta_folder(delta) if delta is not None else None
+    from arithmech.stages.evaluate import evaluate_stage
+
     handle = load()
     if delta_dir is not None:
         from arithmech.finetune.delta import apply_delta

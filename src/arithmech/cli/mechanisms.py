@@ -33,10 +33,11 @@ def mediate_command(
     """Causal mediation: indirect effect of every MLP and attention output per layer and position (Stolfo et al.)."""
     setup_logging(quiet)
     from arithmech import distributed, preflight
+
+    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), "mediate")
     from arithmech.data.mediation_tokens import POSITION_CLASSES
     from arithmech.stages.mediate import mediate
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), "mediate")
     handle = distributed.local_device(load)()
     result = mediate(handle, cfg, out_dir, quiet=quiet)
     if not distributed.is_main():
@@ -72,9 +73,10 @@ def neurons_command(
     """Comparative neuron analysis: head importance per operation, CNA neurons, pruning, LoRA (Yu & Ananiadou)."""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.neurons import neurons
 
     cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("neurons-%Y%m%d-%H%M%S"), "neurons")
+    from arithmech.stages.neurons import neurons
+
     handle = load()
     result = neurons(handle, cfg, out_dir, quiet=quiet)
     spec = result.specialisation

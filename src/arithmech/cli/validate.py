@@ -44,8 +44,7 @@ def knockout(
     """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
     setup_logging(quiet)
     from arithmech import distributed, preflight
-    from arithmech.stages.knockout import KnockoutConfig, summarize
-    from arithmech.stages.knockout import knockout as run_knockout
+    from arithmech.stages.knockout_config import KnockoutConfig
 
     cfg, out_dir = preflight.check(KnockoutConfig(
         from_run=str(from_run) if from_run else None,
@@ -60,6 +59,9 @@ def knockout(
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S"), "knockout")
+    from arithmech.stages.knockout import knockout as run_knockout
+    from arithmech.stages.knockout import summarize
+
     handle = distributed.local_device(load)()
     result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     if not distributed.is_main():
@@ -111,8 +113,7 @@ def transfer(
     """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
     setup_logging(quiet)
     from arithmech import preflight
-    from arithmech.stages.transfer import DEFAULT_TARGETS, TransferConfig
-    from arithmech.stages.transfer import transfer as run_transfer
+    from arithmech.stages.transfer_config import DEFAULT_TARGETS, TransferConfig
 
     cfg, out_dir = preflight.check(TransferConfig(
         sources=tuple(str(p) for p in from_runs),
@@ -129,6 +130,8 @@ def transfer(
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S"), "transfer")
+    from arithmech.stages.transfer import transfer as run_transfer
+
     handle = load()
     result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
     typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")

@@ -7,9 +7,10 @@ Background
     it is built here, below the stages and analyses that use it (data depends on models/ to run the model, and
     on nothing above).
 
-Steps (`build_reference_set`)
+Steps (`build_reference_set`; its settings, `ReferenceSetConfig`, are in `data/reference_config.py`)
     1. pairs: a user's prompt file (`read_prompt_file`), or `generate_pairs` over the templates (a templates
-       file, or the shipped ones);
+       file, or the shipped ones): `reference_config.reference_pairs`, which the CLI also runs before the model
+       loads, so a malformed file fails at once;
     2. tokens: `tokenize_pairs`; a pair whose answer is not one whole token, or whose counterfactual changes
        nothing, is refused (`pair_checks`); one whose counterfactual has another token length is rejected,
        counted and named;
@@ -30,59 +31,17 @@ Usage
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from arithmech.data.generate import GenerationConfig, generate_pairs
-from arithmech.data.io import read_prompt_file
 from arithmech.data.prompts import PromptPair
+from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
 from arithmech.data.sampling import stratified_sample
-from arithmech.data.templates import FORMATIONS, load_templates
 from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
-from arithmech.errors import ConfigError, DataError
+from arithmech.errors import DataError
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
-
-
-@dataclass(frozen=True)
-class ReferenceSetConfig:
-    """Which prompts make the reference set; identify's options of the same names set them."""
-
-    operations: tuple[str, ...] = field(default=("addition",), metadata={"help": "operations to generate"})
-    formations: tuple[str, ...] = field(default=FORMATIONS, metadata={"help": "formations to generate"})
-    n_per_template: int = field(default=16, metadata={"help": "prompt pairs generated per template"})
-    few_shot: int = field(default=3, metadata={"help": "solved examples before each query"})
-    operand_min: int = field(default=0, metadata={"help": "smallest operand"})
-    operand_max: int = field(default=9, metadata={"help": "largest operand"})
-    prompts_file: str | None = field(default=None, metadata={"help": "JSONL of your own prompt pairs"})
-    templates_file: str | None = field(default=None, metadata={"help": "JSON of your own templates"})
-    max_prompts: int = field(
-        default=64, metadata={"help": "reference prompts kept (a sample stratified by operation and template)"}
-    )
-    filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
-    batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
-    seed: int = field(default=0, metadata={"help": "seed of generation and sampling"})
-
-    def __post_init__(self) -> None:
-        for name in ("operations", "formations"):
-            value = getattr(self, name)
-            if isinstance(value, list | str):
-                object.__setattr__(self, name, tuple([value] if isinstance(value, str) else value))
-        for name in ("max_prompts", "batch_size", "n_per_template"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-
-    def generation(self) -> GenerationConfig:
-        return GenerationConfig(
-            operations=self.operations,
-            formations=self.formations,
-            n_per_template=self.n_per_template,
-            operand_min=self.operand_min,
-            operand_max=self.operand_max,
-            few_shot=self.few_shot,
-            seed=self.seed,
-        )
 
 
 @dataclass(frozen=True)
@@ -116,11 +75,7 @@ def _kept_prompts(
     handle: ModelHandle, cfg: ReferenceSetConfig
 ) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int]]:
     """Steps 1-3: every tokenized pair, the indices kept, the accuracy per template, and the counts."""
-    if cfg.prompts_file:
-        pairs = read_prompt_file(cfg.prompts_file)
-    else:
-        templates = load_templates(cfg.templates_file) if cfg.templates_file else None
-        pairs = generate_pairs(cfg.generation(), templates)
+    pairs = reference_pairs(cfg)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size

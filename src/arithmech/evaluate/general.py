@@ -19,7 +19,8 @@ Formulas (per text t with tokens x_0 .. x_{n-1}; every position k = 1 .. n-1 is 
 Text
     Built in: `data/general_text.jsonl`, 30 paragraphs of plain English written for this package (history,
     science, cooking, travel, sport, ...; no arithmetic). Or a user's file: JSONL rows with "text" (and
-    optionally "id"), or plain text whose paragraphs are separated by blank lines.
+    optionally "id"), or plain text whose paragraphs are separated by blank lines (`general_texts.py` reads
+    them, without torch).
 
 Usage
     >>> texts = load_general_texts()
@@ -29,25 +30,17 @@ Usage
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError, DataError
+from arithmech.evaluate.general_texts import GeneralText
 from arithmech.models.view import ModelView
-
-
-@dataclass(frozen=True)
-class GeneralText:
-    id: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -84,36 +77,6 @@ class GeneralResult:
         if any(t.kl is None for t in self.texts):
             return None
         return sum(t.kl or 0.0 for t in self.texts) / self.n_tokens
-
-
-def default_general_text_path() -> Path:
-    """The built-in general-text sample shipped with the package."""
-    return Path(str(resources.files("arithmech.data").joinpath("general_text.jsonl")))
-
-
-def load_general_texts(path: str | Path | None = None) -> list[GeneralText]:
-    """Texts from a JSONL file with "text" fields, or from plain text split at blank lines."""
-    source = Path(path) if path is not None else default_general_text_path()
-    if not source.is_file():
-        raise DataError(f"general text file {source} does not exist; check the path")
-    raw = source.read_text(encoding="utf-8")
-    texts = []
-    if source.suffix == ".jsonl":
-        for number, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                texts.append(GeneralText(str(row.get("id", f"text-{number}")), str(row["text"]).strip()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise DataError(f"{source} line {number} is not a JSON object with a text field ({exc})") from exc
-    else:
-        paragraphs = [p.strip() for p in raw.replace("\r\n", "\n").split("\n\n")]
-        texts = [GeneralText(f"text-{i + 1}", p) for i, p in enumerate(q for q in paragraphs if q)]
-    texts = [t for t in texts if t.text]
-    if not texts:
-        raise DataError(f"{source} holds no text; give paragraphs separated by blank lines or JSONL with text")
-    return texts
 
 
 def _log_probs(view: ModelView, rows: list[list[int]], pad: int) -> list[torch.Tensor]:

@@ -118,6 +118,8 @@ def math_items(rows: list[dict[str, Any]], origin: str, source: str | None = Non
             raise DataError(
                 f"{origin} row {i + 1} has no {exc.args[0]!r} field; math rows need question and answer"
             ) from None
+        except DataError as exc:
+            raise DataError(f"{origin} row {i + 1}: {exc}") from None
         extra = {k: row[k] for k in ("orig_id", "source", "question_in_train") if k in row}
         items.append(EvalItem(str(row.get("id", f"row-{i + 1}")), question, answer, extra=extra))
     if not items:

@@ -42,7 +42,8 @@ from arithmech.evaluate.answers import choice_letter, extract_number, format_num
 from arithmech.evaluate.arithmetic import arithmetic_prompts, arithmetic_records, group_rows
 from arithmech.evaluate.benchmarks import Benchmark, benchmark, build_prompts, resolve_shots, stop_strings
 from arithmech.evaluate.choice import predict, score_choices
-from arithmech.evaluate.general import general_scores, load_general_texts
+from arithmech.evaluate.general import general_scores
+from arithmech.evaluate.general_texts import load_general_texts
 from arithmech.evaluate.generation import generate_greedy
 from arithmech.evaluate.harness import HarnessResult
 from arithmech.evaluate.loading import EvalItem, choice_items, load_rows, math_items, train_overlap

@@ -29,8 +29,8 @@ from arithmech.data.arithmetic_split import DEFAULT_SHOTS, make_split, split_pro
 from arithmech.data.tokens import continuation_span
 from arithmech.errors import DataError
 from arithmech.finetune.data import TokenizedExample
+from arithmech.finetune.sft_rows import ARITHMETIC
 
-ARITHMETIC = "arithmetic"
 """The name of this training set in `--data`."""
 
 

@@ -6,14 +6,8 @@ Background
     ChatGPT rationales ending "The answer is N."). The default here is that file, `llm_adapters_math_v1/train`.
 
 Rows and targets
-    A source is a known name (`llm_adapters_math_v1`, `gsm8k`: their train split, found as `data/locate.py` says:
-    --data-dir, $ARITHMECH_DATA, then the copy shipped with arithmech) or any JSONL file (.jsonl or .jsonl.gz)
-    with `question` and `answer` (and `rationale`) fields.
-    - target "rationale": the rationale, for rows that have one and whose `rationale_correct` is not false (the
-      LLM-Adapters rationales are often wrong, see its PROVENANCE.md); GSM8K's calculator annotations `<<...>>`
-      are removed, and " The answer is N." is appended when the rationale does not already say "answer is".
-    - target "answer": the final answer alone.
-    Rows skipped for either reason are counted.
+    The examples of a training set, known name or JSONL file, are read by `sft_rows.py` (without torch, so the
+    CLI checks a user's file before a model loads); this module tokenizes and batches them.
 
 Prompt format
     With a chat template (and `chat_template=True`): the question is the user turn, the prompt is the template up to
@@ -31,30 +25,16 @@ Batches (`BatchPlan`)
 
 from __future__ import annotations
 
-import json
-import os
-import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from arithmech.data.locate import find_data_file, missing_data, read_data_text
 from arithmech.errors import ConfigError, DataError
-from arithmech.finetune.settings import TARGETS
+from arithmech.finetune.sft_rows import SFTExample
 
-KNOWN_TRAIN_SETS: dict[str, str] = {"llm_adapters_math_v1": "llm_adapters_math_v1", "gsm8k": "gsm8k"}
 PLAIN_PROMPT = "Question: {question}\nAnswer: "
-_CALCULATOR = re.compile(r"<<[^>]*>>")
-
-
-@dataclass(frozen=True)
-class SFTExample:
-    id: str
-    question: str
-    target: str
 
 
 @dataclass(frozen=True)
@@ -67,61 +47,6 @@ class TokenizedExample:
     @property
     def n_target(self) -> int:
         return len(self.input_ids) - self.n_prompt
-
-
-def resolve_sft_data(source: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The JSONL file of a known training set name (its train split) or of a path."""
-    if source not in KNOWN_TRAIN_SETS:
-        path = Path(source)
-        if not path.is_file():
-            raise DataError(
-                f"training data {source!r} is neither a file nor one of {', '.join(KNOWN_TRAIN_SETS)}; "
-                "pass a JSONL path with question and answer fields"
-            )
-        return path
-    name = f"{KNOWN_TRAIN_SETS[source]}/train"
-    found = find_data_file(name, data_dir)
-    if found is None:
-        raise missing_data(name, data_dir, None, "give a .jsonl path to --data")
-    return found.path
-
-
-def read_sft_examples(path: Path, target: str = "rationale") -> tuple[list[SFTExample], dict[str, int]]:
-    """Examples of a JSONL file and counts {rows, kept, no_rationale, rationale_incorrect}."""
-    if target not in TARGETS:
-        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}")
-    counts = {"rows": 0, "kept": 0, "no_rationale": 0, "rationale_incorrect": 0}
-    examples = []
-    for number, line in enumerate(read_data_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            question, answer = str(row["question"]).strip(), str(row["answer"]).strip()
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DataError(f"{path} line {number} is not a JSON object with question and answer ({exc})") from exc
-        counts["rows"] += 1
-        text = _target_text(row, answer, target, counts)
-        if text is not None:
-            examples.append(SFTExample(str(row.get("id", f"row-{number}")), question, text))
-    counts["kept"] = len(examples)
-    if not examples:
-        raise DataError(f"{path} has no usable rows for target {target!r}; try --target answer")
-    return examples, counts
-
-
-def _target_text(row: dict[str, Any], answer: str, target: str, counts: dict[str, int]) -> str | None:
-    if target == "answer":
-        return answer
-    rationale = row.get("rationale")
-    if not rationale:
-        counts["no_rationale"] += 1
-        return None
-    if row.get("rationale_correct") is False:
-        counts["rationale_incorrect"] += 1
-        return None
-    text = _CALCULATOR.sub("", str(rationale)).strip()
-    return text if "answer is" in text.lower() else f"{text} The answer is {answer}."
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -44,22 +44,16 @@ from collections import Counter
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from arithmech.errors import ConfigError
+from arithmech.knockout.modes import ABLATION_MODES, MIN_GROUP_SIZE
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
-
-AblationMode = Literal["mean", "zero", "resample"]
-ABLATION_MODES: tuple[str, ...] = ("mean", "zero", "resample")
-
-
-MIN_GROUP_SIZE = 4
-"""Smallest template-and-length group whose mean (or another member) ablates; smaller groups fall back to END."""
 
 
 @dataclass

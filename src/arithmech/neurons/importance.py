@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from arithmech.data import OPERATIONS
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set, heldout_reference_set
+from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_set import build_reference_set, heldout_reference_set
 from arithmech.errors import ConfigError, DataError
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores

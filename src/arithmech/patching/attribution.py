@@ -75,8 +75,9 @@ from arithmech.errors import ConfigError
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.sites import all_components
 from arithmech.models.view import ModelView
-from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, end_logits
+from arithmech.patching.path import PatchingBatch, PatchResult, end_logits
 from arithmech.patching.states import collect_end_states
+from arithmech.patching.variants import VARIANTS, Variant
 
 
 @dataclass

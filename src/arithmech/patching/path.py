@@ -36,7 +36,6 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -44,10 +43,8 @@ from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.metrics import relative_change
 from arithmech.patching.states import EndStates, collect_end_states
+from arithmech.patching.variants import Variant
 from arithmech.runs import atomic_open
-
-Variant = Literal["path", "direct", "total"]
-VARIANTS: tuple[str, ...] = ("path", "direct", "total")
 
 
 @dataclass(frozen=True)

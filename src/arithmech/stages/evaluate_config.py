@@ -1,7 +1,7 @@
 """The evaluate stage's settings (stages/evaluate.py runs them), importable without torch.
 
 The CLI builds `arithmech evaluate`'s options from these fields and checks every name (benchmarks, lm-eval
-tasks) before a model loads.
+tasks) before a model loads, and the rows of every file of the user's (`check_files`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
-from arithmech.evaluate.benchmarks import CHOICE_FORMATS, benchmark_names
+from arithmech.evaluate.benchmarks import CHOICE_FORMATS, benchmark, benchmark_names
+from arithmech.evaluate.general_texts import load_general_texts
 from arithmech.evaluate.harness import HarnessOptions, task_manager
+from arithmech.evaluate.loading import choice_items, load_rows, math_items
 
 if TYPE_CHECKING:
     from arithmech.evaluate.runner import EvalOptions
@@ -127,6 +129,22 @@ class EvaluateConfig:
             raise ConfigError(f"harness_num_fewshot must be 0 or more (got {self.harness_num_fewshot})")
         if self.harness_tasks:
             task_manager(self.harness_tasks, self.harness_include_path)  # lm-eval installed, every name known
+
+    def check_files(self) -> None:
+        """Read the user's files as the stage will, so a malformed one fails before a model loads: each .jsonl
+        benchmark (JSON objects; a question and a numeric answer, or choices and the right one), the training
+        file of the overlap rule, and the general text."""
+        for name in self.benchmarks or ():
+            if is_jsonl_path(name):
+                loaded = load_rows(name)
+                if benchmark(name, loaded.rows[:1]).kind == "generate":
+                    math_items(loaded.rows, loaded.origin)
+                else:
+                    choice_items(loaded.rows, loaded.origin)
+        if self.exclude_train_overlap and self.train_file is not None:
+            load_rows(self.train_file, self.data_dir)
+        if self.general_text is not None and "general" in (self.benchmarks or ()):
+            load_general_texts(self.general_text)
 
     def harness_options(self) -> HarnessOptions:
         """The harness bridge's options: its own fields plus the shared limit, seed, batch size and chat template."""

@@ -33,11 +33,12 @@ from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
 from arithmech.evaluate.generation import context_length
-from arithmech.finetune.arithmetic_data import ARITHMETIC, arithmetic_examples
+from arithmech.finetune.arithmetic_data import arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
-from arithmech.finetune.data import TokenizedExample, read_sft_examples, resolve_sft_data, tokenize_examples
+from arithmech.finetune.data import TokenizedExample, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
 from arithmech.finetune.methods import make_trainable, requires_grad_state, restore_requires_grad, total_parameters
+from arithmech.finetune.sft_rows import ARITHMETIC, read_sft_examples, resolve_sft_data
 from arithmech.finetune.train import TrainResult, accelerator_for, train
 from arithmech.lineage import identify_folder, identify_record
 from arithmech.models.load import ModelHandle

@@ -1,7 +1,8 @@
 """The finetune stage's settings (stages/finetune.py runs them), importable without torch.
 
 The optimisation settings come from `TrainConfig` (finetune/settings.py); these add what is trained and on what
-data. The CLI builds `arithmech finetune`'s options from the fields and validates them before a model loads.
+data. The CLI builds `arithmech finetune`'s options from the fields and validates them before a model loads, the
+training file's rows included (`check_files`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
 from arithmech.finetune.settings import HEAD_SCALES, METHODS, TARGETS, TrainConfig
+from arithmech.finetune.sft_rows import ARITHMETIC, read_sft_examples, resolve_sft_data
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,9 @@ class FinetuneConfig(TrainConfig):
             raise ConfigError("top_mlps must be 0 or more and max_samples at least 1")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout must be in [0, 1) (got {self.lora_dropout})")
+
+    def check_files(self) -> None:
+        """Read the training rows as the stage will (JSON, question and answer, a usable target), so a malformed
+        file fails before a model loads; the arithmetic split is generated and has no file."""
+        if self.data != ARITHMETIC:
+            read_sft_examples(resolve_sft_data(self.data, self.data_dir), self.target)

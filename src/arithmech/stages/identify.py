@@ -18,7 +18,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -29,42 +29,17 @@ from arithmech.analysis.agreement import compare_methods
 from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.pair_checks import describe, pair_location
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
-from arithmech.errors import ConfigError, DataError
+from arithmech.data.reference_set import build_reference_set
+from arithmech.errors import DataError
 from arithmech.lineage import identify_fingerprint, move_aside_stale
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
-from arithmech.patching.path import VARIANTS, PatchingBatch, PatchResult, Variant, path_patch, resume_key
+from arithmech.patching.path import PatchingBatch, PatchResult, path_patch, resume_key
+from arithmech.patching.variants import Variant
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
+from arithmech.stages.identify_config import IdentifyConfig
 
 logger = logging.getLogger(__name__)
-
-METHODS: tuple[str, ...] = ("exact", "attribution", "both")
-
-
-@dataclass(frozen=True)
-class IdentifyConfig(ReferenceSetConfig):
-    """Settings of the identify stage: the reference set's (`data/reference_set.py`), then the scan's; every
-    field is also a CLI option."""
-
-    variant: str = field(default="path", metadata={"help": "path, direct or total"})
-    method: str = field(
-        default="exact", metadata={"help": "exact (path patching), attribution (first-order estimate) or both"}
-    )
-    threshold: float = field(default=-0.05, metadata={"help": "key if effect < threshold"})
-    fraction_threshold: float | None = field(
-        default=None, metadata={"help": "key if effect >= this fraction of the whole-prompt effect"}
-    )
-    top_k: int = field(default=10, metadata={"help": "components listed as top-k"})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.method not in METHODS:
-            raise ConfigError(f"method {self.method!r} is not one of {', '.join(METHODS)}")
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
-        if self.top_k < 1:
-            raise ConfigError(f"top_k must be at least 1 (got {self.top_k})")
 
 
 @dataclass

@@ -22,7 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,61 +30,17 @@ import torch
 
 from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
-from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set
+from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.data.reference_set import build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
-from arithmech.errors import ConfigError
-from arithmech.knockout.ablation import (
-    ABLATION_MODES,
-    MIN_GROUP_SIZE,
-    AblationSources,
-    ablation_sources,
-    alignment_groups,
-)
+from arithmech.knockout.ablation import AblationSources, ablation_sources, alignment_groups
 from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
-
-
-@dataclass(frozen=True)
-class KnockoutConfig:
-    """Settings of the knockout stage."""
-
-    from_run: str | None = field(default=None, metadata={"help": "identify run folder (ranking and prompts)"})
-    components: tuple[str, ...] | None = field(
-        default=None, metadata={"help": "ranked components to knock out instead of the run's ranking"}
-    )
-    ablation: str = field(default="mean", metadata={"help": "mean, zero or resample"})
-    end_only: bool = field(default=False, metadata={"help": "ablate at the last token only"})
-    max_k: int = field(default=16, metadata={"help": "largest number of components knocked out together"})
-    n_random: int = field(default=5, metadata={"help": "random-rank seeds per k"})
-    include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
-    max_prompts: int = field(
-        default=64, metadata={"help": "reference prompts scored (a sample stratified by operation and template)"}
-    )
-    min_group_size: int = field(
-        default=MIN_GROUP_SIZE,
-        metadata={"help": "smallest template group averaged (mean) or drawn from (resample); smaller: END mean"},
-    )
-    batch_size: int = field(default=64, metadata={"help": "rows (configuration x prompt) per forward pass"})
-    seed: int = field(default=0, metadata={"help": "seed of the random-rank draws"})
-
-    def __post_init__(self) -> None:
-        if isinstance(self.components, list):
-            object.__setattr__(self, "components", tuple(self.components))
-        if self.ablation not in ABLATION_MODES:
-            raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(ABLATION_MODES)}")
-        if self.from_run is None and not self.components:
-            raise ConfigError("nothing to knock out: give --from RUN_DIR (an identify run) or --components 14.2,18.5")
-        if self.min_group_size < 2:
-            raise ConfigError(f"min_group_size must be at least 2 (got {self.min_group_size})")
-        for name in ("max_k", "max_prompts", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
-        if self.n_random < 0:
-            raise ConfigError(f"n_random must be 0 or more (got {self.n_random})")
+from arithmech.stages.knockout_config import KnockoutConfig
 
 
 @dataclass

@@ -23,7 +23,8 @@ from arithmech.patching.mediation import top_neurons
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined
 
 if TYPE_CHECKING:
-    from arithmech.stages.mediate import MediateConfig, MediateResult
+    from arithmech.stages.mediate import MediateResult
+    from arithmech.stages.mediate_config import MediateConfig
 
 STATISTICS: tuple[str, ...] = ("mean", "median")
 BY_CLASS_FIELDS = ("task", "component", "layer", "class", "mean_ie", "median_ie", "n_pairs")

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from arithmech.data.reference_set import ReferenceSetConfig
+from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component

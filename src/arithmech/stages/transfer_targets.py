@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -38,9 +38,7 @@ from arithmech.knockout.ablation import AblationSources, ablation_sources, align
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
 from arithmech.patching.path import PatchingBatch
-
-if TYPE_CHECKING:
-    from arithmech.stages.transfer import TransferConfig
+from arithmech.stages.transfer_config import TransferConfig
 
 TOKEN_BUDGET = 4096
 """Tokens per forward pass (rows x width): the logits of long word-problem prompts are large."""

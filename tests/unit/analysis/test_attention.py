@@ -14,11 +14,11 @@ from arithmech.analysis.attention import (
     ROLES,
     eager_attention,
     end_attention,
-    label_head,
     label_heads,
     role_masses,
     role_scores,
 )
+from arithmech.analysis.head_labels import label_head
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.data.tokens import ROLE_CODES
 from arithmech.errors import SpecError

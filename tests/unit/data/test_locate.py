@@ -16,8 +16,9 @@ from arithmech.data.target_sets import TargetOptions, build_target_pairs, resolv
 from arithmech.errors import DataError
 from arithmech.evaluate.benchmarks import benchmark
 from arithmech.evaluate.loading import load_rows
-from arithmech.finetune.data import read_sft_examples, resolve_sft_data
-from arithmech.stages.evaluate import EvaluateConfig, file_stem
+from arithmech.finetune.sft_rows import read_sft_examples, resolve_sft_data
+from arithmech.stages.evaluate import file_stem
+from arithmech.stages.evaluate_config import EvaluateConfig
 
 ROOT = Path(__file__).resolve().parents[3]
 ROWS = [{"id": f"r{i}", "question": f"Tom has {i} apples. How many?", "answer": str(i), "rationale": f"{i}."}

@@ -18,7 +18,7 @@ import pytest
 from arithmech.data.locate import SHIPPED_DATA
 from arithmech.data.target_sets import WORD_PROBLEM_SETS
 from arithmech.evaluate.benchmarks import benchmark, benchmark_names
-from arithmech.finetune.data import KNOWN_TRAIN_SETS
+from arithmech.finetune.sft_rows import KNOWN_TRAIN_SETS
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED = ROOT.parent / "shared" / "data"

@@ -17,7 +17,8 @@ from arithmech.evaluate.runner import EvalOptions, evaluate_benchmark
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
-from arithmech.stages.evaluate import EvaluateConfig, evaluate_stage
+from arithmech.stages.evaluate import evaluate_stage
+from arithmech.stages.evaluate_config import EvaluateConfig
 
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 

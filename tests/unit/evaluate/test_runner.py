@@ -17,14 +17,16 @@ from arithmech.data import locate
 from arithmech.data.locate import hub_row
 from arithmech.errors import ConfigError, DataError
 from arithmech.evaluate.benchmarks import COT_EXEMPLARS, benchmark, build_prompts
-from arithmech.evaluate.general import GeneralText, general_scores, load_general_texts
+from arithmech.evaluate.general import general_scores
+from arithmech.evaluate.general_texts import GeneralText, load_general_texts
 from arithmech.evaluate.generation import cut_at_stop, generate_greedy
 from arithmech.evaluate.loading import EvalItem, load_rows
 from arithmech.evaluate.runner import EvalOptions, evaluate, evaluate_benchmark, select_subset
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
-from arithmech.stages.evaluate import EvaluateConfig, evaluate_stage
+from arithmech.stages.evaluate import evaluate_stage
+from arithmech.stages.evaluate_config import EvaluateConfig
 
 from tiny_models import make_tiny_model, make_tiny_tokenizer
 
@@ -309,6 +311,11 @@ def test_general_text_sources(tmp_path: Path) -> None:
     plain = tmp_path / "text.txt"
     plain.write_text("First paragraph.\n\nSecond\nparagraph.\n\n\n")
     assert [t.text for t in load_general_texts(plain)] == ["First paragraph.", "Second\nparagraph."]
+    plain.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())  # "UTF-8 with BOM": the mark is not text
+    assert load_general_texts(plain)[0].text == "First paragraph."
+    (tmp_path / "latin1.txt").write_bytes("Caf\xe9.\n".encode("latin-1"))
+    with pytest.raises(DataError, match="is not UTF-8 text"):
+        load_general_texts(tmp_path / "latin1.txt")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match="no text"):
         load_general_texts(tmp_path / "empty.txt")

@@ -15,8 +15,8 @@ from arithmech.data import locate
 from arithmech.data.target_sets import WORD_PROBLEM_SETS, TargetOptions, build_target_pairs, target_set
 from arithmech.evaluate.benchmarks import benchmark, benchmark_names
 from arithmech.evaluate.runner import EvalOptions, load_items
-from arithmech.finetune.data import read_sft_examples, resolve_sft_data
-from arithmech.stages.finetune import FinetuneConfig
+from arithmech.finetune.sft_rows import read_sft_examples, resolve_sft_data
+from arithmech.stages.finetune_config import FinetuneConfig
 
 from offline_guard import BLOCKED, hidden
 

@@ -10,7 +10,8 @@ import pytest
 from arithmech.data.arithmetic_split import make_split, split_prompts
 from arithmech.errors import ConfigError
 from arithmech.finetune.arithmetic_data import arithmetic_examples
-from arithmech.stages.finetune import FinetuneConfig, finetune
+from arithmech.stages.finetune import finetune
+from arithmech.stages.finetune_config import FinetuneConfig
 
 from tiny_models import make_tiny_tokenizer
 

@@ -27,14 +27,16 @@ from safetensors.torch import load_file
 from arithmech.errors import ConfigError
 from arithmech.finetune.train import TrainConfig, train
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.stages.finetune import FinetuneConfig, finetune
+from arithmech.stages.finetune import finetune
+from arithmech.stages.finetune_config import FinetuneConfig
 
 WORKER = """
 import json, sys, torch
 torch.set_num_threads(1)
 import arithmech.stages.finetune as stage
 from arithmech.models.load import ModelConfig, load_model
-from arithmech.stages.finetune import FinetuneConfig, finetune
+from arithmech.stages.finetune import finetune
+from arithmech.stages.finetune_config import FinetuneConfig
 
 def fsdp2_on_cpu(device):
     from accelerate import Accelerator

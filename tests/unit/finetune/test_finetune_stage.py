@@ -17,13 +17,15 @@ import torch
 from safetensors.torch import load_file
 
 from arithmech.errors import ConfigError, DataError
-from arithmech.finetune.data import read_sft_examples, tokenize_examples
+from arithmech.finetune.data import tokenize_examples
 from arithmech.finetune.delta import apply_delta
 from arithmech.finetune.methods import make_trainable
+from arithmech.finetune.sft_rows import read_sft_examples
 from arithmech.finetune.train import accelerator_for, train
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.models.sites import Component
-from arithmech.stages.finetune import FinetuneConfig, finetune, select_components
+from arithmech.stages.finetune import finetune, select_components
+from arithmech.stages.finetune_config import FinetuneConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft -> transformers
 FAST = {"batch_size": 8, "micro_batch_size": 4, "lr": 1e-2, "warmup_ratio": 0.0, "target": "answer"}

@@ -8,15 +8,8 @@ from pathlib import Path
 import pytest
 
 from arithmech.errors import ConfigError, DataError
-from arithmech.finetune.data import (
-    BatchPlan,
-    SFTExample,
-    collate,
-    rank_micro_batches,
-    read_sft_examples,
-    resolve_sft_data,
-    tokenize_examples,
-)
+from arithmech.finetune.data import BatchPlan, collate, rank_micro_batches, tokenize_examples
+from arithmech.finetune.sft_rows import SFTExample, read_sft_examples, resolve_sft_data
 
 from tiny_models import make_tiny_tokenizer
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from arithmech.data import OPERATIONS
-from arithmech.data.reference_set import ReferenceSetConfig
+from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks, hooks
