@@ -14,6 +14,8 @@ from arithmech.report.page import Body, Figure, Table, num, pct, signed_pct, sma
 from arithmech.report.run_folder import StageFolder
 
 _NAMES = {"attention": "attention", "mlp": "MLP"}
+_CLOSE = 0.05
+"""Shares of the high frequencies closer than this are read as the same mix."""
 
 
 def _by_frequency(rows: Sequence[dict[str, str]], kind: str) -> dict[int, float]:
@@ -77,7 +79,9 @@ def fourier_body(stage: StageFolder) -> Body:
                          f"above f = {top / 2:g} (strongest f = {strongest})")  # fmt: skip
     text += ", " + "; ".join(parts) + "." if parts else "."
     att, mlp = (_high_share(totals[k], top) for k in ("attention", "mlp"))
-    if att is not None and mlp is not None:
+    if att is not None and mlp is not None and abs(att - mlp) < _CLOSE:
+        text += " Attention and MLPs write about the same mix of frequencies: no split like Zhou et al.'s."
+    elif att is not None and mlp is not None:
         side = "higher" if att > mlp else "lower"
         agrees = "as Zhou et al. found" if att > mlp else "unlike Zhou et al.'s models (MLPs low, attention high)"
         text += f" Attention writes {side} frequencies than the MLPs, {agrees}."
