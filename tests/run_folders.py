@@ -148,9 +148,10 @@ def assert_same_results(got: Path, expected: Path) -> None:
 
 
 TEXT_COLUMNS = frozenset({
-    "benchmark", "class", "component", "components", "head", "intervention", "kind", "label", "level", "method_a",
-    "method_b", "metric", "neuron", "note", "operation", "promoted_tokens", "prompts", "ranking", "site",
-    "source", "source_set", "target", "task", "task_a", "task_b", "template_id", "token", "top_tokens",
+    "benchmark", "class", "component", "components", "filter", "head", "intervention", "kind", "label", "level",
+    "method_a", "method_b", "metric", "neuron", "note", "operation", "promoted_tokens", "prompts", "ranking",
+    "removed_frequencies", "site", "source", "source_set", "target", "task", "task_a", "task_b", "template_id",
+    "token", "top_tokens",
     "ablation", "selection", "template", "family", "map", "direction",  # heuristics: ablation.csv, neurons.csv
 })  # fmt: skip
 """CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but

@@ -73,11 +73,14 @@ from transformers.pytorch_utils import Conv1D
 
 __all__ = [
     "EOS_TOKEN",
+    "MULTIDIGIT_VOCAB_SIZE",
     "PAD_TOKEN",
     "TINY_ARCHS",
     "TINY_VOCAB_SIZE",
     "make_tiny_model",
+    "make_multidigit_tokenizer",
     "make_tiny_tokenizer",
+    "save_multidigit_model_dir",
     "save_tiny_model_dir",
     "seeded_rng",
     "single_thread",
@@ -391,4 +394,48 @@ def save_tiny_model_dir(arch: str, path: str | Path, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     make_tiny_model(arch, seed).save_pretrained(path)
     _tiny_tokenizer_cached().save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# A tokenizer with multi-digit number tokens (issue #15)
+# ---------------------------------------------------------------------------
+
+MULTIDIGIT_VOCAB_SIZE = TINY_VOCAB_SIZE + 90  # + one token per number 10..99
+
+
+def make_multidigit_tokenizer() -> PreTrainedTokenizerFast:
+    """The byte-level tokenizer plus one merged token for each number 10..99 (ids 256..345; pad 346, eos 347).
+
+    So 0..99 are single tokens and 100 is "10" + "0": the single-token numbers are 0..99, as on tokenizers
+    with multi-digit number tokens (Llama 3 has 0..999). ``len(tokenizer) == MULTIDIGIT_VOCAB_SIZE``.
+    """
+    symbols = _byte_symbols()
+    vocab = {sym: i for i, sym in enumerate(symbols)}
+    merges = [(symbols[ord(str(a))], symbols[ord(str(b))]) for a in range(1, 10) for b in range(10)]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([PAD_TOKEN, EOS_TOKEN])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, unk_token=None,
+                                   padding_side="right", model_max_length=128)  # fmt: skip
+    assert len(fast) == MULTIDIGIT_VOCAB_SIZE, len(fast)
+    return fast
+
+
+def save_multidigit_model_dir(arch: str, path: str | Path, seed: int = 0) -> Path:
+    """A tiny ``arch`` model with the multi-digit tokenizer's vocabulary, saved with it into ``path``."""
+    tokenizer = make_multidigit_tokenizer()
+    config = TINY_ARCHS[arch]()
+    config.vocab_size = MULTIDIGIT_VOCAB_SIZE
+    config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    with seeded_rng(seed):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _reinit_(model)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path

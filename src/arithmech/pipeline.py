@@ -6,13 +6,13 @@ A run is described by one YAML file (or the same keys given as flags), for examp
                                                         # (model: <id> is short for model: {model: <id>})
     out: runs/demo
     seed: 0                                             # given to every stage that has a seed
-    stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES except finetune
+    stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES but finetune, fourier
     identify: {operations: [addition], fraction_threshold: 0.1}
     knockout: {max_k: 16, n_random: 3}
 
 A stage may also be named after the command that runs it alone: `mediate` for mediation, `analyze attention`,
-`analyze mlp`, `analyze agreement` and `analyze heuristics` (or with - or _ for the space) for attention, mlp,
-agreement and heuristics; in
+`analyze mlp`, `analyze fourier`, `analyze agreement` and `analyze heuristics` (or with - or _ for the space)
+for attention, mlp, fourier, agreement and heuristics; in
 `stages`, as a settings key and in --set, e.g. --set mediate.n_pairs=8. The folder and the record always use
 the stage's own name (STAGE_ALIASES).
 
@@ -103,6 +103,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("mlp", "arithmech.stages.analyze_mlp_config:AnalyzeMlpConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.analyze_mlp:analyze_mlp", h, c, r / "identify", o, quiet=q),
           needs=("identify",)),
+    Stage("fourier", "arithmech.stages.fourier_config:FourierConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.fourier:analyze_fourier", h, c, r / "identify", o, quiet=q),
+          needs=("identify",), default_on=False),
     Stage("mediation", "arithmech.stages.mediate_config:MediateConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.mediate:mediate", h, c, o, quiet=q), sharded=True),
     Stage("agreement", "arithmech.stages.agreement_config:AgreementConfig",
@@ -118,14 +121,15 @@ STAGES: tuple[Stage, ...] = (
     Stage("evaluate", "arithmech.stages.evaluate_config:EvaluateConfig",
           lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
-"""Every stage in run order. finetune and heuristics are off unless named in `stages` (the slow ones)."""
+"""Every stage in run order. finetune (the slow one), fourier and heuristics (optional analyses) are off unless
+named in `stages`."""
 
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
 
 STAGE_ALIASES: dict[str, str] = {
     "mediate": "mediation",
-    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "agreement", "heuristics")
+    **{f"analyze{sep}{name}": name for name in ("attention", "mlp", "fourier", "agreement", "heuristics")
        for sep in (" ", "-", "_")},
 }
 """Command names that name a stage: `arithmech mediate` runs the mediation stage, `arithmech analyze mlp` mlp."""

@@ -2,8 +2,8 @@
 
 Per architecture of `tiny_models.TINY_ARCHS`, one `arithmech run` holds every pipeline stage: identify (exact
 path patching), knockout (mean ablation), transfer (generated, decimal and word-problem targets), analyze
-attention, analyze mlp, mediation, agreement (path and attribution), neurons (with a LoRA adapter), analyze
-heuristics (grid scan, templates, top vs random neuron ablation), precise
+attention, analyze mlp, analyze fourier, mediation, agreement (path and attribution), neurons (with a LoRA
+adapter), analyze heuristics (grid scan, templates, top vs random neuron ablation), precise
 finetune, evaluate (generation, choice scoring and general text, on the base and the tuned model), and then
 `arithmech report`. What one run cannot hold runs as direct stage calls on the same identify folder:
 identify's other variants and methods, knockout's other ablation modes and end_only, finetune's full and LoRA
@@ -69,6 +69,7 @@ def _settings(words: Path, train: Path) -> dict[str, Any]:
         "transfer": {**SMALL["transfer"], "targets": [*GENERATED_TARGETS, str(words)], "few_shot": 1, "n_random": 2,
                      "limit": 6, "n_per_template": 6},  # fmt: skip
         "neurons": {**SMALL["neurons"], "importance_layers": [0, 1], "n_random": 2},
+        "fourier": {"max_prompts": 4, "cutoffs": [1, 3]},
         "heuristics": HEURISTICS,
         "finetune": {**FINETUNE, "data": str(train)},
         "evaluate": {**SMALL["evaluate"], "benchmarks": ["adapters-svamp", "csqa", "general"]},

@@ -35,6 +35,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
                  "filter_correct": False, "k": 2, "batch_size": 8},
     "attention": {"max_prompts": 4, "batch_size": 2, "n_examples": 1},
     "mlp": {"max_prompts": 4, "batch_size": 2},
+    "fourier": {"max_prompts": 4, "batch_size": 2, "cutoffs": [1, 3]},
     "mediation": {"tasks": ["addition"], "n_pairs": 2, "few_shot": 1, "neuron_k": 3},
     "agreement": {"methods": ["path", "attribution"], "max_prompts": 4, "batch_size": 2},
     "neurons": {"operations": ["addition", "subtraction"], "max_prompts": 3, "filter_correct": False, "few_shot": 1,

@@ -27,7 +27,8 @@ from arithmech.report.plots import save_figure
 from arithmech.report.style import styled
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-STAGES = ("identify", "knockout", "transfer", "attention", "mlp", "mediation", "agreement", "neurons", "heuristics",
+STAGES = ("identify", "knockout", "transfer", "attention", "mlp", "fourier", "mediation", "agreement", "neurons",
+          "heuristics",
           "finetune", "evaluate")  # fmt: skip
 
 
@@ -45,7 +46,7 @@ def run_dir(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "knockout": {"max_k": 2, "n_random": 1, "max_prompts": 4},
         "transfer": {"targets": ["addition", "subtraction"], "n_random": 1, "max_prompts": 4, "filter_correct": False,
                      "n_per_template": 1, "few_shot": 1},
-        "attention": {"max_prompts": 4}, "mlp": {"max_prompts": 4},
+        "attention": {"max_prompts": 4}, "mlp": {"max_prompts": 4}, "fourier": {"max_prompts": 4, "cutoffs": [1, 3]},
         "mediation": {"n_pairs": 2, "few_shot": 1, "neuron_k": 5},
         "agreement": {"methods": ["path", "attribution"], "max_prompts": 4},
         "neurons": {"operations": ["addition", "subtraction"], "max_prompts": 3, "filter_correct": False,
@@ -112,8 +113,8 @@ def test_every_stage_has_its_section_and_figures(run_dir: Path) -> None:
     page = _Page(text)
     assert page.status == dict.fromkeys(STAGES, "done")
     expected = _figures_on_disk(run_dir)
-    assert len(expected) == 15  # identify, knockout, transfer, agreement 1 each; attention, mlp, mediation, neurons 2;
-    # heuristics 3
+    assert len(expected) == 17  # identify, knockout, transfer, agreement 1 each; attention, mlp, fourier, mediation,
+    # neurons 2; heuristics 3
     assert set(page.images) == set(expected)
     for ident, png in expected.items():  # the embedded image is the stage's own file, byte for byte
         assert base64.b64decode(page.images[ident].removeprefix("data:image/png;base64,")) == png.read_bytes()

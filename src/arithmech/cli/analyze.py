@@ -1,5 +1,6 @@
-"""`arithmech analyze attention|mlp|agreement|heuristics`: what the key heads attend to, what the MLPs read and
-write, how the methods agree, and which MLP neurons are heuristics (options of heuristics from HeuristicsConfig)."""
+"""`arithmech analyze attention|mlp|fourier|agreement|heuristics`: what the key heads attend to, what the MLPs
+read and write, which frequencies over the number tokens each component writes, how far the methods agree, and
+which MLP neurons are heuristics."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typer
 from arithmech.cli.app import analyze_app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, ints, model_options, setup_logging, split
+from arithmech.stages.fourier_config import FourierConfig
 from arithmech.stages.heuristics_config import HeuristicsConfig
 
 
@@ -94,6 +96,39 @@ def analyze_mlp(
         "layers whose MLP update points most at the answer C (cos C - mean cos of other numbers): "
         + ", ".join(f"{result.layers[i]} ({gap[i]:+.3f})" for i in best)
     )
+    typer.echo(f"results in {result.out_dir}")
+
+
+@analyze_app.command("fourier")
+@model_options
+@config_command(FourierConfig)
+def analyze_fourier(
+    from_run: Annotated[Path, typer.Option("--from", help="Identify run folder (its reference prompts).")],
+    cfg: Any = None,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <run>/fourier.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Fourier features: the frequencies over the number tokens each attention and MLP output writes, and the
+    accuracy with one group's low or high frequencies filtered out (Zhou et al. 2024)."""
+    setup_logging(quiet)
+    from arithmech import preflight
+    from arithmech.stages.fourier import analyze_fourier as run_fourier
+
+    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "fourier", "analyze-fourier")
+    handle = load()
+    result = run_fourier(handle, cfg, run_dir, out_dir, quiet=quiet)
+    numbers = result.metadata["numbers"]
+    note = " (a digit-splitting tokenizer: frequencies 0..5 only)" if numbers["digit_splitting"] else ""
+    typer.echo(f"number index 0..{result.n_numbers - 1}{note}")
+    for kind, values in result.magnitude.items():
+        if values.shape[1] > 1:
+            total = values[:, 1:].sum(0)  # [F], summed over layers, frequency 0 left out
+            typer.echo(f"{kind:9s} strongest frequency over the layers: f = {int(total.argmax()) + 1}")
+    typer.echo(f"no filter: accuracy {result.baseline['accuracy']:.0%}, P(answer) {result.baseline['answer_prob']:.3f}")
+    for row in sorted(result.filters, key=lambda r: (r["accuracy_change"], r["answer_prob_change"]))[:4]:
+        typer.echo(f"{row['component']:9s} {row['filter']:9s} cutoff {row['cutoff']}: accuracy {row['accuracy']:.0%} "
+                   f"({row['accuracy_change']:+.0%}), P(answer) {row['answer_prob']:.3f}")  # fmt: skip
     typer.echo(f"results in {result.out_dir}")
 
 

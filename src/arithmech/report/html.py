@@ -4,9 +4,9 @@ What it shows
     A header (model, dims, when the run was made, git sha, arithmech version), a table of contents, then one
     section per stage in pipeline order: identify (path-patching heatmap, top heads and MLPs), knockout
     (effect-rank vs random-rank curves), transfer (source x target matrix), attention roles, MLP logit lens,
-    causal mediation, method agreement, neurons (specialisation, CNA neurons, pruning, LoRA), fine-tuning
-    and evaluation (base vs tuned). Each section has its figures, a compact table of the numbers behind them
-    and a one-paragraph reading written from those numbers. A footer lists the stage timings.
+    Fourier features, causal mediation, method agreement, neurons (specialisation, CNA neurons, pruning, LoRA),
+    fine-tuning and evaluation (base vs tuned). Each section has its figures, a compact table of the numbers
+    behind them and a one-paragraph reading written from those numbers. A footer lists the stage timings.
 
 Rules
     The report only reads the run folder: it never recomputes a number and never loads a model. A stage
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arithmech.report.fourier_section import fourier_body
 from arithmech.report.heuristics_section import heuristics_body
 from arithmech.report.page import Body, Section, Table, num, render_page
 from arithmech.report.run_folder import DONE, STALE, RunFolder, StageFolder, open_run
@@ -54,6 +55,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StageFolder], Body]], ...] = (
     ("transfer", "Transfer to other tasks", transfer_body),
     ("attention", "Attention roles of the key heads", attention_body),
     ("mlp", "MLP logit lens", mlp_body),
+    ("fourier", "Fourier features of the number tokens", fourier_body),
     ("mediation", "Causal mediation", mediation_body),
     ("agreement", "Method agreement", agreement_body),
     ("neurons", "Neurons: comparative neuron analysis and pruning", neurons_body),

@@ -18,7 +18,7 @@ import csv
 import io
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from arithmech.models.load import ModelHandle
 from arithmech.patching.states import collect_end_states
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, defined, git_sha, package_versions
 from arithmech.stages.analyze_mlp_config import AnalyzeMlpConfig
-from arithmech.stages.identify_run import read_identify_run
+from arithmech.stages.identify_run import analysis_folders, analysis_header, chosen_layers, read_identify_run
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +76,9 @@ def analyze_mlp(
     """Run the MLP logit lens on the prompts of the identify run in `run_dir`; write into `out_dir`."""
     from tqdm.auto import tqdm
 
-    out, run_path = Path(out_dir), Path(run_dir)
-    if out.resolve() == run_path.resolve():
-        raise ConfigError(
-            f"out folder {str(out)!r} is the identify run folder; write the MLP analysis to its own folder "
-            f"(e.g. {str(run_path / 'mlp')!r})"
-        )
+    run_path, out = analysis_folders(run_dir, out_dir, "MLP analysis", "mlp")
     dims = handle.dims
-    layers = sorted(cfg.layers) if cfg.layers is not None else list(range(dims.n_layers))
-    if max(layers) >= dims.n_layers:
-        raise ConfigError(f"layer {max(layers)} does not exist: the model has layers 0..{dims.n_layers - 1}")
+    layers = chosen_layers(cfg.layers, dims.n_layers)
     run = read_identify_run(run_path, handle)
     start_time = time.perf_counter()
     sampled, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
@@ -134,11 +127,7 @@ def analyze_mlp(
     number_ids = numbers["C"].tolist()
     labels = [_label(handle.tokenizer, token) for token in number_ids]
     metadata = {
-        "stage": "analyze-mlp",
-        "model": handle.source,
-        "dims": asdict(dims),
-        "identify_run": {**run.record, "git_sha": run.metadata.get("git_sha")},
-        "config": asdict(cfg),
+        **analysis_header("analyze-mlp", handle, run, cfg),
         "counts": {"prompts": len(pairs), "prompts_in_run": len(run.pairs), "layers": len(layers)},
         "prompts": sample,
         "max_number": max_number,

@@ -9,6 +9,7 @@ run apart (`lineage.py`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,3 +66,35 @@ def read_identify_run(run_dir: str | Path, handle: ModelHandle) -> IdentifyRun:
     key = json.loads((path / "key_components.json").read_text())
     pairs = read_prompt_file(path / "prompts.jsonl")
     return IdentifyRun(path, effects, key, pairs, metadata, identify_record(path))
+
+
+def analysis_folders(run_dir: str | Path, out_dir: str | Path, what: str, subfolder: str) -> tuple[Path, Path]:
+    """(identify run, output folder) of an analysis that reads the run; ConfigError when they are the same
+    folder (`what` names the analysis, `subfolder` is the suggested folder inside the run)."""
+    out, run_path = Path(out_dir), Path(run_dir)
+    if out.resolve() == run_path.resolve():
+        raise ConfigError(
+            f"out folder {str(out)!r} is the identify run folder; write the {what} to its own folder "
+            f"(e.g. {str(run_path / subfolder)!r})"
+        )
+    return run_path, out
+
+
+def chosen_layers(layers: tuple[int, ...] | None, n_layers: int) -> list[int]:
+    """The layers an analysis reports, sorted (all by default); ConfigError for one the model does not have."""
+    chosen = sorted(layers) if layers is not None else list(range(n_layers))
+    if max(chosen) >= n_layers:
+        raise ConfigError(f"layer {max(chosen)} does not exist: the model has layers 0..{n_layers - 1}")
+    return chosen
+
+
+def analysis_header(stage: str, handle: ModelHandle, run: IdentifyRun, cfg: Any) -> dict[str, Any]:
+    """The first keys of an analysis's metadata.json: the stage, the model, its dims, the identify run it read
+    (with that run's git sha) and the analysis's config."""
+    return {
+        "stage": stage,
+        "model": handle.source,
+        "dims": dataclasses.asdict(handle.dims),
+        "identify_run": {**run.record, "git_sha": run.metadata.get("git_sha")},
+        "config": dataclasses.asdict(cfg),
+    }
