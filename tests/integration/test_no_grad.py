@@ -79,9 +79,10 @@ class Ctx:
     def view(self) -> Any:
         return self.handle.view
 
-    def states(self, cf: bool = False) -> Any:
+    def states(self, cf: bool = False, keep_cache: bool = False) -> Any:
         b = self.batch
-        return collect_end_states(self.view, b.cf_ids if cf else b.ref_ids, b.cf_mask if cf else b.ref_mask, b.end)
+        ids, mask = (b.cf_ids, b.cf_mask) if cf else (b.ref_ids, b.ref_mask)
+        return collect_end_states(self.view, ids, mask, b.end, keep_cache=keep_cache)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,7 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
     "path.end_logits": lambda c: end_logits(c.view, c.states(), c.batch.answer_ids),
     "attribution.attribution_patch-path": lambda c: attribution_patch(c.view, c.batch, "path"),
     "attribution.attribution_patch-total": lambda c: attribution_patch(c.view, c.batch, "total"),
-    "total.total_patched_logits": lambda c: total_patched_logits(c.view, c.batch, c.states(), c.states(cf=True)),
+    "total.total_patched_logits": lambda c: total_patched_logits(c.view, c.batch, c.states(keep_cache=True), c.states(cf=True)),
     "mediation.mediation_effects": lambda c: mediation_effects(c.view, c.items),
     "mediation.neuron_effects": lambda c: neuron_effects(c.view, c.items, layer=1, neurons=[0, 5]),
     "knockout.mean": lambda c: _knockout(c, "mean"),
