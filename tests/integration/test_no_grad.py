@@ -153,7 +153,9 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
     "path.end_logits": lambda c: end_logits(c.view, c.states(), c.batch.answer_ids),
     "attribution.attribution_patch-path": lambda c: attribution_patch(c.view, c.batch, "path"),
     "attribution.attribution_patch-total": lambda c: attribution_patch(c.view, c.batch, "total"),
-    "total.total_patched_logits": lambda c: total_patched_logits(c.view, c.batch, c.states(keep_cache=True), c.states(cf=True)),
+    "total.total_patched_logits": lambda c: total_patched_logits(
+        c.view, c.batch, c.states(keep_cache=True), c.states(cf=True)
+    ),
     "mediation.mediation_effects": lambda c: mediation_effects(c.view, c.items),
     "mediation.neuron_effects": lambda c: neuron_effects(c.view, c.items, layer=1, neurons=[0, 5]),
     "knockout.mean": lambda c: _knockout(c, "mean"),
