@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,15 +33,20 @@ from forward_cost import count_work, plain_forward_macs  # noqa: E402
 from reference_patching import ReferencePatcher  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=64)
+def arguments(doc: str, prompts: int) -> argparse.ArgumentParser:
+    """The options of a fast-engine-vs-loop benchmark (this one and benchmarks/answer_digits.py)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompt pairs")
     parser.add_argument("--sample", type=int, default=12, help="components timed in the loop")
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(__doc__, prompts=64).parse_args()
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device, dtype=args.dtype))
@@ -50,6 +56,24 @@ def main() -> None:
     components = all_components(handle.dims)
     print(f"model {handle.source.get('model')}: {handle.dims.n_layers} layers x {handle.dims.n_heads} heads; "
           f"{len(batch)} prompt pairs, {int(t.ref_mask.sum()) / len(batch):.1f} tokens per prompt on average")
+
+    fast_s, passes, loop_s, worst = measure(handle, batch, args.sample, args.batch_size)
+    for variant in ("path", "total"):
+        print(f"{variant}: fast engine, all {len(components)} components: {fast_s[variant]:.2f} s, "
+              f"{passes[variant]:.2f} plain forward passes of the batch")
+        print_loop(variant, fast_s, loop_s, worst, args.sample, len(components))
+    record("path_patching", args, metrics(fast_s, passes, loop_s, worst))
+
+
+Timings = dict[str, float]
+
+
+def measure(
+    handle: Any, batch: PatchingBatch, n_sample: int, batch_size: int
+) -> tuple[Timings, Timings, Timings, Timings]:
+    """Per variant (path, total): the fast engine's seconds on all components and its work in plain forward
+    passes of the batch; the loop's seconds scaled to all components, and its largest difference to the engine."""
+    components = all_components(handle.dims)
 
     def sync() -> None:
         if torch.cuda.is_available():
@@ -61,13 +85,13 @@ def main() -> None:
         sync()
         start = time.perf_counter()
         with count_work(handle.model) as work:
-            fast[variant] = path_patch(handle.view, batch, variant, batch_size=args.batch_size)
+            fast[variant] = path_patch(handle.view, batch, variant, batch_size=batch_size)
         sync()
         fast_s[variant] = time.perf_counter() - start
         passes[variant] = work.macs / unit
 
-    step = max(1, len(components) // args.sample)
-    sample = components[::step][: args.sample]
+    step = max(1, len(components) // n_sample)
+    sample = components[::step][:n_sample]
     reference = ReferencePatcher(handle.view, batch)  # its two caching passes are not counted
     loop_s, worst = {}, {}
     for variant in ("path", "total"):
@@ -80,20 +104,23 @@ def main() -> None:
             worst[variant] = max(worst[variant], float((effect - fast[variant].per_prompt[index]).abs().max()))
         sync()
         loop_s[variant] = (time.perf_counter() - start) / len(sample) * len(components)
+    return fast_s, passes, loop_s, worst
 
-    for variant in ("path", "total"):
-        print(f"{variant}: fast engine, all {len(components)} components: {fast_s[variant]:.2f} s, "
-              f"{passes[variant]:.2f} plain forward passes of the batch")
-        print(f"{variant}: per-component loop, {len(sample)} components timed, scaled to {len(components)}: "
-              f"{loop_s[variant]:.1f} s")
-        print(f"{variant}: max |fast - loop| on the sampled components: {worst[variant]:.2e}")
-        print(f"{variant}: speedup {loop_s[variant] / fast_s[variant]:.1f}x")
-    record("path_patching", args, {
+
+def metrics(fast_s: Timings, passes: Timings, loop_s: Timings, worst: Timings) -> dict[str, float]:
+    """What `record` keeps of `measure`'s numbers."""
+    return {
         "speedup": loop_s["path"] / fast_s["path"], "fast_s": fast_s["path"], "loop_s": loop_s["path"],
         "max_abs_diff": worst["path"], "path_passes": passes["path"],
         "total_speedup": loop_s["total"] / fast_s["total"], "total_s": fast_s["total"],
         "total_loop_s": loop_s["total"], "total_max_abs_diff": worst["total"], "total_passes": passes["total"],
-    })  # fmt: skip
+    }  # fmt: skip
+
+
+def print_loop(variant: str, fast_s: Timings, loop_s: Timings, worst: Timings, n_sample: int, n: int) -> None:
+    print(f"{variant}: per-component loop, {n_sample} components timed, scaled to {n}: {loop_s[variant]:.1f} s")
+    print(f"{variant}: max |fast - loop| on the sampled components: {worst[variant]:.2e}")
+    print(f"{variant}: speedup {loop_s[variant] / fast_s[variant]:.1f}x")
 
 
 if __name__ == "__main__":

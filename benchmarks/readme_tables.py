@@ -69,6 +69,22 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
             ratio="total_speedup",
         ),
     ),
+    "answer_digits": (
+        Shown(
+            "per-digit path patching (`identify --answer-digits`, two-digit sums, every head and MLP at each answer "
+            "token): fast engine vs one forward pass per component (sampled, scaled)",
+            "fast_s", "loop_s", "s",
+            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path_passes')} of the "
+            f"{m['rows']} rows",
+        ),
+        Shown(
+            "per-digit activation patching at END (`--answer-digits --variant total`): fast engine vs one forward "
+            "pass per component (sampled, scaled)",
+            "total_s", "total_loop_s", "s",
+            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total_passes')}",
+            ratio="total_speedup",
+        ),
+    ),
     "knockout": Shown(
         "knockout sweep: batched configurations vs one configuration per forward pass",
         "batched_s", "loop_s", "s",

@@ -98,6 +98,16 @@ BENCHMARKS = (
         full_args=("--prompts", "64", "--sample", "12"),
     ),  # fmt: skip
     Benchmark(
+        "answer_digits",
+        ("--prompts", "12", "--sample", "6"),
+        {
+            "speedup": RATIO, "fast_s": SECONDS, "loop_s": SECONDS, "max_abs_diff": at_most(1e-4),
+            "path_passes": at_most(5.0), "total_speedup": RATIO, "total_s": SECONDS, "total_loop_s": SECONDS,
+            "total_max_abs_diff": at_most(1e-4), "total_passes": at_most(6.0), "rows": COUNT, "answer_tokens": COUNT,
+        },
+        full_args=("--prompts", "32", "--sample", "12"),
+    ),  # fmt: skip
+    Benchmark(
         "knockout",
         ("--prompts", "32", "--max-k", "8", "--n-random", "2"),
         {"speedup": RATIO, "batched_s": SECONDS, "loop_s": SECONDS, "accuracies_agree": AGREE},

@@ -76,6 +76,16 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     return value
 
 
+def refuse_answer_digits(folder: Path, what: str) -> None:
+    """ConfigError if the identify run in `folder` scored its answers token by token (identify --answer-digits):
+    `what` (an analysis that reads one answer token per prompt) would score the first token only."""
+    if ((read_metadata(folder) or {}).get("config") or {}).get("answer_digits"):
+        raise ConfigError(
+            f"the identify run {str(folder)!r} scored its answers token by token (--answer-digits), and {what} "
+            "reads one answer token per prompt; give it an identify run made without --answer-digits"
+        )
+
+
 def identify_record(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """What an analysis records of the identify run it read: path, fingerprint and when it was made."""
     path = Path(folder)

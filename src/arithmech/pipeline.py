@@ -305,6 +305,20 @@ def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[st
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+ONE_ANSWER_TOKEN = ("attention", "mlp", "fourier", "agreement")
+"""Stages that read one answer token per identify prompt, so not a run of identify.answer_digits."""
+
+
+def _check_answer_digits(cfg: RunConfig) -> None:
+    identify = cfg.settings.get("identify")
+    clash = [name for name in ONE_ANSWER_TOKEN if name in cfg.stages]
+    if identify is not None and "identify" in cfg.stages and getattr(identify, "answer_digits", False) and clash:
+        raise ConfigError(
+            f"identify.answer_digits scores the answers token by token, and the stage {clash[0]!r} reads one answer "
+            f"token per prompt; leave {', '.join(clash)} out of stages, or set identify.answer_digits to false"
+        )
+
+
 def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dict[str, Any]:
     """Run the chosen stages in order into cfg.out, skipping those already done with the same fingerprint.
 
@@ -314,6 +328,7 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     run_dir = preflight.out_folder(cfg.out, option="out", stage="pipeline")
     settings = {name: preflight.stage_paths(c, prefix=name, skip=_INJECTED) for name, c in cfg.settings.items()}
     _check_given(run_dir, cfg.given)
+    _check_answer_digits(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.errors import ConfigError
-from arithmech.lineage import identify_folder, read_metadata
+from arithmech.lineage import identify_folder, read_metadata, refuse_answer_digits
 
 FILE_FIELDS = ("prompts_file", "templates_file", "train_file", "general_text")
 FOLDER_FIELDS = {"data_dir": (), "harness_include_path": (), "adapter": ("adapter_config.json",)}
@@ -197,6 +197,8 @@ def check(cfg: Any, out: str | os.PathLike[str], stage: str) -> tuple[Any, Path]
 
 
 def check_reading(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], stage: str) -> tuple[Path, Path]:
-    """The same for a command given its identify run apart from its config: (the identify folder, the output
-    folder)."""
-    return identify_folder(run_dir), out_folder(out, stage=stage)
+    """The same for a command given its identify run apart from its config (an analysis of one answer token per
+    prompt: a run of --answer-digits is refused): (the identify folder, the output folder)."""
+    folder = identify_folder(run_dir)
+    refuse_answer_digits(folder, stage.replace("_", " ").replace("-", " "))
+    return folder, out_folder(out, stage=stage)

@@ -45,12 +45,12 @@ REFUSED: dict[str, tuple[bytes, str, list[str]]] = {
         jsonl([GOOD, pair("9 + 3 = ", "12")]),
         "bytes",
         ["line 2 (1 of 2 pairs)", "more than one token", "only its first token would be scored", "'1', '2'",
-         "single-digit answer, or a model whose tokenizer has the number as one token"],
+         "score the answer token by token with --answer-digits"],
     ),
     "multi-digit answer, merging tokenizer": (
         jsonl([pair("9 + 3 = ", "12")]),
         "merging",
-        ["line 1", "more than one token", "' 1', '2'", "single-digit answer"],
+        ["line 1", "more than one token", "' 1', '2'", "--answer-digits", "single-token answer"],
     ),
     "answer with a leading space after '='": (
         jsonl([pair("4 + 4 =", " 8"), pair("1 + 2 =", " 3")]),

@@ -40,6 +40,14 @@ def identify(
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Also patch prompts the model gets wrong.")
     ] = False,
+    answer_digits: Annotated[
+        bool,
+        typer.Option(
+            "--answer-digits",
+            help="Score answers of several tokens (12 = '1', '2' on digit-splitting tokenizers) token by token, "
+            "each on the prompt plus the answer's earlier tokens; effects per answer position too.",
+        ),
+    ] = False,
     variant: Annotated[
         str,
         typer.Option(help="path (MLPs recomputed, heads frozen), direct (all frozen) or total (nothing frozen)."),
@@ -78,6 +86,7 @@ def identify(
         templates_file=str(templates) if templates else None,
         max_prompts=max_prompts,
         filter_correct=not keep_incorrect,
+        answer_digits=answer_digits,
         variant=variant,
         method=method,
         threshold=threshold,
@@ -115,7 +124,32 @@ def _print_identify_summary(result: object) -> None:
             f" MLPs {rho['spearman_mlps']})"
             + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
         )
+    positions = result.metadata.get("answer_positions")  # type: ignore[attr-defined]
+    if positions:
+        typer.echo("answer tokens scored per position: " + ", ".join(f"{p}: {n}" for p, n in positions.items()))
+        carry = result.metadata.get("carry_accuracy") or {}  # type: ignore[attr-defined]
+        if carry:
+            typer.echo("answered before sampling: " + ", ".join(
+                f"{group} {v['accuracy']:.0%} of {v['pairs']}" for group, v in carry.items()))  # fmt: skip
+        overlap = _first_overlap(result.out_dir)  # type: ignore[attr-defined]
+        if overlap:
+            typer.echo(overlap)
     if counts["used"] < SMALL_SAMPLE:
         typer.echo(f"small sample: effects of {counts['used']} prompts change with another sample; use "
                    f"{SMALL_SAMPLE} or more (--max-prompts, --n-per-template) before relying on them")  # fmt: skip
     typer.echo(f"results in {result.out_dir}")  # type: ignore[attr-defined]
+
+
+def _first_overlap(out: Path) -> str | None:
+    """One line on how much the first two answer positions share their top components."""
+    import csv
+
+    path = out / "position_overlap.csv"
+    if not path.is_file():
+        return None
+    with path.open() as handle:
+        row = next(csv.DictReader(handle))
+    k = "top10_overlap" if "top10_overlap" in row else next(c for c in row if c.endswith("_overlap"))
+    rho = f"{float(row['spearman']):.2f}" if row["spearman"] else "n/a"  # empty: a constant ranking
+    return (f"answer tokens {row['position_a']} and {row['position_b']}: {k.removesuffix('_overlap')} overlap "
+            f"{float(row[k]):.0%}, Spearman {rho}")  # fmt: skip

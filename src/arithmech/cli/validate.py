@@ -35,6 +35,13 @@ def knockout(
     min_group_size: Annotated[
         int, typer.Option(help="Smallest template group a mean is taken over (or resampled from); smaller: END mean.")
     ] = 4,
+    answer_digits: Annotated[
+        bool,
+        typer.Option(
+            "--answer-digits",
+            help="Score answers of several tokens token by token (on by itself for an identify run made with it).",
+        ),
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the random-rank draws.")] = 0,
     load: Any = None,
@@ -56,6 +63,7 @@ def knockout(
         include_mlps=include_mlps,
         max_prompts=max_prompts,
         min_group_size=min_group_size,
+        answer_digits=answer_digits,
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S"), "knockout")
@@ -67,7 +75,8 @@ def knockout(
     if not distributed.is_main():
         return
     base = next(r for r in result.rows if r.ranking == "none")
-    typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}")
+    whole = " (whole answers, every token right)" if base.by_position else ""
+    typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}{whole}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")
     for row in summarize(result.rows):
         mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no random draws

@@ -115,6 +115,12 @@ def generate_pairs(cfg: GenerationConfig, templates: list[Template] | None = Non
             examples = source.examples(rng, cfg.few_shot, exclude=query)
             pairs.append(build_pair(template, query, examples))
     logger.info("generated %d prompt pairs from %d templates", len(pairs), len(chosen))
+    if cfg.single_digit_answer and cfg.operand_max > _DIGIT_CAP:
+        logger.warning(
+            "operands %d-%d: only problems with a single-digit answer (0-9) were generated, one token on every "
+            "tokenizer; --answer-digits (identify, knockout) keeps the others, scored digit by digit",
+            cfg.operand_min, cfg.operand_max,
+        )  # fmt: skip
     return pairs
 
 
@@ -226,7 +232,8 @@ def _no_problem(template: Template, cfg: GenerationConfig) -> ConfigError:
     digit = " with a single-digit answer" if cfg.single_digit_answer else ""
     return ConfigError(
         f"operands {cfg.operand_min}-{cfg.operand_max} admit no valid {template.operation} problem{digit} "
-        f"for template '{template.id}'; widen the operand range or set single_digit_answer to false"
+        f"for template '{template.id}'; widen the operand range, or keep answers of several digits with "
+        "--answer-digits (single_digit_answer false), scored digit by digit"
     )
 
 

@@ -176,15 +176,30 @@ def answer_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> P
         )
     if len(pieces) > 1:
         return Problem(
-            "the answer is more than one token, and only its first token would be scored",
+            "the answer is more than one token (the tokenizer has no single token for it), and only its first "
+            "token would be scored",
             shown,
-            "use a single-digit answer, or a model whose tokenizer has the number as one token (per-digit "
-            "answers are not supported yet)",
+            "score the answer token by token with --answer-digits (teacher forcing), or use a single-token answer",
         )
     return Problem(
         "the answer's token is not the answer itself",
         shown,
         "end the reference where the answer starts, so the answer is a whole token",
+    )
+
+
+def answer_tokens_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> Problem | None:
+    """None if `answer_ids` (the answer's tokens after the reference) decode to the answer, the first not a space:
+    the rule of an answer scored token by token (`tokens.tokenize_pairs(..., answer_digits=True)`)."""
+    pieces = [str(tokenizer.decode([token_id])) for token_id in answer_ids]
+    if len(pieces) == 1 or not pieces[0].strip():
+        return answer_problem(tokenizer, pair, answer_ids)  # one token, or a space first
+    if "".join(pieces).strip() == pair.answer.strip():
+        return None
+    return Problem(
+        "the answer's tokens are not the answer itself",
+        f"answer {pair.answer!r} -> {', '.join(repr(p) for p in pieces)}",
+        "end the reference where the answer starts, so the answer's tokens spell it",
     )
 
 

@@ -32,6 +32,10 @@ class ReferenceSetConfig:
         default=64, metadata={"help": "reference prompts kept (a sample stratified by operation and template)"}
     )
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers"})
+    answer_digits: bool = field(
+        default=False,
+        metadata={"help": "score answers of several tokens token by token, each on the answer's earlier tokens"},
+    )
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of generation and sampling"})
 
@@ -53,6 +57,7 @@ class ReferenceSetConfig:
             operand_max=self.operand_max,
             few_shot=self.few_shot,
             seed=self.seed,
+            single_digit_answer=not self.answer_digits,
         )
 
     def check_files(self) -> None:

@@ -15,9 +15,10 @@ Steps (`build_reference_set`; its settings, `ReferenceSetConfig`, are in `data/r
        nothing, is refused (`pair_checks`); one whose counterfactual has another token length is rejected,
        counted and named;
     3. filter: keep the prompts whose top token at END is the answer's first token (unless filter_correct is
-       off), with the accuracy of every template;
-    4. sample: max_prompts of the kept prompts, seeded and stratified by operation and template
-       (`data/sampling.py`).
+       off), with the accuracy of every template; with answer_digits, a pair is kept when every token of its
+       answer is the top token on the answer's earlier tokens (so greedy decoding writes the whole answer);
+    4. sample: max_prompts of the kept prompts (pairs, with all their answer tokens), seeded and stratified
+       by operation and template (`data/sampling.py`).
 
 Held-out prompts (`heldout_reference_set`)
     The sample of step 4 is the first max_prompts of a stratified deal over every kept prompt; the held-out
@@ -31,10 +32,11 @@ Usage
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from arithmech.data.carries import carry_group
 from arithmech.data.prompts import PromptPair
 from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
 from arithmech.data.sampling import stratified_sample
@@ -52,48 +54,73 @@ class ReferenceSet:
     template_accuracy: dict[str, dict[str, float | None]]
     """Per template: pairs, rejected_length_mismatch, kept, correct, accuracy (None when none was kept)."""
     counts: dict[str, int]
+    carry_accuracy: dict[str, dict[str, float | int]] = field(default_factory=dict)
+    """Per carry group (`data/carries.py`) of the pairs, before sampling: pairs, correct, accuracy; empty when
+    no pair has a group."""
 
 
 def build_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig) -> ReferenceSet:
     """Steps 1-4 of the module docstring."""
-    tokenized, kept, accuracy, counts = _kept_prompts(handle, cfg)
-    chosen = [kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
-    return ReferenceSet(tokenized.take(chosen), accuracy, {**counts, "used": len(chosen)})
+    tokenized, kept, accuracy, counts, carry = _kept_prompts(handle, cfg)
+    pairs = tokenized.unique_pairs()
+    chosen = [kept[i] for i in stratified_sample([pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
+    reference = tokenized.take_pairs(chosen)
+    counts = {**counts, "used": len(chosen)}
+    if cfg.answer_digits:
+        counts["scored_tokens"] = len(reference.end)  # rows: one per answer token
+    return ReferenceSet(reference, accuracy, counts, carry)
 
 
 def heldout_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig, n: int) -> TokenizedPairs | None:
     """Up to n kept prompts that `build_reference_set(handle, cfg)` did not take, or None if there are none."""
-    tokenized, kept, _, _ = _kept_prompts(handle, cfg)
-    taken = {kept[i] for i in stratified_sample([tokenized.pairs[i] for i in kept], cfg.max_prompts, cfg.seed)}
+    tokenized, kept, _, _, _ = _kept_prompts(handle, cfg)
+    pairs = tokenized.unique_pairs()
+    taken = {kept[i] for i in stratified_sample([pairs[i] for i in kept], cfg.max_prompts, cfg.seed)}
     rest = [i for i in kept if i not in taken]
     if not rest:
         return None
-    return tokenized.take([rest[j] for j in stratified_sample([tokenized.pairs[i] for i in rest], n, cfg.seed)])
+    return tokenized.take_pairs([rest[j] for j in stratified_sample([pairs[i] for i in rest], n, cfg.seed)])
 
 
 def _kept_prompts(
     handle: ModelHandle, cfg: ReferenceSetConfig
-) -> tuple[TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int]]:
-    """Steps 1-3: every tokenized pair, the indices kept, the accuracy per template, and the counts."""
+) -> tuple[
+    TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int], dict[str, dict[str, float | int]]
+]:
+    """Steps 1-3: every tokenized pair, the pair numbers kept, the accuracy per template, the counts, and the
+    accuracy per carry group."""
     pairs = reference_pairs(cfg)
-    tokenized, report = tokenize_pairs(handle.tokenizer, pairs)
+    tokenized, report = tokenize_pairs(handle.tokenizer, pairs, answer_digits=cfg.answer_digits)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
     )
-    accuracy = _template_accuracy(tokenized.pairs, predictions.correct, report.per_template)
-    keep = predictions.correct if cfg.filter_correct else torch.ones_like(predictions.correct)
+    wrong = torch.zeros(tokenized.n_pairs, dtype=torch.long).index_add_(
+        0, tokenized.pair_index, (~predictions.correct).long()
+    )
+    correct = wrong == 0  # [pair]: every token of the answer is the top token
+    accuracy = _template_accuracy(tokenized.unique_pairs(), correct, report.per_template)
+    keep = correct if cfg.filter_correct else torch.ones_like(correct)
     if not bool(keep.any()):
         raise DataError(
-            f"the model answered none of the {len(tokenized.pairs)} prompts correctly, "
+            f"the model answered none of the {tokenized.n_pairs} prompts correctly, "
             "so there is no reference set; "
             "add solved examples before each query (--few-shot 3) or use easier operands"
         )
     counts = {
         "pairs": len(pairs),
         "rejected_length_mismatch": report.rejected_length_mismatch,
-        "answered_correctly": int(predictions.correct.sum()),
+        "answered_correctly": int(correct.sum()),
     }
-    return tokenized, keep.nonzero().flatten().tolist(), accuracy, counts
+    return tokenized, keep.nonzero().flatten().tolist(), accuracy, counts, _carry_accuracy(tokenized, correct)
+
+
+def _carry_accuracy(tokenized: TokenizedPairs, correct: torch.Tensor) -> dict[str, dict[str, float | int]]:
+    """Pairs, correct and accuracy per carry group of the pairs (`carry_group`); groupless pairs left out."""
+    answered: dict[str, list[bool]] = {}
+    for pair, ok in zip(tokenized.unique_pairs(), correct.tolist(), strict=True):
+        if (group := carry_group(pair)) is not None:
+            answered.setdefault(group, []).append(bool(ok))
+    return {g: {"pairs": len(v), "correct": sum(v), "accuracy": sum(v) / len(v)} for g, v in sorted(answered.items())}
 
 
 def _template_accuracy(

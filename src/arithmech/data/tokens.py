@@ -25,6 +25,7 @@ from arithmech.data.pair_checks import (
     Location,
     Problem,
     answer_problem,
+    answer_tokens_problem,
     counterfactual_problem,
     describe,
     pair_location,
@@ -36,7 +37,7 @@ from arithmech.errors import DataError
 logger = logging.getLogger(__name__)
 
 ROLE_CODES: dict[str, int] = {"other": 0, "A": 1, "B": 2, "operator": 3, "prefix": 4}
-_Row = tuple[list[int], list[int], int, list[int]]  # reference ids, counterfactual ids, answer id, role codes
+_Row = tuple[list[int], list[int], list[int], list[int]]  # reference ids, counterfactual ids, answer ids, roles
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class TokenizedPairs:
     roles holds ROLE_CODES (0 other, 1 A, 2 B, 3 operator, 4 prefix) of each reference token; zeros for
     a pair without spans, and everywhere for a slow tokenizer (no offsets). `roles_available` is True only
     when every row has roles.
+
+    With answer digits (`tokenize_pairs(..., answer_digits=True)`) a pair whose answer has m tokens t1..tm
+    has m consecutive rows: row j is the reference and the counterfactual each followed by t1..t(j-1) (teacher
+    forcing, the reference's answer prefix in both), its answer tj; `answer_position` is j (1-based) and
+    `pair_index` numbers the pairs 0..P-1 in order (`pairs` holds each row's pair). Otherwise every pair is one
+    row, at position 1.
     """
 
     ref_ids: torch.Tensor  # [batch, pos] long
@@ -58,11 +65,38 @@ class TokenizedPairs:
     pairs: list[PromptPair]
     pad_id: int
     roles_available: bool
+    answer_position: torch.Tensor  # [batch] long, 1-based position of the scored token in the answer
+    pair_index: torch.Tensor  # [batch] long, the row's pair, numbered 0..P-1 in order
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.pair_index.max()) + 1 if len(self.pair_index) else 0
+
+    def unique_pairs(self) -> list[PromptPair]:
+        """One entry per pair (its first row's), in pair order."""
+        first = torch.ones_like(self.pair_index, dtype=torch.bool)
+        first[1:] = self.pair_index[1:] != self.pair_index[:-1]
+        return [self.pairs[i] for i in first.nonzero().flatten().tolist()]
+
+    def pair_rows(self, pair_numbers: list[int]) -> list[int]:
+        """The rows of these pairs, pair by pair in the order given, each pair's positions in order."""
+        rows_of: dict[int, list[int]] = {}
+        for row, pair in enumerate(self.pair_index.tolist()):
+            rows_of.setdefault(pair, []).append(row)
+        return [row for pair in pair_numbers for row in rows_of[pair]]
+
+    def take_pairs(self, pair_numbers: list[int]) -> TokenizedPairs:
+        """Every row of some of the pairs, in that order (`take` of `pair_rows`)."""
+        return self.take(self.pair_rows(pair_numbers))
 
     def take(self, indices: list[int]) -> TokenizedPairs:
-        """Some of the pairs, in that order, trimmed to their own longest prompt."""
+        """Some of the rows, in that order, trimmed to their own longest prompt; their pairs are renumbered
+        0..P-1 in order of first appearance."""
         idx = torch.tensor(indices, dtype=torch.long)
         width = int(self.end[idx].max()) + 1
+        picked = self.pair_index[idx].tolist()
+        number: dict[int, int] = {}
+        renumbered = torch.tensor([number.setdefault(p, len(number)) for p in picked], dtype=torch.long)
         return TokenizedPairs(
             ref_ids=self.ref_ids[idx, :width],
             cf_ids=self.cf_ids[idx, :width],
@@ -74,6 +108,8 @@ class TokenizedPairs:
             pairs=[self.pairs[i] for i in indices],
             pad_id=self.pad_id,
             roles_available=self.roles_available,
+            answer_position=self.answer_position[idx],
+            pair_index=renumbered,
         )
 
     def role_mask(self, role: str) -> torch.Tensor:
@@ -164,6 +200,7 @@ def tokenize_pairs(
     *,
     first_token_answers: bool = False,
     counterfactual_required: bool = True,
+    answer_digits: bool = False,
 ) -> tuple[TokenizedPairs, TokenizeReport]:
     """Tokenize pairs, refuse any that breaks a rule of `pair_checks`, reject (and name) those whose
     counterfactual has another token length, and right-pad the rest.
@@ -172,7 +209,11 @@ def tokenize_pairs(
         multi-digit, decimal and word-problem targets, Zhang et al. 2024 section 5.1).
     counterfactual_required: False accepts a counterfactual equal to the reference (word problems have none;
         transfer ablates them with means).
+    answer_digits: score every token of a longer answer, one row per token with the answer's earlier tokens
+        appended to both prompts (teacher forcing; `TokenizedPairs`); the report counts pairs, not rows.
     """
+    if first_token_answers and answer_digits:
+        raise ValueError("first_token_answers and answer_digits exclude each other")
     if not pairs:
         raise DataError("there are no prompt pairs to tokenize; generate or read some prompt pairs first")
     fast = bool(getattr(tokenizer, "is_fast", False))
@@ -185,7 +226,7 @@ def tokenize_pairs(
     example = ""  # what the model sees and is scored on, for the first prompt whose space moved
     for number, pair in enumerate(pairs, 1):
         where = pair_location(pair, number)
-        checked = _tokenize_pair(tokenizer, pair, fast, first_token_answers, counterfactual_required)
+        checked = _tokenize_pair(tokenizer, pair, fast, first_token_answers, counterfactual_required, answer_digits)
         if isinstance(checked, Problem):
             findings.add(where, checked)
             continue
@@ -198,7 +239,7 @@ def tokenize_pairs(
         tally["kept"] += 1
         if space_moved and pair.source is not None:
             moved.append(where)
-            example = example or f"{pair.reference.rstrip()[-20:]!r} and {tokenizer.decode([row[2]])!r}"
+            example = example or f"{pair.reference.rstrip()[-20:]!r} and {tokenizer.decode([row[2][0]])!r}"
         rows.append(row)
         kept_pairs.append(pair)
     findings.refuse()
@@ -209,11 +250,32 @@ def tokenize_pairs(
     )
     _report_changes(pairs, rejected, moved, example)
     roles_available = fast and all(p.spans for p in kept_pairs)
-    return _stack(rows, kept_pairs, pad_id_of(tokenizer), roles_available), report
+    return _stack(*_teacher_forced(rows, kept_pairs), pad_id_of(tokenizer), roles_available), report
+
+
+def _teacher_forced(
+    rows: list[_Row], pairs: list[PromptPair]
+) -> tuple[list[_Row], list[PromptPair], list[int], list[int]]:
+    """One row per answer token: row j of a pair is its prompts followed by the answer's tokens before the j-th
+    (teacher forcing), scored on the j-th. Also each row's pair and 1-based answer position."""
+    out: list[_Row] = []
+    out_pairs, positions, pair_index = [], [], []
+    for number, ((ref, cf, answer, roles), pair) in enumerate(zip(rows, pairs, strict=True)):
+        for j, token in enumerate(answer):
+            out.append((ref + answer[:j], cf + answer[:j], [token], roles + [0] * j))
+            out_pairs.append(pair)
+            positions.append(j + 1)
+            pair_index.append(number)
+    return out, out_pairs, positions, pair_index
 
 
 def _tokenize_pair(
-    tokenizer: Any, pair: PromptPair, fast: bool, first_token_answers: bool, counterfactual_required: bool
+    tokenizer: Any,
+    pair: PromptPair,
+    fast: bool,
+    first_token_answers: bool,
+    counterfactual_required: bool,
+    answer_digits: bool = False,
 ) -> Problem | tuple[bool, _Row]:
     """The rule of `pair_checks` the pair breaks, or (whether its trailing space moved into the answer, its row)."""
     problem = text_problem(pair, counterfactual_required)
@@ -221,7 +283,8 @@ def _tokenize_pair(
     if problem or split is None:
         return problem or _NOT_A_PREFIX
     reference, answer_ids = split
-    if not first_token_answers and (problem := answer_problem(tokenizer, pair, answer_ids)):
+    check = answer_tokens_problem if answer_digits else None if first_token_answers else answer_problem
+    if check is not None and (problem := check(tokenizer, pair, answer_ids)):
         return problem
     counterfactual = pair.counterfactual if reference == pair.reference else pair.counterfactual.rstrip()
     ref_ids, offsets = _encode_with_offsets(tokenizer, reference, fast)
@@ -229,7 +292,7 @@ def _tokenize_pair(
     if counterfactual_required and (problem := counterfactual_problem(pair, ref_ids, cf_ids)):
         return problem
     roles = _roles(offsets, pair.spans) if offsets else [0] * len(ref_ids)
-    return reference != pair.reference, (ref_ids, cf_ids, answer_ids[0], roles)
+    return reference != pair.reference, (ref_ids, cf_ids, answer_ids if answer_digits else answer_ids[:1], roles)
 
 
 _NOT_A_PREFIX = Problem(
@@ -291,10 +354,12 @@ def _roles(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) ->
 def _stack(
     rows: list[_Row],
     pairs: list[PromptPair],
+    positions: list[int],
+    pair_index: list[int],
     pad_id: int,
     roles_available: bool,
 ) -> TokenizedPairs:
-    """Right-pad the rows into [batch, pos] tensors."""
+    """Right-pad the rows (one answer token each) into [batch, pos] tensors."""
     width = max(len(ref) for ref, _, _, _ in rows)
     batch = len(rows)
     ref_ids = torch.full((batch, width), pad_id, dtype=torch.long)
@@ -313,9 +378,11 @@ def _stack(
         ref_mask=mask,
         cf_mask=mask.clone(),
         end=mask.sum(dim=1) - 1,  # [batch]
-        answer_ids=torch.tensor([answer for _, _, answer, _ in rows], dtype=torch.long),
+        answer_ids=torch.tensor([answer[0] for _, _, answer, _ in rows], dtype=torch.long),
         roles=roles,
         pairs=pairs,
         pad_id=pad_id,
         roles_available=roles_available,
+        answer_position=torch.tensor(positions, dtype=torch.long),
+        pair_index=torch.tensor(pair_index, dtype=torch.long),
     )

@@ -43,6 +43,20 @@ class KnockoutScores:
         """[config] mean probability of the answer token."""
         return self.answer_prob.mean(dim=1)
 
+    def whole_answers(self, pair_index: torch.Tensor) -> KnockoutScores:
+        """Scores per pair [config, pair] of prompts scored token by token (`pair_index` [prompt] their pair):
+        correct when every token is, with the answer's probability the product of its tokens' (teacher forced,
+        so greedy decoding writes the whole answer exactly when it is correct)."""
+        n_pairs = int(pair_index.max()) + 1
+        wrong = torch.zeros(len(self.correct), n_pairs).index_add_(1, pair_index, (~self.correct).float())
+        log_prob = torch.zeros(len(self.correct), n_pairs, dtype=torch.float64)
+        log_prob.index_add_(1, pair_index, self.answer_prob.double().log())
+        return KnockoutScores(wrong == 0, log_prob.exp().float())
+
+    def at(self, prompts: torch.Tensor) -> KnockoutScores:
+        """The scores of some prompts ([prompt] bool or indices)."""
+        return KnockoutScores(self.correct[:, prompts], self.answer_prob[:, prompts])
+
 
 @torch.no_grad()
 def knockout_scores(

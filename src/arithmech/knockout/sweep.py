@@ -13,9 +13,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import AblationSources
-from arithmech.knockout.batched import knockout_scores
+from arithmech.knockout.batched import KnockoutScores, knockout_scores
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
@@ -40,6 +42,40 @@ class SweepRow:
     components: tuple[str, ...]
     accuracy: float
     mean_prob: float
+    by_position: tuple[tuple[int, str, int, float, float], ...] = ()
+    """With answers scored token by token (`AnswerRows`): (answer position, group, prompts, accuracy, mean_prob)
+    per position 1, 2, ... (teacher forced) and 0 (whole answers), per group "all" and each carry group; then
+    accuracy and mean_prob are of whole answers (`KnockoutScores.whole_answers`)."""
+
+
+@dataclass(frozen=True)
+class AnswerRows:
+    """Which answer each prompt row of a sweep scores a token of (`data/tokens.py`, answer digits)."""
+
+    pair_index: torch.Tensor  # [row] the row's pair, 0..P-1, a pair's rows together
+    position: torch.Tensor  # [row] 1-based answer position
+    groups: tuple[str | None, ...]  # [row] carry group of the row's pair (`data/carries.py`), None for none
+
+    def rows(self, lo: int, hi: int) -> AnswerRows:
+        """Rows lo..hi, which must hold whole pairs; their pairs renumbered from 0."""
+        pairs = self.pair_index[lo:hi]
+        return AnswerRows(pairs - pairs.min(), self.position[lo:hi], self.groups[lo:hi])
+
+    def cells(self, scores: KnockoutScores) -> dict[tuple[int, str], KnockoutScores]:
+        """(position, group) -> the scores there: positions 1, 2, ... per row, 0 for whole answers per pair;
+        group "all", then each carry group present."""
+        whole = scores.whole_answers(self.pair_index)
+        first = torch.ones_like(self.pair_index, dtype=torch.bool)
+        first[1:] = self.pair_index[1:] != self.pair_index[:-1]
+        pair_groups = [g for g, f in zip(self.groups, first.tolist(), strict=True) if f]
+        names = ["all", *sorted({g for g in self.groups if g is not None})]
+        out = {}
+        for name in names:
+            in_group = torch.tensor([name == "all" or g == name for g in self.groups])
+            out[(0, name)] = whole.at(torch.tensor([name == "all" or g == name for g in pair_groups]))
+            for p in self.position.unique().tolist():
+                out[(int(p), name)] = scores.at(in_group & (self.position == p))
+        return {key: cell for key, cell in out.items() if cell.correct.shape[1] > 0}
 
 
 def knockout_sweep(
@@ -53,8 +89,13 @@ def knockout_sweep(
     seed: int = 0,
     batch_size: int = 64,
     progress: Callable[[int], None] | None = None,
+    answer_rows: AnswerRows | None = None,
 ) -> list[SweepRow]:
-    """The baseline, then for each k the effect-ranked top-k and `n_random` random k-subsets of `pool`."""
+    """The baseline, then for each k the effect-ranked top-k and `n_random` random k-subsets of `pool`.
+
+    answer_rows: for prompts that score an answer token by token, which answer and position each scores; the
+    rows are then scored per answer position and carry group, and as whole answers.
+    """
     if max_k > len(pool):
         raise ConfigError(f"max_k={max_k} is larger than the {len(pool)} components to choose from; lower --max-k")
     if max_k > len(ranked):
@@ -68,9 +109,15 @@ def knockout_sweep(
             labels.append((k, "random", s))
             configs.append(random.Random(f"{seed}-{k}-{s}").sample(pool, k))
     scores = knockout_scores(view, batch, sources, configs, batch_size, progress)
+    by_position: list[tuple[tuple[int, str, int, float, float], ...]] = [()] * len(configs)
+    if answer_rows is not None:
+        cells = [(p, g, c.correct.shape[1], c.accuracy.tolist(), c.mean_prob.tolist())
+                 for (p, g), c in answer_rows.cells(scores).items()]  # fmt: skip
+        by_position = [tuple((p, g, n, acc[i], prob[i]) for p, g, n, acc, prob in cells) for i in range(len(configs))]
+        scores = scores.whole_answers(answer_rows.pair_index)
     return [
-        SweepRow(k, ranking, s, tuple(c.name for c in config), float(acc), float(prob))
-        for (k, ranking, s), config, acc, prob in zip(
-            labels, configs, scores.accuracy.tolist(), scores.mean_prob.tolist(), strict=True
+        SweepRow(k, ranking, s, tuple(c.name for c in config), float(acc), float(prob), positions)
+        for (k, ranking, s), config, acc, prob, positions in zip(
+            labels, configs, scores.accuracy.tolist(), scores.mean_prob.tolist(), by_position, strict=True
         )
     ]

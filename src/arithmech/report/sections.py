@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from arithmech.report.answer_digits_section import identify_positions, knockout_positions
 from arithmech.report.page import (
     Body,
     Figure,
@@ -99,7 +100,13 @@ def identify_body(stage: StageFolder) -> Body:
         figures.append(Figure(stage.folder / "effects_heatmap.png",
                               "Path-patching effect of every head (layer x head) and MLP on the answer logit; "
                               "negative = the component carries the operation (paper Figure 2)."))  # fmt: skip
-    return Body(" ".join(text), figures, tables, small_samples({"": counts.get("used")}, "reference prompt"))
+    reading = " ".join(text)
+    if stage.has("effects_by_position.csv"):
+        extra, position_figures, position_tables = identify_positions(stage)
+        reading += " " + extra
+        figures += position_figures
+        tables[2:2] = position_tables
+    return Body(reading, figures, tables, small_samples({"": counts.get("used")}, "reference prompt"))
 
 
 def knockout_body(stage: StageFolder) -> Body:
@@ -157,7 +164,12 @@ def knockout_body(stage: StageFolder) -> Body:
     caption = (f"Accuracy (left) and answer probability (right) after knocking out the top-k {word}s by effect "
                "vs k random ones, ± 1 sd (paper Figure 3).")  # fmt: skip
     figures = [Figure(stage.folder / "knockout.png", caption)] if stage.has("knockout.png") else []
-    return Body(text, figures, [table], small_samples({"": meta.get("counts", {}).get("prompts")}, "prompt"))
+    tables = [table]
+    if stage.has("knockout_position_summary.csv"):
+        extra, position_tables = knockout_positions(stage)
+        text += extra
+        tables += position_tables
+    return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "prompt"))
 
 
 def transfer_body(stage: StageFolder) -> Body:

@@ -90,7 +90,7 @@ def method_agreement(
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
-    run = read_identify_run(cfg.from_run, handle)
+    run = read_identify_run(cfg.from_run, handle, one_answer_token="the method agreement")
     variant = run.metadata.get("config", {}).get("variant", "path")
     pairs, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
     t, _ = tokenize_pairs(handle.tokenizer, pairs)

@@ -102,7 +102,7 @@ def analyze_attention(
     """Run the attention-roles analysis on an identify run's reference prompts and write `out_dir`."""
     from tqdm.auto import tqdm
 
-    run = read_identify_run(run_dir, handle)
+    run = read_identify_run(run_dir, handle, one_answer_token="the attention analysis")
     heads, heads_source = choose_heads(run, cfg, handle)
     if not heads:
         raise DataError(f"the identify run {str(run_dir)!r} lists no heads; pass the heads to analyse")

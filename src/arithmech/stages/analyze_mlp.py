@@ -79,7 +79,7 @@ def analyze_mlp(
     run_path, out = analysis_folders(run_dir, out_dir, "MLP analysis", "mlp")
     dims = handle.dims
     layers = chosen_layers(cfg.layers, dims.n_layers)
-    run = read_identify_run(run_path, handle)
+    run = read_identify_run(run_path, handle, one_answer_token="the MLP analysis")
     start_time = time.perf_counter()
     sampled, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
     tokenized, _ = tokenize_pairs(handle.tokenizer, sampled)

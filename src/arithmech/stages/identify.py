@@ -1,7 +1,10 @@
 """The identify stage: prompts -> reference set the model answers -> path patching -> key components.
 
 Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
-template_accuracy.csv and metadata.json, each atomically; metadata.json is written last, with the run's
+template_accuracy.csv and metadata.json, each atomically; with answer_digits (answers of several tokens,
+scored token by token) effects.csv is the mean over every scored token, and effects_by_position.csv,
+position_overlap.csv and effects_heatmap_position<j>.png give them per answer position
+(`analysis/answer_positions.py`). metadata.json is written last, with the run's
 fingerprint (`lineage.py`). Analyses of an earlier identify run found in the folder are moved aside. A scan
 whose effect is undefined on some prompt (an answer logit of 0 or not finite) is refused, naming the prompts; a
 share of a whole-prompt effect of 0 is written as null / an empty cell, as is a Spearman correlation of a
@@ -17,6 +20,7 @@ import json
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,10 +30,17 @@ import torch
 
 from arithmech import distributed
 from arithmech.analysis.agreement import compare_methods
+from arithmech.analysis.answer_positions import (
+    POSITION_COLUMNS,
+    position_effect_table,
+    position_effects,
+    position_overlap,
+)
 from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.pair_checks import describe, pair_location
 from arithmech.data.reference_set import build_reference_set
+from arithmech.data.tokens import TokenizedPairs
 from arithmech.errors import DataError
 from arithmech.lineage import identify_fingerprint, move_aside_stale
 from arithmech.models.load import ModelHandle
@@ -47,8 +58,10 @@ class IdentifyResult:
     """What identify found, and where it wrote it."""
 
     patch: PatchResult
+    """Per scored row: one per prompt, or (answer_digits) one per answer token of each prompt."""
     key: KeyComponents
     pairs: list[PromptPair]
+    """The reference prompts, one per pair."""
     template_accuracy: dict[str, dict[str, float | None]]
     out_dir: Path
     metadata: dict[str, Any]
@@ -81,7 +94,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     assert patch is not None
     try:
         for result in (r for r in (exact, attribution) if r is not None):
-            check_finite(result, tokenized.pairs)
+            check_finite(result, tokenized.pairs, tokenized.pair_index)
     except DataError:
         shutil.rmtree(out / ".partial", ignore_errors=True)  # its chunks would be refused again
         raise
@@ -110,12 +123,16 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if cfg.answer_digits:
+        metadata["answer_positions"] = _position_counts(tokenized)
+        metadata["carry_accuracy"] = reference.carry_accuracy  # before sampling: how the model does per group
     if distributed.is_main():
         write_identify_outputs(
-            out, handle, patch, key, tokenized.pairs, accuracy, metadata, attribution if exact else None
-        )
+            out, handle, patch, key, tokenized.unique_pairs(), accuracy, metadata, attribution if exact else None,
+            tokenized if cfg.answer_digits else None,
+        )  # fmt: skip
     distributed.barrier()  # the other processes return only once the folder is complete
-    return IdentifyResult(patch, key, tokenized.pairs, accuracy, out, metadata)
+    return IdentifyResult(patch, key, tokenized.unique_pairs(), accuracy, out, metadata)
 
 
 def _patch_with_progress(
@@ -177,13 +194,21 @@ def _sharded(batch: PatchingBatch, lo: int, hi: int, scan: Callable[[PatchingBat
     )
 
 
-def check_finite(patch: PatchResult, pairs: list[PromptPair]) -> None:
+def _position_counts(tokenized: TokenizedPairs) -> dict[str, int]:
+    """Scored tokens per answer position ("1", "2", ...): later positions have only the longer answers."""
+    return {str(p): n for p, n in sorted(Counter(tokenized.answer_position.tolist()).items())}
+
+
+def check_finite(patch: PatchResult, pairs: list[PromptPair], pair_index: torch.Tensor | None = None) -> None:
     """Refuse a scan whose effect is undefined on some prompts: an answer logit that is 0 (the relative change
-    divides by it) or not finite (float16 overflow, a broken checkpoint)."""
+    divides by it) or not finite (float16 overflow, a broken checkpoint). pairs[row] is each scored row's pair,
+    pair_index[row] its number (default: one row per pair)."""
     finite = torch.isfinite(patch.per_prompt).all(dim=0) & torch.isfinite(patch.ref_logit + patch.cf_logit)  # [batch]
     bad = (~finite | (patch.ref_logit == 0)).nonzero().flatten().tolist()
     if bad:
-        where = describe([pair_location(pairs[i], i + 1) for i in bad], len(pairs))
+        number = list(range(len(pairs))) if pair_index is None else pair_index.tolist()
+        first = {number[i]: i for i in reversed(bad)}  # a pair's first bad row names it once
+        where = describe([pair_location(pairs[i], n + 1) for n, i in sorted(first.items())], number[-1] + 1)
         raise DataError(
             f"{where}: the {patch.variant} patching effect is undefined, since the answer's logit is 0 or not "
             "finite there ((patched - ref) / |ref| has no value); load the model in float32 (--dtype float32), "
@@ -228,13 +253,15 @@ def write_identify_outputs(
     accuracy: dict[str, dict[str, float | None]],
     metadata: dict[str, Any],
     attribution: PatchResult | None = None,
+    positions: TokenizedPairs | None = None,
 ) -> None:
     """Write every artefact atomically; metadata.json last, so its presence means the folder is complete.
 
     metadata.json records the run's fingerprint; analyses in `out`'s subfolders made from an earlier run (another
     fingerprint) are moved aside to out/stale-<time>/ with a warning, so none is mistaken for one of this run.
     With `attribution` (method "both"), its estimates go to attribution_effects.csv and the agreement of the
-    two rankings (Spearman, top-k overlap) to agreement.json.
+    two rankings (Spearman, top-k overlap) to agreement.json. With `positions` (the scan's rows, answer digits),
+    the per-position tables and heatmaps too.
     """
     from arithmech.report.plots import effect_heatmap
 
@@ -254,5 +281,25 @@ def write_identify_outputs(
     effects = patch.effects.numpy().reshape(dims.n_layers, dims.n_heads + 1)
     title = f"{patch.variant} patching: {handle.source.get('model', '?')}, {len(pairs)} prompts"
     effect_heatmap(effects[:, :-1], effects[:, -1], out / "effects_heatmap.png", title)
+    if positions is not None:
+        _write_position_outputs(out, handle, patch, positions)
     atomic_write_json(out / "metadata.json", metadata)
     shutil.rmtree(out / ".partial", ignore_errors=True)
+
+
+def _write_position_outputs(out: Path, handle: ModelHandle, patch: PatchResult, positions: TokenizedPairs) -> None:
+    """effects_by_position.csv, position_overlap.csv (with two positions or more) and one heatmap per position."""
+    from arithmech.report.plots import effect_heatmap
+
+    atomic_write_text(out / "effects_by_position.csv", csv_text(position_effects(patch, positions), POSITION_COLUMNS))
+    overlap = position_overlap(patch, positions)
+    if overlap:
+        atomic_write_text(out / "position_overlap.csv", csv_text(overlap))
+    dims = handle.dims
+    for (position, group), effect in position_effect_table(patch, positions).items():
+        if group != "all":
+            continue
+        grid = effect.numpy().reshape(dims.n_layers, dims.n_heads + 1)
+        n = int((positions.answer_position == position).sum())
+        title = f"{patch.variant} patching, answer token {position}: {handle.source.get('model', '?')}, {n} prompts"
+        effect_heatmap(grid[:, :-1], grid[:, -1], out / f"effects_heatmap_position{position}.png", title)

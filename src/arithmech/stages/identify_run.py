@@ -17,7 +17,7 @@ from typing import Any
 
 from arithmech.data import PromptPair, read_prompt_file
 from arithmech.errors import ConfigError
-from arithmech.lineage import identify_folder, identify_record
+from arithmech.lineage import identify_folder, identify_record, refuse_answer_digits
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 
@@ -37,6 +37,11 @@ class IdentifyRun:
     record: dict[str, Any]
     """What an analysis records of the run it read: path, fingerprint, created (`lineage.identify_record`)."""
 
+    @property
+    def answer_digits(self) -> bool:
+        """Whether the run scored its answers token by token (identify --answer-digits)."""
+        return bool(self.metadata.get("config", {}).get("answer_digits"))
+
     def ranked(self, kind: str | None = None) -> list[Component]:
         """Components by effect, most negative first; kind "head" or "mlp" keeps only those."""
         items = sorted(self.effects.items(), key=lambda item: item[1])
@@ -48,10 +53,15 @@ def model_identity(source: dict[str, Any]) -> str:
     return str(source.get("gguf_sha256") or source.get("model"))
 
 
-def read_identify_run(run_dir: str | Path, handle: ModelHandle) -> IdentifyRun:
+def read_identify_run(run_dir: str | Path, handle: ModelHandle, one_answer_token: str | None = None) -> IdentifyRun:
     """Read an identify run folder made with the same model as `handle`; `run_dir` may also be the top of an
-    `arithmech run` folder (its identify/ is read; `lineage.identify_folder` says which folders are accepted)."""
+    `arithmech run` folder (its identify/ is read; `lineage.identify_folder` says which folders are accepted).
+
+    one_answer_token: the name of an analysis that reads one answer token per prompt; a run that scored its
+    answers token by token (--answer-digits) is then refused (`lineage.refuse_answer_digits`)."""
     path = identify_folder(run_dir)
+    if one_answer_token is not None:
+        refuse_answer_digits(path, one_answer_token)
     metadata = json.loads((path / "metadata.json").read_text())
     made_with, loaded = model_identity(metadata.get("model", {})), model_identity(handle.source)
     if made_with != loaded or metadata.get("dims", {}).get("n_heads") != handle.dims.n_heads:

@@ -6,7 +6,10 @@ as identify does). The ablation values are taken over that whole prompt set (`kn
 how); the sweep scores `max_prompts` of its prompts, a seeded sample stratified by operation and template
 (`data/sampling.py`). metadata.json records which prompts were scored, the group sizes and the fallbacks.
 Writes knockout.csv, knockout_summary.csv (its random-rank columns empty with n_random 0), knockout.png and
-metadata.json (last).
+metadata.json (last). With answers scored token by token (answer_digits, or an identify run made with it),
+accuracy is of whole answers (every token the top one, teacher forced) and the answer's probability the product
+of its tokens'; knockout_by_position.csv and knockout_position_summary.csv give them per answer position, with
+a knockout_position<j>.png each.
 
 Under `accelerate launch` every process computes the ablation sources on the whole prompt set (a mean over a
 template group must see all of its prompts), sweeps its own slice of the prompts, and the per-configuration
@@ -30,11 +33,12 @@ import torch
 
 from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
+from arithmech.data.carries import carry_group
 from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.data.reference_set import build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
-from arithmech.knockout.ablation import AblationSources, ablation_sources, alignment_groups
-from arithmech.knockout.sweep import SweepRow, k_values, knockout_sweep
+from arithmech.knockout.ablation import ablation_sources, alignment_groups
+from arithmech.knockout.sweep import AnswerRows, SweepRow, k_values, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
@@ -53,9 +57,9 @@ class KnockoutResult:
 
 def _ranking_and_prompts(
     handle: ModelHandle, cfg: KnockoutConfig
-) -> tuple[list[Component], list[PromptPair], dict[str, Any] | None]:
-    """The ranking, the whole prompt set (the identify run's reference set, or one built as identify does) and
-    the record of the identify run read, if any."""
+) -> tuple[list[Component], list[PromptPair], dict[str, Any] | None, bool]:
+    """The ranking, the whole prompt set (the identify run's reference set, or one built as identify does),
+    the record of the identify run read, if any, and whether answers are scored token by token."""
     run = read_identify_run(cfg.from_run, handle) if cfg.from_run else None
     if cfg.components:
         ranked = [parse_component(name, handle.dims) for name in cfg.components]
@@ -63,9 +67,11 @@ def _ranking_and_prompts(
         assert run is not None
         ranked = run.ranked(None if cfg.include_mlps else "head")
     if run is not None:
-        return ranked, run.pairs, run.record
-    reference = build_reference_set(handle, ReferenceSetConfig(max_prompts=cfg.max_prompts, seed=cfg.seed))
-    return ranked, reference.tokenized.pairs, None
+        return ranked, run.pairs, run.record, cfg.answer_digits or run.answer_digits
+    reference = build_reference_set(
+        handle, ReferenceSetConfig(max_prompts=cfg.max_prompts, seed=cfg.seed, answer_digits=cfg.answer_digits)
+    )
+    return ranked, reference.tokenized.unique_pairs(), None, cfg.answer_digits
 
 
 @torch.no_grad()
@@ -75,31 +81,39 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
 
     out = Path(out_dir)
     start = time.perf_counter()
-    ranked, pairs, identify_run = _ranking_and_prompts(handle, cfg)
+    ranked, pairs, identify_run, digits = _ranking_and_prompts(handle, cfg)
     pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
-    t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    t, _ = tokenize_pairs(handle.tokenizer, pairs, answer_digits=digits)
     whole = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
-    groups = alignment_groups([p.template_id for p in t.pairs], t.end + 1)
+    keys = [f"{p.template_id or 'custom'}#{j}" for p, j in zip(t.pairs, t.answer_position.tolist(), strict=True)]
+    groups = alignment_groups(keys, t.end + 1)  # answer positions apart: their prompts end in other tokens
     sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
                                cfg.min_group_size, cfg.batch_size)  # values over the whole set  # fmt: skip
-    chosen = stratified_sample(t.pairs, cfg.max_prompts, cfg.seed)
-    batch, sources = whole.select(torch.tensor(chosen)), sources.take(chosen)
+    unique = t.unique_pairs()
+    chosen = stratified_sample(unique, cfg.max_prompts, cfg.seed)  # pairs, each with all its answer tokens
+    rows = t.pair_rows(chosen)
+    batch, sources = whole.select(torch.tensor(rows)), sources.take(rows)
+    chosen_t = t.take(rows)
+    groups = tuple(carry_group(p) for p in chosen_t.pairs)
+    answer_rows = AnswerRows(chosen_t.pair_index, chosen_t.answer_position, groups) if digits else None
     n_configs = 1 + len(k_values(cfg.max_k)) * (1 + cfg.n_random)
-    lo, hi = distributed.shard_bounds(len(batch))
+    pair_lo, pair_hi = distributed.shard_bounds(len(chosen))  # a pair's answer tokens stay in one process
+    lo, hi = int((chosen_t.pair_index < pair_lo).sum()), int((chosen_t.pair_index < pair_hi).sum())
     show = not quiet and distributed.is_main()
     with tqdm(total=n_configs * (hi - lo), desc="knockout", unit="row", disable=not show) as bar:
 
-        def sweep(mine: PatchingBatch, mine_sources: AblationSources) -> list[SweepRow]:
+        def sweep(lo: int, hi: int) -> list[SweepRow]:
+            mine = None if answer_rows is None else answer_rows.rows(lo, hi)
             return knockout_sweep(
-                handle.view, mine, mine_sources, ranked, pool, cfg.max_k, cfg.n_random, cfg.seed, cfg.batch_size,
-                bar.update,
+                handle.view, batch.select(slice(lo, hi)), sources.take(slice(lo, hi)), ranked, pool, cfg.max_k,
+                cfg.n_random, cfg.seed, cfg.batch_size, bar.update, mine,
             )  # fmt: skip
 
         if distributed.world_size() == 1:
-            rows = sweep(batch, sources)
+            sweep_rows = sweep(0, len(batch))
         else:
             distributed.check_same("knockout inputs", batch.ref_ids, batch.answer_ids, [c.name for c in ranked])
-            rows = _sharded_sweep(batch, sources, lo, hi, sweep)
+            sweep_rows = _sharded_sweep(pair_hi - pair_lo, lo, hi, sweep)
     metadata = {
         "stage": "knockout",
         "model": handle.source,
@@ -107,8 +121,10 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "config": asdict(cfg),
         "identify_run": identify_run,
         "seed": cfg.seed,
-        "counts": {"prompts": len(batch), "configurations": n_configs},
-        "prompts": sample_record(t.pairs, chosen),
+        "counts": {"prompts": len(chosen), "configurations": n_configs,
+                   **({"scored_tokens": len(batch)} if digits else {})},  # fmt: skip
+        "answer_digits": digits,
+        "prompts": sample_record(unique, chosen),
         "ablation": sources.info,
         "timings": {"knockout_s": time.perf_counter() - start},
         "processes": distributed.world_size(),
@@ -117,34 +133,40 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if distributed.is_main():
-        write_knockout_outputs(out, rows, metadata, handle.source.get("model", "?"), cfg)
+        write_knockout_outputs(out, sweep_rows, metadata, handle.source.get("model", "?"), cfg)
     distributed.barrier()  # the other processes return only once the folder is complete
-    return KnockoutResult(rows, ranked, out, metadata)
+    return KnockoutResult(sweep_rows, ranked, out, metadata)
 
 
-def _sharded_sweep(
-    batch: PatchingBatch,
-    sources: AblationSources,
-    lo: int,
-    hi: int,
-    sweep: Callable[[PatchingBatch, AblationSources], list[SweepRow]],
-) -> list[SweepRow]:
-    """The sweep over prompts lo..hi, merged over processes into the rows of the whole set.
+def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], list[SweepRow]]) -> list[SweepRow]:
+    """The sweep over prompts lo..hi (`count` pairs), merged over processes into the rows of the whole set.
 
-    Per configuration each process contributes its prompt count n_r, answered count (accuracy_r * n_r, an
-    integer) and answer-probability sum (mean_prob_r * n_r); accuracy is their count over n, rounded to
-    float32 as one process does, and mean_prob their sum over n (within float32 rounding of one process).
+    Per configuration (and answer position) each process contributes its prompt count n_r, answered count
+    (accuracy_r * n_r, an integer) and answer-probability sum (mean_prob_r * n_r); accuracy is their count over
+    n, rounded to float32 as one process does, and mean_prob their sum over n (within float32 rounding of one
+    process).
     """
-    mine = [] if hi == lo else [(hi - lo, sweep(batch.select(slice(lo, hi)), sources.take(slice(lo, hi))))]
+    mine = [] if hi == lo else [(count, sweep(lo, hi))]
     parts: list[tuple[int, list[SweepRow]]] = distributed.gather(mine)
-    n = sum(count for count, _ in parts)
     merged = []
     for i, row in enumerate(parts[0][1]):
-        answered = sum(round(rows[i].accuracy * count) for count, rows in parts)
-        prob = sum(rows[i].mean_prob * count for count, rows in parts)
-        accuracy = float(torch.tensor(answered, dtype=torch.float32) / n)  # as correct.float().mean()
-        merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob / n))
+        accuracy, prob = _merge([(count, rows[i].accuracy, rows[i].mean_prob) for count, rows in parts])
+        shares: dict[tuple[int, str], list[tuple[int, float, float]]] = {}  # -> (prompts, accuracy, mean_prob)
+        for _, rows in parts:
+            for position, group, *share in rows[i].by_position:
+                shares.setdefault((position, group), []).append(tuple(share))  # type: ignore[arg-type]
+        order = sorted(shares, key=lambda key: (key[1] != "all", key[1], key[0]))  # as `AnswerRows.cells` lists them
+        positions = [(*key, sum(n for n, _, _ in shares[key]), *_merge(shares[key])) for key in order]
+        merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_position=tuple(positions)))
     return merged
+
+
+def _merge(shares: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """(accuracy, mean_prob) of the union of parts given as (prompts, accuracy, mean_prob)."""
+    n = sum(count for count, _, _ in shares)
+    answered = sum(round(accuracy * count) for count, accuracy, _ in shares)
+    prob = sum(mean_prob * count for count, _, mean_prob in shares)
+    return float(torch.tensor(answered, dtype=torch.float32) / n), prob / n  # as correct.float().mean()
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
@@ -197,4 +219,39 @@ def write_knockout_outputs(
     baseline = next(r for r in rows if r.ranking == "none")
     title = f"{cfg.ablation} ablation, {metadata['counts']['prompts']} prompts: {model}"
     knockout_curves(summary, baseline.accuracy, baseline.mean_prob, out / "knockout.png", title)
+    if rows[0].by_position:
+        _write_position_outputs(out, rows, metadata, model, cfg)
     atomic_write_json(out / "metadata.json", metadata)
+
+
+def _write_position_outputs(
+    out: Path, rows: list[SweepRow], metadata: dict[str, Any], model: str, cfg: KnockoutConfig
+) -> None:
+    """knockout_by_position.csv and knockout_position_summary.csv (position "answer": whole answers), and one
+    knockout_position<j>.png per answer position (group "all")."""
+    from arithmech.report.plots import knockout_curves
+
+    by_position = [
+        {"k": r.k, "ranking": r.ranking, "seed": "" if r.seed is None else r.seed, "position": position or "answer",
+         "group": group, "prompts": n, "accuracy": cell(accuracy, ".6f"), "mean_prob": cell(prob, ".6f")}
+        for r in rows for position, group, n, accuracy, prob in r.by_position
+    ]  # fmt: skip
+    atomic_write_text(out / "knockout_by_position.csv", csv_text(by_position))
+    summary_rows = []
+    for position, group, n, *_ in rows[0].by_position:
+        at = [_at_position(r, position, group) for r in rows]
+        summary = summarize(at)
+        summary_rows += [{"position": position or "answer", "group": group, "prompts": n, **defined_row(r)}
+                         for r in summary]  # fmt: skip
+        if position and group == "all":
+            baseline = next(r for r in at if r.ranking == "none")
+            title = f"{cfg.ablation} ablation, answer token {position}, {n} prompts: {model}"
+            path = out / f"knockout_position{position}.png"
+            knockout_curves(summary, baseline.accuracy, baseline.mean_prob, path, title)
+    atomic_write_text(out / "knockout_position_summary.csv", csv_text(summary_rows, float_format=".6f"))
+
+
+def _at_position(row: SweepRow, position: int, group: str) -> SweepRow:
+    """The row's scores at one answer position (0: whole answers) and group, as a row of its own."""
+    accuracy, prob = next((a, p) for q, g, _, a, p in row.by_position if (q, g) == (position, group))
+    return dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_position=())

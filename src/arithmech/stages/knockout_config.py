@@ -31,6 +31,10 @@ class KnockoutConfig:
         default=MIN_GROUP_SIZE,
         metadata={"help": "smallest template group averaged (mean) or drawn from (resample); smaller: END mean"},
     )
+    answer_digits: bool = field(
+        default=False,
+        metadata={"help": "score answers of several tokens token by token (on for an identify run made with it)"},
+    )
     batch_size: int = field(default=64, metadata={"help": "rows (configuration x prompt) per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the random-rank draws"})
 

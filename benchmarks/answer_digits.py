@@ -1,0 +1,56 @@
+"""Per-digit path patching (`identify --answer-digits`) vs the one-forward-pass-per-component loop, in one run.
+
+Two-digit addition (operands 10-49, answers 20-98: two tokens on digit-splitting tokenizers), each answer token
+scored on the prompt plus the answer's earlier tokens (teacher forcing): both sides patch the same rows, one
+per (prompt, answer token). The loop is timed on a sample of components spread over the layers and scaled to
+all of them; the fast engine on all components. Prints the ratios, and the fast scan's work counted in plain
+forward passes of the rows (tests/forward_cost.py).
+
+    python benchmarks/answer_digits.py [--prompts 32] [--sample 12] [--model ID_OR_PATH] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from path_patching import arguments, measure, metrics, print_loop  # noqa: E402
+from record import record  # noqa: E402
+
+from arithmech.data.reference_config import ReferenceSetConfig  # noqa: E402
+from arithmech.data.reference_set import build_reference_set  # noqa: E402
+from arithmech.models.load import ModelConfig, load_model  # noqa: E402
+from arithmech.models.sites import all_components  # noqa: E402
+from arithmech.patching.path import PatchingBatch  # noqa: E402
+
+
+def main() -> None:
+    args = arguments(__doc__, prompts=32).parse_args()
+
+    torch.manual_seed(0)
+    handle = load_model(ModelConfig(model=args.model, device=args.device, dtype=args.dtype))
+    cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts), operand_min=10,
+                             operand_max=49, answer_digits=True)  # fmt: skip
+    t = build_reference_set(handle, cfg).tokenized
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    components = all_components(handle.dims)
+    positions = sorted(set(t.answer_position.tolist()))
+    print(f"model {handle.source.get('model')}: {handle.dims.n_layers} layers x {handle.dims.n_heads} heads; "
+          f"{t.n_pairs} prompt pairs, {len(batch)} rows (answer tokens {positions}), "
+          f"{int(t.ref_mask.sum()) / len(batch):.1f} tokens per row on average")  # fmt: skip
+
+    fast_s, passes, loop_s, worst = measure(handle, batch, args.sample, args.batch_size)
+    for variant in ("path", "total"):
+        print(f"{variant}: fast engine, all {len(components)} components x {len(positions)} answer tokens: "
+              f"{fast_s[variant]:.2f} s, {passes[variant]:.2f} plain forward passes of the rows")  # fmt: skip
+        print_loop(variant, fast_s, loop_s, worst, args.sample, len(components))
+    record("answer_digits", args, {**metrics(fast_s, passes, loop_s, worst), "rows": len(batch),
+                                   "answer_tokens": len(positions)})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The answer-digits parts of the identify and knockout sections: effects and knockout per answer position.
+
+An identify run of --answer-digits writes effects_by_position.csv and position_overlap.csv, a knockout of it
+knockout_position_summary.csv (`stages/identify.py`, `stages/knockout.py`); these builders read them and say
+which components write which digit, whether the positions share their top components, and how knockout moves
+each digit. Nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from arithmech.report.page import Figure, Table, fixed, listing, pct, signed_pct, to_float
+from arithmech.report.run_folder import StageFolder
+
+TOP = 5
+
+
+def identify_positions(stage: StageFolder) -> tuple[str, list[Figure], list[Table]]:
+    """(reading, per-position heatmaps, top components per position and group) of an answer-digits identify run."""
+    rows = stage.csv("effects_by_position.csv")
+    groups: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault((r["position"], r["group"]), []).append(r)
+    table_rows, text = [], []
+    for (position, group), members in groups.items():
+        ranked = sorted(members, key=lambda r: to_float(r["effect"]))[:TOP]
+        cells = ", ".join(f"{r['component']} ({signed_pct(to_float(r['effect']))})" for r in ranked)
+        table_rows.append((position, group, members[0]["prompts"], cells))
+        if group == "all":
+            head = next((r for r in sorted(members, key=lambda r: to_float(r["effect"])) if r["kind"] == "head"), None)
+            mlp = next((r for r in sorted(members, key=lambda r: to_float(r["effect"])) if r["kind"] == "mlp"), None)
+            strongest = [f"{r['component']} ({signed_pct(to_float(r['effect']))})" for r in (head, mlp) if r]
+            text.append(f"answer token {position} ({members[0]['prompts']} prompts): {listing(strongest)}")
+    reading = "Scored token by token (teacher forcing), the strongest head and MLP per answer token are " + (
+        "; ".join(text) + "."
+    )
+    carry = stage.metadata.get("carry_accuracy") or {}
+    if carry:
+        answered = [f"{group} {pct(v.get('accuracy'))} of {v.get('pairs')}" for group, v in carry.items()]
+        reading += f" Before sampling the model answered {listing(answered)} pairs."
+    if stage.has("position_overlap.csv"):
+        overlap = stage.csv("position_overlap.csv")
+        k = "top10_overlap" if "top10_overlap" in overlap[0] else next(c for c in overlap[0] if c.endswith("overlap"))
+        shared = [f"tokens {r['position_a']} and {r['position_b']} {pct(to_float(r[k]))} (Spearman "
+                  f"{fixed(to_float(r['spearman']))})" for r in overlap]  # fmt: skip
+        reading += f" Their {k.removesuffix('_overlap').replace('top', 'top-')} components overlap: {listing(shared)}."
+    figures = [
+        Figure(stage.folder / f"effects_heatmap_position{p}.png", f"Path-patching effect on answer token {p}.")
+        for p in sorted({position for position, _ in groups}, key=int)
+        if stage.has(f"effects_heatmap_position{p}.png")
+    ]
+    table = Table(f"Top {TOP} components per answer token and carry group", ("token", "group", "prompts",
+                  "components (effect)"), table_rows)  # fmt: skip
+    return reading, figures, [table]
+
+
+def knockout_positions(stage: StageFolder) -> tuple[str, list[Table]]:
+    """(reading, accuracy per answer token, carry group and k) of a knockout of answers scored token by token."""
+    summary = stage.csv("knockout_position_summary.csv")
+    kmax = max(int(r["k"]) for r in summary)
+    at_max = [r for r in summary if int(r["k"]) == kmax]
+    parts = [f"token {r['position']} {pct(to_float(r['effect_accuracy']))} (random "
+             f"{pct(to_float(r['random_accuracy_mean']))})" for r in at_max
+             if r["group"] == "all" and r["position"] != "answer"]  # fmt: skip
+    groups = [f"{r['group']} {pct(to_float(r['effect_accuracy']))} (random {pct(to_float(r['random_accuracy_mean']))})"
+              for r in at_max if r["group"] != "all" and r["position"] == "answer"]  # fmt: skip
+    reading = (f" Accuracy is of whole answers (every token right); per answer token, with the top {kmax} knocked "
+               f"out: {listing(parts)}.")  # fmt: skip
+    if groups:
+        reading += f" Whole answers by carry group: {listing(groups)}."
+    rows = [(r["position"], r["group"], r["prompts"], r["k"], pct(to_float(r["effect_accuracy"])),
+             f"{pct(to_float(r['random_accuracy_mean']))} ± {pct(to_float(r['random_accuracy_std']))}")
+            for r in summary]  # fmt: skip
+    return reading, [Table("Accuracy per answer token (teacher forced; 'answer': whole answers) and carry group "
+                           "with k knocked out", ("token", "group", "prompts", "k", "effect-rank accuracy",
+                           "random accuracy (mean ± sd)"), rows, collapsed=True)]  # fmt: skip

@@ -1,0 +1,131 @@
+"""`identify --answer-digits` and knockout of its run, end to end on a tiny saved model; the analyses that read one
+answer token per prompt refuse such a run in one sentence, before a model loads."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arithmech.cli import main
+
+PAIRS = [(27, 15), (21, 15), (95, 17), (3, 4), (40, 52), (38, 45)]  # answers of 2, 3 and 1 digits
+
+
+def prompts_file(folder: Path) -> Path:
+    rows = [{"reference": f"9+1=10\n{a}+{b}=", "counterfactual": f"9+1=10\n{a}&{b}=", "answer": str(a + b),
+             "operation": "addition", "a": a, "b": b} for a, b in PAIRS]  # fmt: skip
+    path = folder / "digits.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def digits_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(model folder, identify run of --answer-digits on every prompt, the tiny model's answers kept)."""
+    model = tiny_model_dir("llama")
+    folder = tmp_path_factory.mktemp("digits")
+    out = folder / "identify"
+    args = ["identify", "--model", str(model), "--prompts", str(prompts_file(folder)), "--answer-digits",
+            "--keep-incorrect", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    return model, out
+
+
+def test_identify_writes_effects_per_answer_position(digits_run) -> None:
+    _, out = digits_run
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["answer_positions"] == {"1": 6, "2": 5, "3": 1}  # 7 has one digit, 112 three
+    assert metadata["counts"]["used"] == 6 and metadata["counts"]["scored_tokens"] == 12
+    carry = metadata["carry_accuracy"]  # --keep-incorrect: every pair kept, whatever the tiny model answers
+    assert {g: v["pairs"] for g, v in carry.items()} == {"carry": 3, "no carry": 3}
+    assert len((out / "prompts.jsonl").read_text().splitlines()) == 6  # pairs, not rows
+    by_position = read_csv(out / "effects_by_position.csv")
+    overall = {r["component"]: float(r["effect"]) for r in read_csv(out / "effects.csv")}
+    at = {(r["component"], r["position"]): (float(r["effect"]), int(r["prompts"])) for r in by_position
+          if r["group"] == "all"}  # fmt: skip
+    for component, effect in overall.items():  # effects.csv: the mean over every scored token
+        parts = [at[(component, p)] for p in ("1", "2", "3")]
+        assert effect == pytest.approx(sum(e * n for e, n in parts) / 12, rel=1e-5, abs=1e-7)
+    groups = {(r["position"], r["group"]): int(r["prompts"]) for r in by_position}
+    assert groups[("1", "carry")] == 3 and groups[("1", "no carry")] == 3  # 27+15, 95+17, 38+45 carry
+    overlap = read_csv(out / "position_overlap.csv")
+    assert [(r["position_a"], r["position_b"]) for r in overlap] == [("1", "2"), ("1", "3"), ("2", "3")]
+    for position in (1, 2, 3):
+        assert (out / f"effects_heatmap_position{position}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run, tmp_path: Path) -> None:
+    model, run = digits_run
+    out = tmp_path / "knockout"
+    args = ["knockout", "--from", str(run), "--model", str(model), "--max-k", "2", "--n-random", "1",
+            "--min-group-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["answer_digits"] is True
+    assert metadata["counts"]["prompts"] == 6 and metadata["counts"]["scored_tokens"] == 12
+    rows = read_csv(out / "knockout_by_position.csv")
+    cells = {(r["position"], r["group"], r["prompts"]) for r in rows}
+    assert {(p, n) for p, g, n in cells if g == "all"} == {("answer", "6"), ("1", "6"), ("2", "5"), ("3", "1")}
+    assert ("answer", "carry", "3") in cells and ("1", "no carry", "3") in cells
+    whole = {(r["k"], r["ranking"], r["seed"]): float(r["accuracy"]) for r in read_csv(out / "knockout.csv")}
+    forced: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        if r["group"] == "all":
+            forced.setdefault((r["k"], r["ranking"], r["seed"]), []).append(float(r["accuracy"]))
+    for key, accuracy in whole.items():  # knockout.csv: whole answers, right only if each of their tokens is
+        assert accuracy <= min(forced[key]) + 1e-9, key
+        assert accuracy in forced[key]  # the "answer" row holds it
+    summary = read_csv(out / "knockout_position_summary.csv")
+    assert {r["position"] for r in summary} == {"answer", "1", "2", "3"}
+    assert (out / "knockout_position2.png").is_file()
+
+
+@pytest.mark.parametrize("command", ["attention", "mlp", "fourier"])
+def test_analyses_of_one_answer_token_refuse_a_digits_run(digits_run, command: str, capsys) -> None:
+    _, run = digits_run
+    capsys.readouterr()
+    assert main(["analyze", command, "--from", str(run), "--model", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--answer-digits" in err[0] and "one answer token per prompt" in err[0], err
+
+
+def test_a_run_config_with_answer_digits_and_attention_is_refused_first(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"out": str(tmp_path / "r"), "model": {"model": "/nonexistent/model"},
+                                      "stages": ["identify", "knockout", "attention"],
+                                      "identify": {"answer_digits": True}}))  # fmt: skip
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "identify.answer_digits" in err and "'attention'" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_pipeline_with_answer_digits_runs_identify_and_knockout(tiny_model_dir, tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "out": str(tmp_path / "r"), "model": {"model": str(tiny_model_dir("llama"))},
+        "stages": ["identify", "knockout"],
+        "identify": {"answer_digits": True, "filter_correct": False, "formations": ["equation"],
+                     "n_per_template": 6, "operand_min": 3},
+        "knockout": {"max_k": 2, "n_random": 1, "max_prompts": 8, "min_group_size": 2},
+    }))  # fmt: skip
+    assert main(["run", "--config", str(config), "--quiet"]) == 0
+    positions = json.loads((tmp_path / "r" / "identify" / "metadata.json").read_text())["answer_positions"]
+    assert set(positions) == {"1", "2"}  # 3..9 + 3..9: answers 6..18, of one or two digits
+    assert (tmp_path / "r" / "knockout" / "knockout_by_position.csv").is_file()
+    assert main(["report", str(tmp_path / "r")]) == 0
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "the strongest head and MLP per answer token are answer token 1" in html
+    assert "Top 5 components per answer token and carry group" in html
+    assert "<td>carry</td>" in html and "<td>no carry</td>" in html
+    assert "Accuracy per answer token (teacher forced" in html and "effects_heatmap_position2" in html
+    assert "Whole answers by carry group: carry" in html
