@@ -74,8 +74,8 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
             "per-digit path patching (`identify --answer-digits`, two-digit sums, every head and MLP at each answer "
             "token): fast engine vs one forward pass per component (sampled, scaled)",
             "fast_s", "loop_s", "s",
-            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path_passes')} of the "
-            f"{m['rows']} rows",
+            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}; {m['path_passes']:.2f} forward passes of the "
+            f"{m['rows']} rows (prompt x answer token; counted)",
         ),
         Shown(
             "per-digit activation patching at END (`--answer-digits --variant total`): fast engine vs one forward "

@@ -2,9 +2,9 @@
 
 Two sizes of every benchmark are kept in benchmarks/results.json:
 
-- quick (`make bench`, `compare.py`): small enough to run after every change (about 6 min on 2 idle CPU cores),
+- quick (`make bench`, `compare.py`): small enough to run after every change (about 7.5 min on 2 idle CPU cores),
   compared with the previous quick results to catch a slowdown or a broken correctness check;
-- full (`compare.py --full`): the sizes the README reports (each script's defaults; about 15 min on 2 idle
+- full (`compare.py --full`): the sizes the README reports (each script's defaults; about 19 min on 2 idle
   cores). `readme_tables.py` renders the README's Performance tables from both, so the README quotes nothing
   that results.json does not hold.
 
@@ -85,7 +85,7 @@ class Benchmark:
         return [*sized] if self.needs_cuda else [*sized, "--device", device]
 
 
-# Quick sizes: about 6 minutes on 2 idle CPU cores (knockout: 2 min, so its ratio is not at the mercy of noise).
+# Quick sizes: about 7.5 minutes on 2 idle CPU cores (knockout: 2 min, so its ratio is not at the mercy of noise).
 BENCHMARKS = (
     Benchmark(
         "path_patching",

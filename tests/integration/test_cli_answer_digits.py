@@ -63,12 +63,14 @@ def test_identify_writes_effects_per_answer_position(digits_run) -> None:
         assert (out / f"effects_heatmap_position{position}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run, tmp_path: Path) -> None:
+def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run, tmp_path: Path, capsys) -> None:
     model, run = digits_run
     out = tmp_path / "knockout"
     args = ["knockout", "--from", str(run), "--model", str(model), "--max-k", "2", "--n-random", "1",
             "--min-group-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
     assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "(whole answers, every token right)" in printed and "per answer token with the top 2 out" in printed
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["answer_digits"] is True
     assert metadata["counts"]["prompts"] == 6 and metadata["counts"]["scored_tokens"] == 12

@@ -82,6 +82,12 @@ def knockout(
         mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no random draws
         random_rank = f"{mean:10.1%} ± {sd:.1%}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
         typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
+    if base.by_position:
+        top = max(r.k for r in result.rows)
+        at = [(p, a) for r in result.rows if r.k == top and r.ranking == "effect"
+              for p, g, _, a, _ in r.by_position if p and g == "all"]  # fmt: skip
+        typer.echo(f"per answer token with the top {top} out (the earlier tokens given): "
+                   + ", ".join(f"token {p} {a:.1%}" for p, a in at) + " (knockout_position_summary.csv)")
     typer.echo(f"results in {result.out_dir}")
 
 
