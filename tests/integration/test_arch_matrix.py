@@ -52,9 +52,6 @@ pytestmark = [
 IDENTIFY = SMALL["identify"]
 FINETUNE = {"top_k": 2, "batch_size": 4, "micro_batch_size": 4, "max_steps": 1, "target": "answer",
             "chat_template": False}  # fmt: skip
-HEURISTICS = {"operations": ["addition", "division"], "filter_correct": False, "few_shot": 1, "max_pairs": 12,
-              "layers": [1], "ks": [1, 2], "n_random": 2, "top_neurons": 2, "batch_size": 8}  # fmt: skip
-"""analyze heuristics (not in the demo config, so not in SMALL): one layer, two operations, a sampled grid."""
 GENERATED_TARGETS = ["addition", "subtraction", "multiplication", "division", "addition-qa",
                      "multidigit-addition", "decimals-addition"]  # fmt: skip
 """Every built-in target set but svamp and gsm8k, whose shortest prompts are longer than the tiny context."""
@@ -69,8 +66,6 @@ def _settings(words: Path, train: Path) -> dict[str, Any]:
         "transfer": {**SMALL["transfer"], "targets": [*GENERATED_TARGETS, str(words)], "few_shot": 1, "n_random": 2,
                      "limit": 6, "n_per_template": 6},  # fmt: skip
         "neurons": {**SMALL["neurons"], "importance_layers": [0, 1], "n_random": 2},
-        "fourier": {"max_prompts": 4, "cutoffs": [1, 3]},
-        "heuristics": HEURISTICS,
         "finetune": {**FINETUNE, "data": str(train)},
         "evaluate": {**SMALL["evaluate"], "benchmarks": ["adapters-svamp", "csqa", "general"]},
     }
