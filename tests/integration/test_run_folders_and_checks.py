@@ -200,6 +200,27 @@ def test_file_content_is_refused_before_the_model_loads(runs, no_model, capsys, 
     _refused([*args, *model, "--out", str(folder / "out")] if model else args, capsys, folder, expected)
 
 
+ADAPTER_CASES = {  # adapter_config.json content, weights file written, what the error line must hold
+    "not-json": ("{peft", True, ["adapter_config.json' is not readable JSON"]),
+    "not-lora": (json.dumps({"peft_type": "PREFIX_TUNING"}), True, ["is no LoRA adapter", "PREFIX_TUNING"]),
+    "no-target-modules": (json.dumps({"peft_type": "LORA"}), True, ["names no target_modules"]),
+    "no-weights": (json.dumps({"peft_type": "LORA", "target_modules": ["down_proj"]}), False,
+                   ["has no adapter weights", "adapter_model.safetensors"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_adapter_content_is_refused_before_the_model_loads(runs, no_model, capsys, tmp_path: Path, case: str) -> None:
+    config, weights, expected = ADAPTER_CASES[case]
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(config)
+    if weights:
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+    args = ["neurons", "--model", str(runs["model"]), "--adapter", str(folder), "--out", str(tmp_path / "out")]
+    _refused(args, capsys, tmp_path, expected)
+
+
 YAML_CASES = [
     ("decimal-for-a-whole-number", {"attention": {"max_prompts": 8.5}}, "attention.max_prompts takes a whole number"),
     ("text-for-true-false", {"identify": {"filter_correct": "no"}}, "identify.filter_correct takes true or false"),

@@ -5,10 +5,12 @@ The CLI builds `arithmech neurons`'s options from these fields and validates the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from arithmech.data.templates import OPERATIONS
-from arithmech.errors import ConfigError
+from arithmech.errors import ConfigError, DataError
 
 PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
 
@@ -65,3 +67,35 @@ class NeuronsConfig:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.n_random < 0 or self.few_shot < 0 or not self.keep_sizes or min(self.keep_sizes) < 0:
             raise ConfigError("n_random and few_shot must be 0 or more, and keep_sizes non-negative numbers")
+
+    def check_files(self) -> None:
+        """A given --adapter folder holds a LoRA adapter peft can read: its adapter_config.json is a JSON object of
+        peft_type LORA naming its target modules, beside its weights; DataError before a model loads."""
+        if self.adapter is not None:
+            check_adapter_folder(Path(self.adapter))
+
+
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+"""The files peft saves an adapter's weights in (safetensors, or the older pickle)."""
+
+
+def check_adapter_folder(folder: Path) -> None:
+    """The content check of `NeuronsConfig.check_files` (the folder and its adapter_config.json exist)."""
+    path = folder / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(
+            f"{str(path)!r} is not readable JSON ({err}); pass a folder saved by peft's save_pretrained"
+        ) from None
+    if not isinstance(config, dict) or str(config.get("peft_type", "")).upper() != "LORA":
+        kind = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
+        raise DataError(f"{str(path)!r} is no LoRA adapter (peft_type {kind!r}); the neurons stage reads LoRA adapters")
+    if not config.get("target_modules"):
+        raise DataError(f"{str(path)!r} names no target_modules; pass a complete peft LoRA adapter folder")
+    if not any((folder / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise DataError(
+            f"{str(folder)!r} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)}); pass the whole folder "
+            "peft's save_pretrained wrote"
+        )
+

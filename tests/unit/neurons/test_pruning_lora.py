@@ -33,6 +33,7 @@ from arithmech.neurons.pruning import (
     random_keep_sets,
     top_keep_sets,
 )
+from arithmech.stages.neurons_config import check_adapter_folder
 
 from forward_cost import count_layer_tokens
 from tiny_models import PAD_ID, make_tiny_model
@@ -329,6 +330,7 @@ def test_applied_lora_restores_on_error_and_rejects_bad_folders(tmp_path: Path) 
     with pytest.raises(ConfigError, match="not a peft adapter folder"):
         coefficient_change(handle, tmp_path, ids, mask, end, [(0, 1)])
     adapter.save(tmp_path / "gpt2-adapter")
+    check_adapter_folder(tmp_path / "gpt2-adapter")  # what the stage saves passes the --adapter check
     with pytest.raises(ConfigError, match="does not fit this model"):
         coefficient_change(handle_of("llama"), tmp_path / "gpt2-adapter", ids, mask, end, [(0, 1)])
     with pytest.raises(ConfigError, match="at least 1"):
