@@ -54,7 +54,7 @@ from typing import Any
 from arithmech import distributed, preflight
 from arithmech.config_values import apply_overrides, coerce, read_yaml_mapping, suggest, typed_settings
 from arithmech.errors import ConfigError
-from arithmech.lineage import identify_fingerprint, read_metadata
+from arithmech.lineage import identify_fingerprint, read_metadata, refuse_answer_digits
 from arithmech.runs import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -309,10 +309,18 @@ ONE_ANSWER_TOKEN = ("attention", "mlp", "fourier", "agreement")
 """Stages that read one answer token per identify prompt, so not a run of identify.answer_digits."""
 
 
-def _check_answer_digits(cfg: RunConfig) -> None:
+def _check_answer_digits(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse, before a model loads, a stage of ONE_ANSWER_TOKEN reading an identify run of answer digits: the
+    one this run makes, or (identify left out of stages) the one already in the run folder."""
     identify = cfg.settings.get("identify")
     clash = [name for name in ONE_ANSWER_TOKEN if name in cfg.stages]
-    if identify is not None and "identify" in cfg.stages and getattr(identify, "answer_digits", False) and clash:
+    if not clash:
+        return
+    if "identify" not in cfg.stages:
+        if (run_dir / "identify" / "metadata.json").is_file():
+            refuse_answer_digits(run_dir / "identify", f"the stage {clash[0]!r}")
+        return
+    if identify is not None and getattr(identify, "answer_digits", False):
         raise ConfigError(
             f"identify.answer_digits scores the answers token by token, and the stage {clash[0]!r} reads one answer "
             f"token per prompt; leave {', '.join(clash)} out of stages, or set identify.answer_digits to false"
@@ -328,7 +336,7 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     run_dir = preflight.out_folder(cfg.out, option="out", stage="pipeline")
     settings = {name: preflight.stage_paths(c, prefix=name, skip=_INJECTED) for name, c in cfg.settings.items()}
     _check_given(run_dir, cfg.given)
-    _check_answer_digits(cfg)
+    _check_answer_digits(cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}

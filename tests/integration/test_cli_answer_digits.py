@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,19 @@ def test_a_run_config_with_answer_digits_and_attention_is_refused_first(tmp_path
     err = capsys.readouterr().err
     assert "identify.answer_digits" in err and "'attention'" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_run_whose_identify_folder_scored_digits_refuses_attention_first(digits_run, tmp_path: Path, capsys) -> None:
+    _, run = digits_run
+    folder = tmp_path / "r"
+    shutil.copytree(run, folder / "identify")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"out": str(folder), "model": {"model": "/nonexistent/model"},
+                                      "stages": ["attention"]}))  # fmt: skip
+    capsys.readouterr()
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--answer-digits" in err[0] and "the stage 'attention'" in err[0], err
 
 
 def test_a_pipeline_with_answer_digits_runs_identify_and_knockout(tiny_model_dir, tmp_path: Path) -> None:
