@@ -305,7 +305,7 @@ def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[st
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-ONE_ANSWER_TOKEN = ("attention", "mlp", "fourier", "agreement")
+ONE_ANSWER_TOKEN = ("mlp", "fourier", "agreement")
 """Stages that read one answer token per identify prompt, so not a run of identify.answer_digits."""
 
 

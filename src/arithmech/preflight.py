@@ -196,9 +196,12 @@ def check(cfg: Any, out: str | os.PathLike[str], stage: str) -> tuple[Any, Path]
     return stage_paths(cfg), out_folder(out, stage=stage)
 
 
-def check_reading(run_dir: str | os.PathLike[str], out: str | os.PathLike[str], stage: str) -> tuple[Path, Path]:
+def check_reading(
+    run_dir: str | os.PathLike[str], out: str | os.PathLike[str], stage: str, one_answer_token: bool = True
+) -> tuple[Path, Path]:
     """The same for a command given its identify run apart from its config (an analysis of one answer token per
-    prompt: a run of --answer-digits is refused): (the identify folder, the output folder)."""
+    prompt refuses a run of --answer-digits): (the identify folder, the output folder)."""
     folder = identify_folder(run_dir)
-    refuse_answer_digits(folder, stage.replace("_", " ").replace("-", " "))
+    if one_answer_token:
+        refuse_answer_digits(folder, stage.replace("_", " ").replace("-", " "))
     return folder, out_folder(out, stage=stage)

@@ -16,9 +16,16 @@ from arithmech.cli import main
 PAIRS = [(27, 15), (21, 15), (95, 17), (3, 4), (40, 52), (38, 45)]  # answers of 2, 3 and 1 digits
 
 
+def spans(a: int, b: int) -> dict[str, list[int]]:
+    """Character spans of "9+1=10\n{a}+{b}=": the few-shot line, A, the operator, B."""
+    start = len("9+1=10\n")
+    op = start + len(str(a))
+    return {"prefix": [0, start], "A": [start, op], "operator": [op, op + 1], "B": [op + 1, op + 1 + len(str(b))]}
+
+
 def prompts_file(folder: Path) -> Path:
     rows = [{"reference": f"9+1=10\n{a}+{b}=", "counterfactual": f"9+1=10\n{a}&{b}=", "answer": str(a + b),
-             "operation": "addition", "a": a, "b": b} for a, b in PAIRS]  # fmt: skip
+             "operation": "addition", "a": a, "b": b, "spans": spans(a, b)} for a, b in PAIRS]  # fmt: skip
     path = folder / "digits.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -92,7 +99,30 @@ def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run,
     assert (out / "knockout_position2.png").is_file()
 
 
-@pytest.mark.parametrize("command", ["attention", "mlp", "fourier"])
+def test_attention_of_a_digits_run_per_answer_position(digits_run, tmp_path: Path) -> None:
+    model, run = digits_run
+    out = tmp_path / "r" / "attention"
+    args = ["analyze", "attention", "--from", str(run), "--model", str(model), "--heads", "0.1,1.2", "--out",
+            str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    rows = read_csv(out / "attention_by_position.csv")
+    assert [(r["head"], r["position"], r["prompts"]) for r in rows] == [
+        (head, position, n) for position, n in (("1", "6"), ("2", "5"), ("3", "1")) for head in ("0.1", "1.2")
+    ]
+    for r in rows:
+        masses = [float(r[k]) for k in ("A", "B", "operator", "prefix", "other")]
+        assert sum(masses) == pytest.approx(1.0, abs=1e-5)
+        # every operand here has one or two digits, so its last two tokens are all of it
+        assert float(r["A[-2]"]) + float(r["A[-1]"]) == pytest.approx(float(r["A"]), abs=1e-5)
+        assert float(r["B[-2]"]) + float(r["B[-1]"]) == pytest.approx(float(r["B"]), abs=1e-5)
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["answer_digits"] is True and metadata["counts"]["scored_tokens"] == 12
+    assert main(["report", str(out.parent)]) == 0
+    html = (out.parent / "report.html").read_text()
+    assert "END attention on each operand token per answer token" in html and "A[-1]" in html
+
+
+@pytest.mark.parametrize("command", ["mlp", "fourier"])
 def test_analyses_of_one_answer_token_refuse_a_digits_run(digits_run, command: str, capsys) -> None:
     _, run = digits_run
     capsys.readouterr()
@@ -101,28 +131,28 @@ def test_analyses_of_one_answer_token_refuse_a_digits_run(digits_run, command: s
     assert len(err) == 1 and "--answer-digits" in err[0] and "one answer token per prompt" in err[0], err
 
 
-def test_a_run_config_with_answer_digits_and_attention_is_refused_first(tmp_path: Path, capsys) -> None:
+def test_a_run_config_with_answer_digits_and_the_mlp_lens_is_refused_first(tmp_path: Path, capsys) -> None:
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"out": str(tmp_path / "r"), "model": {"model": "/nonexistent/model"},
-                                      "stages": ["identify", "knockout", "attention"],
+                                      "stages": ["identify", "knockout", "mlp"],
                                       "identify": {"answer_digits": True}}))  # fmt: skip
     assert main(["run", "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "identify.answer_digits" in err and "'attention'" in err
+    assert "identify.answer_digits" in err and "'mlp'" in err
     assert not (tmp_path / "r").exists()
 
 
-def test_a_run_whose_identify_folder_scored_digits_refuses_attention_first(digits_run, tmp_path: Path, capsys) -> None:
+def test_an_identify_folder_of_digits_refuses_the_mlp_lens_first(digits_run, tmp_path: Path, capsys) -> None:
     _, run = digits_run
     folder = tmp_path / "r"
     shutil.copytree(run, folder / "identify")
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"out": str(folder), "model": {"model": "/nonexistent/model"},
-                                      "stages": ["attention"]}))  # fmt: skip
+                                      "stages": ["mlp"]}))  # fmt: skip
     capsys.readouterr()
     assert main(["run", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--answer-digits" in err[0] and "the stage 'attention'" in err[0], err
+    assert len(err) == 1 and "--answer-digits" in err[0] and "the stage 'mlp'" in err[0], err
 
 
 def test_a_pipeline_with_answer_digits_runs_identify_and_knockout(tiny_model_dir, tmp_path: Path) -> None:

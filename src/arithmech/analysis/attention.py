@@ -168,6 +168,30 @@ def role_masses(end_rows: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor)
     return masses.reshape(*end_rows.shape[:-1], len(ROLES))  # [batch, ..., role]
 
 
+def operand_token_masses(
+    end_rows: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor, tokens: int = 2
+) -> torch.Tensor:
+    """Attention mass on each of the last `tokens` tokens of operands A and B: end_rows [batch, ..., pos] ->
+    [batch, ..., 2 * tokens], columns `operand_token_names(tokens)` (A's k-th token from the right, then B's; on
+    a digit-splitting tokenizer A[-1] is A's units digit, A[-2] its tens). An operand of fewer tokens puts 0 in
+    the others."""
+    real = mask.to(torch.bool)
+    columns = []
+    for role in ("A", "B"):
+        is_role = (roles == ROLE_CODES[role]) & real  # [batch, pos]
+        from_right = is_role.flip(-1).long().cumsum(-1).flip(-1)  # [batch, pos] 1 at the operand's last token
+        columns += [is_role & (from_right == k) for k in range(tokens, 0, -1)]
+    one_hot = torch.stack(columns, dim=-1)  # [batch, pos, column]
+    flat = end_rows.reshape(end_rows.shape[0], -1, end_rows.shape[-1])  # [batch, rest, pos]
+    masses = torch.einsum("bxp,bpc->bxc", flat.float(), one_hot.float())
+    return masses.reshape(*end_rows.shape[:-1], one_hot.shape[-1])
+
+
+def operand_token_names(tokens: int = 2) -> list[str]:
+    """Column names of `operand_token_masses`: A[-2], A[-1], B[-2], B[-1] for tokens = 2."""
+    return [f"{role}[-{k}]" for role in ("A", "B") for k in range(tokens, 0, -1)]
+
+
 def role_scores(end_rows: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over prompts of `role_masses`: end_rows [batch, ..., pos] -> [..., role]."""
     return role_masses(end_rows, roles, mask).mean(dim=0)

@@ -45,7 +45,9 @@ def analyze_attention(
         batch_size=batch_size,
         seed=seed,
     )
-    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "attention", "analyze_attention")
+    run_dir, out_dir = preflight.check_reading(
+        from_run, out or from_run / "attention", "analyze_attention", one_answer_token=False
+    )
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
     handle = load()

@@ -1,9 +1,10 @@
-"""The answer-digits parts of the identify and knockout sections: effects and knockout per answer position.
+"""The answer-digits parts of the identify, knockout and attention sections: per answer position.
 
 An identify run of --answer-digits writes effects_by_position.csv and position_overlap.csv, a knockout of it
-knockout_position_summary.csv (`stages/identify.py`, `stages/knockout.py`); these builders read them and say
-which components write which digit, whether the positions share their top components, and how knockout moves
-each digit. Nothing is recomputed.
+knockout_position_summary.csv, the attention analysis of it attention_by_position.csv (`stages/identify.py`,
+`stages/knockout.py`, `stages/analyze_attention.py`); these builders read them and say which components write
+which digit, whether the positions share their top components, how knockout moves each digit, and which operand
+token each head reads while each digit is written. Nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -73,3 +74,25 @@ def knockout_positions(stage: StageFolder) -> tuple[str, list[Table]]:
     return reading, [Table("Accuracy per answer token (teacher forced; 'answer': whole answers) and carry group "
                            "with k knocked out", ("token", "group", "prompts", "k", "effect-rank accuracy",
                            "random accuracy (mean ± sd)"), rows, collapsed=True)]  # fmt: skip
+
+
+PLACES = ("A[-2]", "A[-1]", "B[-2]", "B[-1]")
+
+
+def attention_positions(stage: StageFolder) -> tuple[str, Table]:
+    """(reading, mass on each operand token per head and answer position) of an attention analysis of answers
+    scored token by token."""
+    rows = stage.csv("attention_by_position.csv")
+    strongest = []
+    for r in rows:
+        place = max(PLACES, key=lambda c: to_float(r[c]))
+        if to_float(r[place]) >= 0.3:
+            strongest.append(f"{r['head']} at answer token {r['position']} on {place} ({pct(to_float(r[place]))})")
+    reading = " Per answer token (teacher forcing), the operand token each head reads most: " + (
+        f"{listing(strongest, limit=12)}." if strongest else "no head puts 30% or more on one operand token."
+    )
+    reading += " A[-1] is A's last token (its units digit where digits are split), A[-2] the one before."
+    table = Table("END attention on each operand token per answer token", ("head", "token", *PLACES, "label"),
+                  [(r["head"], r["position"], *(f"{to_float(r[c]):.2f}" for c in PLACES), r["label"]) for r in rows],
+                  collapsed=True)  # fmt: skip
+    return reading, table

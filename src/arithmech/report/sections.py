@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from arithmech.report.answer_digits_section import identify_positions, knockout_positions
+from arithmech.report.answer_digits_section import attention_positions, identify_positions, knockout_positions
 from arithmech.report.page import (
     Body,
     Figure,
@@ -246,7 +246,12 @@ def attention_body(stage: StageFolder) -> Body:
                 "END attention of the heads over the tokens of single prompts (paper Figure 7).",
             )
         )
-    return Body(text, figures, [table], small_samples({"": meta.get("counts", {}).get("prompts")}, "reference prompt"))
+    tables = [table]
+    if stage.has("attention_by_position.csv"):
+        extra, position_table = attention_positions(stage)
+        text += extra
+        tables.append(position_table)
+    return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "reference prompt"))
 
 
 def mlp_body(stage: StageFolder) -> Body:

@@ -23,13 +23,20 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.attention import ROLES, end_attention, label_heads, role_scores
+from arithmech.analysis.attention import (
+    ROLES,
+    end_attention,
+    label_heads,
+    operand_token_masses,
+    operand_token_names,
+    role_scores,
+)
 from arithmech.data import ROLE_CODES, TokenizedPairs, tokenize_pairs
 from arithmech.data.sampling import sample_pairs
 from arithmech.errors import DataError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_components
-from arithmech.runs import atomic_write_json, atomic_write_text, cell, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, git_sha, package_versions
 from arithmech.stages.analyze_attention_config import AttentionConfig
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
 
@@ -102,14 +109,14 @@ def analyze_attention(
     """Run the attention-roles analysis on an identify run's reference prompts and write `out_dir`."""
     from tqdm.auto import tqdm
 
-    run = read_identify_run(run_dir, handle, one_answer_token="the attention analysis")
+    run = read_identify_run(run_dir, handle)
     heads, heads_source = choose_heads(run, cfg, handle)
     if not heads:
         raise DataError(f"the identify run {str(run_dir)!r} lists no heads; pass the heads to analyse")
     if not run.pairs:
         raise DataError(f"the identify run {str(run_dir)!r} has no reference prompts; rerun identify")
     pairs, sample = sample_pairs(run.pairs, cfg.max_prompts, cfg.seed)
-    t, _ = tokenize_pairs(handle.tokenizer, pairs)
+    t, _ = tokenize_pairs(handle.tokenizer, pairs, answer_digits=run.answer_digits)  # rows: one per answer token
     _check_roles(t, handle, Path(run_dir))
 
     start = time.perf_counter()
@@ -140,13 +147,17 @@ def analyze_attention(
             f"operand if A+B >= {cfg.tau:g} and A+B > operator; operator if operator >= {cfg.tau:g} "
             "and operator > A+B; else neither (masses: mean END attention over the reference prompts)"
         ),
-        "counts": {"prompts": len(t.end), "heads": len(heads)},
+        "counts": {"prompts": t.n_pairs, "heads": len(heads), **({"scored_tokens": len(t.end)} if run.answer_digits
+                                                                   else {})},  # fmt: skip
+        "answer_digits": run.answer_digits,
         "timings": {"attention_s": elapsed},
         "versions": package_versions(),
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     _write_outputs(out, handle, t, heads, head_rows, scores, labels, cfg)
+    if run.answer_digits:
+        atomic_write_text(out / "attention_by_position.csv", position_csv(heads, head_rows, t, cfg.tau))
     atomic_write_json(out / "metadata.json", metadata)
     return AttentionResult(heads, scores, labels, heads_source, len(t.end), out, metadata)
 
@@ -163,6 +174,26 @@ def roles_csv(heads: list[Component], scores: torch.Tensor, labels: list[str]) -
              cell(masses['A'] + masses['B'], ".6f"), label]
         )  # fmt: skip
     return buffer.getvalue()
+
+
+def position_csv(heads: list[Component], head_rows: torch.Tensor, t: TokenizedPairs, tau: float) -> str:
+    """Answers scored token by token: one row per head and answer position, the role masses, operand (A+B), the
+    mass on each operand's last two tokens (A[-2], A[-1], B[-2], B[-1]: tens and units on a digit-splitting
+    tokenizer), the label, and the number of prompts."""
+    rows = []
+    for position in sorted(set(t.answer_position.tolist())):
+        at = t.answer_position == position
+        scores = role_scores(head_rows[at], t.roles[at], t.ref_mask[at])  # [head, role]
+        places = operand_token_masses(head_rows[at], t.roles[at], t.ref_mask[at]).mean(0)  # [head, column]
+        for head, row, place, label in zip(heads, scores.tolist(), places.tolist(), label_heads(scores, tau),
+                                           strict=True):  # fmt: skip
+            masses = dict(zip(ROLES, row, strict=True))
+            rows.append({"head": head.name, "position": position, "prompts": int(at.sum()),
+                         **{r: cell(v, ".6f") for r, v in masses.items()},
+                         "operand": cell(masses["A"] + masses["B"], ".6f"),
+                         **{n: cell(v, ".6f") for n, v in zip(operand_token_names(), place, strict=True)},
+                         "label": label})  # fmt: skip
+    return csv_text(rows)
 
 
 def _write_outputs(

@@ -15,6 +15,8 @@ from arithmech.analysis.attention import (
     eager_attention,
     end_attention,
     label_heads,
+    operand_token_masses,
+    operand_token_names,
     role_masses,
     role_scores,
 )
@@ -232,3 +234,14 @@ def test_label_rule(name: str, scores: dict[str, float], tau: float, label: str)
 def test_label_heads_reads_rows_in_role_order() -> None:
     rows = torch.tensor([[0.4, 0.1, 0.1, 0.3, 0.1], [0.0, 0.0, 0.6, 0.2, 0.2], [0.1, 0.1, 0.1, 0.6, 0.1]])
     assert label_heads(rows) == ["operand", "operator", "neither"]
+
+
+def test_operand_token_masses_split_each_operand_by_its_tokens_from_the_right() -> None:
+    code = ROLE_CODES
+    # prefix, A = "2" "7", operator, B = "5" (one token), other (END); one prompt, one padded position
+    roles = torch.tensor([[code["prefix"], code["A"], code["A"], code["operator"], code["B"], code["other"], 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0]])
+    rows = torch.tensor([[[0.1, 0.2, 0.3, 0.05, 0.15, 0.2, 0.9]]])  # [batch, head, pos]; the pad's weight is ignored
+    masses = operand_token_masses(rows, roles, mask)  # [batch, head, 4]
+    assert operand_token_names() == ["A[-2]", "A[-1]", "B[-2]", "B[-1]"]
+    torch.testing.assert_close(masses, torch.tensor([[[0.2, 0.3, 0.0, 0.15]]]))  # tens of A, units of A, -, B
