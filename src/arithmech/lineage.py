@@ -76,10 +76,15 @@ def read_metadata(folder: Path) -> dict[str, Any] | None:
     return value
 
 
+def scored_answer_digits(metadata: dict[str, Any]) -> bool:
+    """Whether an identify run's metadata.json says it scored its answers token by token (--answer-digits)."""
+    return bool((metadata.get("config") or {}).get("answer_digits"))
+
+
 def refuse_answer_digits(folder: Path, what: str) -> None:
     """ConfigError if the identify run in `folder` scored its answers token by token (identify --answer-digits):
     `what` (an analysis that reads one answer token per prompt) would score the first token only."""
-    if ((read_metadata(folder) or {}).get("config") or {}).get("answer_digits"):
+    if scored_answer_digits(read_metadata(folder) or {}):
         raise ConfigError(
             f"the identify run {str(folder)!r} scored its answers token by token (--answer-digits), and {what} "
             "reads one answer token per prompt; give it an identify run made without --answer-digits"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 import yaml
 
 from arithmech.cli import main
+
+from tiny_models import TINY_ARCHS
 
 PAIRS = [(27, 15), (21, 15), (95, 17), (3, 4), (40, 52), (38, 45)]  # answers of 2, 3 and 1 digits
 
@@ -175,3 +178,25 @@ def test_a_pipeline_with_answer_digits_runs_identify_and_knockout(tiny_model_dir
     assert "<td>carry</td>" in html and "<td>no carry</td>" in html
     assert "Accuracy per answer token (teacher forced" in html and "effects_heatmap_position2" in html
     assert "Whole answers by carry group: carry" in html
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+def test_answer_digits_identify_knockout_and_attention_on_every_architecture(tiny_model_dir, tmp_path: Path, arch):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "out": str(tmp_path / "r"), "model": {"model": str(tiny_model_dir(arch))},
+        "stages": ["identify", "knockout", "attention"],
+        "identify": {"answer_digits": True, "filter_correct": False, "formations": ["equation"],
+                     "n_per_template": 3, "operand_min": 3, "max_prompts": 8, "few_shot": 1},
+        "knockout": {"max_k": 2, "n_random": 1, "max_prompts": 8, "min_group_size": 2},
+        "attention": {"top_k": 2},
+    }))  # fmt: skip
+    assert main(["run", "--config", str(config), "--quiet"]) == 0
+    run = tmp_path / "r"
+    effects = read_csv(run / "identify" / "effects_by_position.csv")
+    assert {r["position"] for r in effects} == {"1", "2"} and all(math.isfinite(float(r["effect"])) for r in effects)
+    knocked = read_csv(run / "knockout" / "knockout_by_position.csv")
+    assert {r["position"] for r in knocked} == {"answer", "1", "2"}
+    looked = read_csv(run / "attention" / "attention_by_position.csv")
+    for r in looked:
+        assert sum(float(r[k]) for k in ("A", "B", "operator", "prefix", "other")) == pytest.approx(1.0, abs=1e-4)

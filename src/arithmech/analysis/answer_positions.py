@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from arithmech.analysis.agreement import spearman, top_k_overlap
-from arithmech.data.carries import carry_group
+from arithmech.data.carries import carry_group, position_group_masks
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.patching.path import PatchResult
 from arithmech.runs import cell
@@ -36,25 +36,9 @@ from arithmech.runs import cell
 POSITION_COLUMNS = ("component", "layer", "head", "kind", "position", "group", "prompts", "effect", "effect_std")
 
 
-def row_groups(tokenized: TokenizedPairs) -> list[str | None]:
-    """Each row's carry group (`carry_group` of its pair), None where it has none."""
-    return [carry_group(pair) for pair in tokenized.pairs]
-
-
 def position_masks(tokenized: TokenizedPairs) -> dict[tuple[int, str], torch.Tensor]:
-    """(position, group) -> [row] bool, for every position and every group with at least one row; group "all"
-    first at each position."""
-    groups = row_groups(tokenized)
-    names = sorted({g for g in groups if g is not None})
-    masks = {}
-    for position in sorted(set(tokenized.answer_position.tolist())):
-        at = tokenized.answer_position == position
-        masks[(position, "all")] = at
-        for name in names:
-            mask = at & torch.tensor([g == name for g in groups])
-            if bool(mask.any()):
-                masks[(position, name)] = mask
-    return masks
+    """(position, group) -> [row] bool of the scan's rows (`data/carries.position_group_masks`)."""
+    return position_group_masks(tokenized.answer_position, [carry_group(pair) for pair in tokenized.pairs])
 
 
 def position_effect_table(patch: PatchResult, tokenized: TokenizedPairs) -> dict[tuple[int, str], torch.Tensor]:

@@ -10,11 +10,20 @@ Rule, on the written operands a and b (whole numbers >= 0), column by column fro
     subtraction  "borrow" if some column has digit(a) - borrow-in < digit(b) (a >= b), else "no borrow";
     None for other operations, or operands that are not whole numbers (a user's prompts without a and b).
 
+Cells (`position_group_masks`)
+    The per-digit tables (identify's effects, knockout's accuracies) report every (answer position, group) with
+    a row: for each position in order, group "all" first, then each carry group present, sorted.
+
 Usage
     >>> carry_group(pair)   # "carry" for 27 + 15, "no carry" for 21 + 15
+    >>> position_group_masks(t.answer_position, [carry_group(p) for p in t.pairs])  # {(1, "all"): mask, ...}
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
 
 from arithmech.data.prompts import PromptPair
 
@@ -29,6 +38,23 @@ def carry_group(pair: PromptPair) -> str | None:
     if pair.operation == "subtraction" and a >= b:
         return "borrow" if _borrows(a, b) else "no borrow"
     return None
+
+
+def position_group_masks(
+    position: torch.Tensor, groups: Sequence[str | None]
+) -> dict[tuple[int, str], torch.Tensor]:
+    """(position, group) -> [row] bool for rows at `position` [row] whose group (`groups` [row]) matches, in the
+    order of the module docstring; cells without a row are left out."""
+    names = sorted({g for g in groups if g is not None})
+    masks = {}
+    for p in sorted(set(position.tolist())):
+        at = position == p
+        masks[(int(p), "all")] = at
+        for name in names:
+            mask = at & torch.tensor([g == name for g in groups], dtype=torch.bool)
+            if bool(mask.any()):
+                masks[(int(p), name)] = mask
+    return masks
 
 
 def _carries(a: int, b: int) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from arithmech.data.carries import position_group_masks
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import AblationSources
 from arithmech.knockout.batched import KnockoutScores, knockout_scores
@@ -62,20 +63,16 @@ class AnswerRows:
         return AnswerRows(pairs - pairs.min(), self.position[lo:hi], self.groups[lo:hi])
 
     def cells(self, scores: KnockoutScores) -> dict[tuple[int, str], KnockoutScores]:
-        """(position, group) -> the scores there: positions 1, 2, ... per row, 0 for whole answers per pair;
-        group "all", then each carry group present."""
-        whole = scores.whole_answers(self.pair_index)
+        """(position, group) -> the scores there: position 0 for whole answers (per pair), then 1, 2, ... (per
+        row), each with group "all" first and then each carry group present (`position_group_masks`)."""
         first = torch.ones_like(self.pair_index, dtype=torch.bool)
         first[1:] = self.pair_index[1:] != self.pair_index[:-1]
         pair_groups = [g for g, f in zip(self.groups, first.tolist(), strict=True) if f]
-        names = ["all", *sorted({g for g in self.groups if g is not None})]
-        out = {}
-        for name in names:
-            in_group = torch.tensor([name == "all" or g == name for g in self.groups])
-            out[(0, name)] = whole.at(torch.tensor([name == "all" or g == name for g in pair_groups]))
-            for p in self.position.unique().tolist():
-                out[(int(p), name)] = scores.at(in_group & (self.position == p))
-        return {key: cell for key, cell in out.items() if cell.correct.shape[1] > 0}
+        whole = scores.whole_answers(self.pair_index)
+        out = {key: whole.at(mask) for key, mask in
+               position_group_masks(torch.zeros(len(pair_groups), dtype=torch.long), pair_groups).items()}
+        out.update({key: scores.at(mask) for key, mask in position_group_masks(self.position, self.groups).items()})
+        return out  # fmt: skip
 
 
 def knockout_sweep(

@@ -17,7 +17,7 @@ from typing import Any
 
 from arithmech.data import PromptPair, read_prompt_file
 from arithmech.errors import ConfigError
-from arithmech.lineage import identify_folder, identify_record, refuse_answer_digits
+from arithmech.lineage import identify_folder, identify_record, refuse_answer_digits, scored_answer_digits
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 
@@ -40,7 +40,7 @@ class IdentifyRun:
     @property
     def answer_digits(self) -> bool:
         """Whether the run scored its answers token by token (identify --answer-digits)."""
-        return bool(self.metadata.get("config", {}).get("answer_digits"))
+        return scored_answer_digits(self.metadata)
 
     def ranked(self, kind: str | None = None) -> list[Component]:
         """Components by effect, most negative first; kind "head" or "mlp" keeps only those."""

@@ -155,7 +155,7 @@ def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], lis
         for _, rows in parts:
             for position, group, *share in rows[i].by_position:
                 shares.setdefault((position, group), []).append(tuple(share))  # type: ignore[arg-type]
-        order = sorted(shares, key=lambda key: (key[1] != "all", key[1], key[0]))  # as `AnswerRows.cells` lists them
+        order = sorted(shares, key=lambda key: (key[0], key[1] != "all", key[1]))  # as `AnswerRows.cells` lists them
         positions = [(*key, sum(n for n, _, _ in shares[key]), *_merge(shares[key])) for key in order]
         merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_position=tuple(positions)))
     return merged
