@@ -41,7 +41,7 @@ test: venv browser
 
 # The documentation site into site/ (mkdocs.yml); --strict: a broken link, page or API reference fails the build.
 docs: venv
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Headless Chromium + chromedriver for the report's browser test (tests/integration/test_report.py); Debian
 # packages, installed only when missing and we are root with apt-get; otherwise that test is skipped.

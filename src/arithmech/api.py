@@ -42,7 +42,7 @@ def load_model(
     threads: int | None = None,
     quiet: bool = False,
 ) -> ModelHandle:
-    """Load a causal LM with its tokenizer and architecture spec, as every command's --model options do.
+    """Load a causal LM with its tokenizer and architecture spec, as the `--model` options of every command do.
 
     Args:
         model: Hub id, local folder or .gguf file; None loads the built-in SmolLM2-135M-Instruct.
