@@ -26,10 +26,24 @@ from arithmech import preflight
 from arithmech.config_values import typed_settings
 
 if TYPE_CHECKING:
+    from arithmech.evaluate.runner import EvalResult
     from arithmech.models.load import ModelHandle
+    from arithmech.stages.agreement import AgreementResult
+    from arithmech.stages.analyze_attention import AttentionResult
+    from arithmech.stages.analyze_mlp import MlpLensResult
+    from arithmech.stages.finetune import FinetuneResult
+    from arithmech.stages.fourier import FourierResult
+    from arithmech.stages.heuristics import HeuristicsResult
+    from arithmech.stages.identify import IdentifyResult
+    from arithmech.stages.knockout import KnockoutResult
+    from arithmech.stages.mediate import MediateResult
+    from arithmech.stages.neurons import NeuronsResult
+    from arithmech.stages.transfer import TransferResult
 
 RunSource = str | Path | Any
 """An identify run: its folder, a run folder holding identify/, or the result `identify` returned."""
+Out = str | Path | None
+"""The folder a stage writes; None: the command's default."""
 
 
 def load_model(
@@ -84,7 +98,7 @@ def _default_out(stage: str) -> Path:
     return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")
 
 
-def identify(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = False, **settings: Any) -> Any:
+def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
     """Path-patch every attention head and MLP at the last token and write the key components.
 
     Settings are the fields of `IdentifyConfig` (`arithmech identify --help`): operations, max_prompts, variant,
@@ -100,10 +114,10 @@ def knockout(
     model: ModelHandle,
     from_run: RunSource | None = None,
     *,
-    out: str | Path | None = None,
+    out: Out = None,
     quiet: bool = False,
     **settings: Any,
-) -> Any:
+) -> KnockoutResult:
     """Knock out the top-k components by effect vs k random ones and record accuracy (the knockout curve).
 
     `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`). Settings
@@ -117,8 +131,8 @@ def knockout(
 
 
 def transfer(
-    model: ModelHandle, *from_runs: RunSource, out: str | Path | None = None, quiet: bool = False, **settings: Any
-) -> Any:
+    model: ModelHandle, *from_runs: RunSource, out: Out = None, quiet: bool = False, **settings: Any
+) -> TransferResult:
     """Knock out the components found by one or more identify runs on other prompt sets (formations, operations,
     word problems). Settings are the fields of `TransferConfig`: targets, k, ablation, ..."""
     sources = {"sources": tuple(_folder(r) for r in from_runs)} if from_runs else {}
@@ -128,7 +142,7 @@ def transfer(
 
 
 def _analysis(
-    stage: str, config: str, target: str, model: ModelHandle, from_run: RunSource, out: str | Path | None,
+    stage: str, config: str, target: str, model: ModelHandle, from_run: RunSource, out: Out,
     quiet: bool, settings: dict[str, Any], one_answer_token: bool = True,
 ) -> Any:  # fmt: skip
     """An analysis of an identify run's prompts, written to `out` (default <from_run>/<stage>)."""
@@ -141,8 +155,8 @@ def _analysis(
 
 
 def analyze_attention(
-    model: ModelHandle, from_run: RunSource, *, out: str | Path | None = None, quiet: bool = False, **settings: Any
-) -> Any:
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> AttentionResult:
     """Where each key head looks from the last token: operand A, operand B, operator, prefix.
 
     Settings are the fields of `AttentionConfig`: heads, top_k, tau, max_prompts, ... `out` defaults to
@@ -153,8 +167,8 @@ def analyze_attention(
 
 
 def analyze_mlp(
-    model: ModelHandle, from_run: RunSource, *, out: str | Path | None = None, quiet: bool = False, **settings: Any
-) -> Any:
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> MlpLensResult:
     """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer?
 
     Settings are the fields of `AnalyzeMlpConfig`: layers, max_prompts, max_number, ... `out` defaults to
@@ -165,8 +179,8 @@ def analyze_mlp(
 
 
 def analyze_fourier(
-    model: ModelHandle, from_run: RunSource, *, out: str | Path | None = None, quiet: bool = False, **settings: Any
-) -> Any:
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> FourierResult:
     """Fourier features of each attention and MLP output over the number tokens, and accuracy with frequencies
     filtered out. Settings are the fields of `FourierConfig`; `out` defaults to <from_run>/fourier."""
     return _analysis("fourier", "fourier_config:FourierConfig", "fourier:analyze_fourier", model, from_run, out,
@@ -174,8 +188,8 @@ def analyze_fourier(
 
 
 def analyze_agreement(
-    model: ModelHandle, from_run: RunSource, *, out: str | Path | None = None, quiet: bool = False, **settings: Any
-) -> Any:
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> AgreementResult:
     """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap).
 
     Settings are the fields of `AgreementConfig`: methods, max_prompts, ks, ... `out` defaults to
@@ -189,14 +203,14 @@ def analyze_agreement(
     return _call("agreement:method_agreement", model, cfg, out_dir, quiet=quiet)
 
 
-def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: str | Path | None, quiet: bool,
+def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
                 settings: dict[str, Any]) -> Any:  # fmt: skip
     cfg, out_dir = preflight.check(_config(config, stage, settings), out or _default_out(stage), stage)
     return _call(target, model, cfg, out_dir, quiet=quiet)
 
 
-def analyze_heuristics(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = False,
-                       **settings: Any) -> Any:  # fmt: skip
+def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,
+                       **settings: Any) -> HeuristicsResult:  # fmt: skip
     """Heuristic neurons: which MLP neurons fire on operand patterns and how the answer depends on them.
 
     Settings are the fields of `HeuristicsConfig`; `out` defaults to runs/heuristics-<time>.
@@ -205,7 +219,7 @@ def analyze_heuristics(model: ModelHandle, *, out: str | Path | None = None, qui
                        settings)  # fmt: skip
 
 
-def mediate(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = False, **settings: Any) -> Any:
+def mediate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> MediateResult:
     """Causal mediation per layer (total, direct, indirect effects) for arithmetic, retrieval and facts.
 
     Settings are the fields of `MediateConfig`: n_pairs, neuron_k, few_shot, ... `out` defaults to
@@ -214,7 +228,7 @@ def mediate(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = 
     return _standalone("mediate", "mediate_config:MediateConfig", "mediate:mediate", model, out, quiet, settings)
 
 
-def neurons(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = False, **settings: Any) -> Any:
+def neurons(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> NeuronsResult:
     """Head importance per operation, comparative neuron analysis and pruning of the deep MLP neurons.
 
     Settings are the fields of `NeuronsConfig`: operations, max_prompts, keep_sizes, lora, ... `out` defaults
@@ -227,10 +241,10 @@ def finetune(
     model: ModelHandle,
     from_run: RunSource | None = None,
     *,
-    out: str | Path | None = None,
+    out: Out = None,
     quiet: bool = False,
     **settings: Any,
-) -> Any:
+) -> FinetuneResult:
     """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines. This trains `model`
     in place; load another copy to compare. Settings are the fields of `FinetuneConfig`: method, top_k, data,
     epochs, ... `from_run` is the identify run whose top-k heads are trained."""
@@ -240,7 +254,7 @@ def finetune(
     return _call("finetune:finetune", model, cfg, out_dir, quiet=quiet)
 
 
-def evaluate(model: ModelHandle, *, out: str | Path | None = None, quiet: bool = False, **settings: Any) -> Any:
+def evaluate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> EvalResult:
     """Math and general benchmarks (GSM8K, SVAMP, AddSub, SingleEq, MMLU, CommonsenseQA, perplexity/KL).
 
     Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to runs/evaluate-<time>.
@@ -271,9 +285,8 @@ def run(
     return run_pipeline(load_run_config(config, overrides), quiet=quiet, handle=handle)
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path, out: Out = None) -> Path:
     """Write one self-contained HTML report of a run folder (default <run_dir>/report.html); returns its path."""
     from arithmech.report.html import write_report as write
 
     return write(run_dir, out)
-

@@ -63,8 +63,9 @@ def markdown_reference() -> str:
     ]
     for command, sub in _commands(root, ctx):
         lines += [f"## {sub.command_path}", "", _text(command.help or ""), "", "```text",
-                  f"{sub.command_path} {' '.join(command.collect_usage_pieces(sub))}", "```", "",
-                  "| Argument or option | Meaning |", "| --- | --- |"]  # fmt: skip
-        lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in _rows(command, sub)]
-        lines.append("")
+                  f"{sub.command_path} {' '.join(command.collect_usage_pieces(sub))}", "```", ""]  # fmt: skip
+        rows = _rows(command, sub)
+        if rows:
+            lines += ["| Argument or option | Meaning |", "| --- | --- |"]
+            lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in rows] + [""]
     return "\n".join(lines)
