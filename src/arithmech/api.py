@@ -1,0 +1,292 @@
+"""The Python front door: one function per stage, taking the stage's settings as keyword arguments.
+
+Usage:
+    >>> import arithmech as am
+    >>> model = am.load_model()                                   # built-in SmolLM2-135M-Instruct
+    >>> found = am.identify(model, max_prompts=32, out="runs/nb/identify")
+    >>> curve = am.knockout(model, from_run="runs/nb/identify", max_k=8, out="runs/nb/knockout")
+    >>> run = am.open_run("runs/nb")                              # the tables as pandas DataFrames
+    >>> run.identify.effects.nsmallest(5, "effect")
+
+Each function is a thin wrapper over the stage function the CLI and `arithmech run` call
+(`arithmech.stages.<stage>`): its keyword settings are the fields of the stage's config class (the same names as
+the command's options, with _ for -), checked with the same one-sentence errors before any work starts, and it
+returns the stage's typed result after writing the run folder `out`. torch is imported only when a stage runs,
+so `import arithmech` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arithmech import preflight
+from arithmech.config_values import typed_settings
+
+if TYPE_CHECKING:
+    from arithmech.evaluate.runner import EvalResult
+    from arithmech.models.load import ModelHandle
+    from arithmech.stages.agreement import AgreementResult
+    from arithmech.stages.analyze_attention import AttentionResult
+    from arithmech.stages.analyze_mlp import MlpLensResult
+    from arithmech.stages.finetune import FinetuneResult
+    from arithmech.stages.fourier import FourierResult
+    from arithmech.stages.heuristics import HeuristicsResult
+    from arithmech.stages.identify import IdentifyResult
+    from arithmech.stages.knockout import KnockoutResult
+    from arithmech.stages.mediate import MediateResult
+    from arithmech.stages.neurons import NeuronsResult
+    from arithmech.stages.transfer import TransferResult
+
+RunSource = str | Path | Any
+"""An identify run: its folder, a run folder holding identify/, or the result `identify` returned."""
+Out = str | Path | None
+"""The folder a stage writes; None: the command's default."""
+
+
+def load_model(
+    model: str | None = None,
+    *,
+    gguf_file: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    revision: str | None = None,
+    threads: int | None = None,
+    quiet: bool = False,
+) -> ModelHandle:
+    """Load a causal LM with its tokenizer and architecture spec, as the `--model` options of every command do.
+
+    Args:
+        model: Hub id, local folder or .gguf file; None loads the built-in SmolLM2-135M-Instruct.
+        gguf_file: GGUF file name inside the `model` folder or hub repo.
+        device: cpu, cuda, cuda:N, or auto (spread over all visible GPUs).
+        dtype: float32, float16, bfloat16 or auto (the checkpoint's own).
+        revision: Hub revision (branch, tag or commit).
+        threads: CPU threads torch uses; None keeps torch's own choice.
+        quiet: no library progress bars or stderr output while loading.
+    """
+    from arithmech.models.model_config import ModelConfig
+
+    cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
+    from arithmech.models.load import load_model as load
+    from arithmech.models.load import set_threads
+
+    set_threads(threads)
+    return load(cfg, quiet=quiet)
+
+
+def _config(config: str, stage: str, settings: dict[str, Any], **injected: Any) -> Any:
+    """The stage's config object from keyword settings (each checked against its field's type)."""
+    module, name = config.split(":")
+    cls = getattr(importlib.import_module(f"arithmech.stages.{module}"), name)
+    return cls(**typed_settings(cls, settings, stage), **injected)
+
+
+def _call(target: str, *args: Any, **kwargs: Any) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+
+
+def _folder(source: RunSource) -> str:
+    """The path of an identify run given as a path or as identify's result."""
+    return str(getattr(source, "out_dir", source))
+
+
+def _default_out(stage: str) -> Path:
+    return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")
+
+
+def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
+    """Path-patch every attention head and MLP at the last token and write the key components.
+
+    Settings are the fields of `IdentifyConfig` (`arithmech identify --help`): operations, max_prompts, variant,
+    method, fraction_threshold, ... Returns an IdentifyResult (`.key.ranked`, `.key.total_effect`, `.out_dir`).
+    `out` defaults to runs/identify-<time>.
+    """
+    cfg, out_dir = preflight.check(_config("identify_config:IdentifyConfig", "identify", settings),
+                                   out or _default_out("identify"), "identify")  # fmt: skip
+    return _call("identify:identify", model, cfg, out_dir, quiet=quiet)
+
+
+def knockout(
+    model: ModelHandle,
+    from_run: RunSource | None = None,
+    *,
+    out: Out = None,
+    quiet: bool = False,
+    **settings: Any,
+) -> KnockoutResult:
+    """Knock out the top-k components by effect vs k random ones and record accuracy (the knockout curve).
+
+    `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`). Settings
+    are the fields of `KnockoutConfig`: max_k, n_random, ablation, max_prompts, ... Returns a KnockoutResult;
+    `out` defaults to runs/knockout-<time>.
+    """
+    run = {"from_run": _folder(from_run)} if from_run is not None else {}
+    cfg, out_dir = preflight.check(_config("knockout_config:KnockoutConfig", "knockout", settings, **run),
+                                   out or _default_out("knockout"), "knockout")  # fmt: skip
+    return _call("knockout:knockout", model, cfg, out_dir, quiet=quiet)
+
+
+def transfer(
+    model: ModelHandle, *from_runs: RunSource, out: Out = None, quiet: bool = False, **settings: Any
+) -> TransferResult:
+    """Knock out the components found by one or more identify runs on other prompt sets (formations, operations,
+    word problems). Settings are the fields of `TransferConfig`: targets, k, ablation, ..."""
+    sources = {"sources": tuple(_folder(r) for r in from_runs)} if from_runs else {}
+    cfg, out_dir = preflight.check(_config("transfer_config:TransferConfig", "transfer", settings, **sources),
+                                   out or _default_out("transfer"), "transfer")  # fmt: skip
+    return _call("transfer:transfer", model, cfg, out_dir, quiet=quiet)
+
+
+def _analysis(
+    stage: str, config: str, target: str, model: ModelHandle, from_run: RunSource, out: Out,
+    quiet: bool, settings: dict[str, Any], one_answer_token: bool = True,
+) -> Any:  # fmt: skip
+    """An analysis of an identify run's prompts, written to `out` (default <from_run>/<stage>)."""
+    cfg = _config(config, stage, settings)
+    folder = _folder(from_run)
+    command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
+    run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
+                                               one_answer_token=one_answer_token)  # fmt: skip
+    return _call(target, model, cfg, run_dir, out_dir, quiet=quiet)
+
+
+def analyze_attention(
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> AttentionResult:
+    """Where each key head looks from the last token: operand A, operand B, operator, prefix.
+
+    Settings are the fields of `AttentionConfig`: heads, top_k, tau, max_prompts, ... `out` defaults to
+    <from_run>/attention.
+    """
+    return _analysis("attention", "analyze_attention_config:AttentionConfig", "analyze_attention:analyze_attention",
+                     model, from_run, out, quiet, settings, one_answer_token=False)  # fmt: skip
+
+
+def analyze_mlp(
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> MlpLensResult:
+    """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer?
+
+    Settings are the fields of `AnalyzeMlpConfig`: layers, max_prompts, max_number, ... `out` defaults to
+    <from_run>/mlp.
+    """
+    return _analysis("mlp", "analyze_mlp_config:AnalyzeMlpConfig", "analyze_mlp:analyze_mlp", model, from_run, out,
+                     quiet, settings)  # fmt: skip
+
+
+def analyze_fourier(
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> FourierResult:
+    """Fourier features of each attention and MLP output over the number tokens, and accuracy with frequencies
+    filtered out. Settings are the fields of `FourierConfig`; `out` defaults to <from_run>/fourier."""
+    return _analysis("fourier", "fourier_config:FourierConfig", "fourier:analyze_fourier", model, from_run, out,
+                     quiet, settings)  # fmt: skip
+
+
+def analyze_agreement(
+    model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
+) -> AgreementResult:
+    """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap).
+
+    Settings are the fields of `AgreementConfig`: methods, max_prompts, ks, ... `out` defaults to
+    <from_run>/agreement.
+    """
+    folder = _folder(from_run)
+    cfg, out_dir = preflight.check(
+        _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder),
+        out or Path(folder) / "agreement", "agreement",
+    )  # fmt: skip
+    return _call("agreement:method_agreement", model, cfg, out_dir, quiet=quiet)
+
+
+def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
+                settings: dict[str, Any]) -> Any:  # fmt: skip
+    cfg, out_dir = preflight.check(_config(config, stage, settings), out or _default_out(stage), stage)
+    return _call(target, model, cfg, out_dir, quiet=quiet)
+
+
+def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,
+                       **settings: Any) -> HeuristicsResult:  # fmt: skip
+    """Heuristic neurons: which MLP neurons fire on operand patterns and how the answer depends on them.
+
+    Settings are the fields of `HeuristicsConfig`; `out` defaults to runs/heuristics-<time>.
+    """
+    return _standalone("heuristics", "heuristics_config:HeuristicsConfig", "heuristics:heuristics", model, out, quiet,
+                       settings)  # fmt: skip
+
+
+def mediate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> MediateResult:
+    """Causal mediation per layer (total, direct, indirect effects) for arithmetic, retrieval and facts.
+
+    Settings are the fields of `MediateConfig`: n_pairs, neuron_k, few_shot, ... `out` defaults to
+    runs/mediate-<time>.
+    """
+    return _standalone("mediate", "mediate_config:MediateConfig", "mediate:mediate", model, out, quiet, settings)
+
+
+def neurons(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> NeuronsResult:
+    """Head importance per operation, comparative neuron analysis and pruning of the deep MLP neurons.
+
+    Settings are the fields of `NeuronsConfig`: operations, max_prompts, keep_sizes, lora, ... `out` defaults
+    to runs/neurons-<time>.
+    """
+    return _standalone("neurons", "neurons_config:NeuronsConfig", "neurons:neurons", model, out, quiet, settings)
+
+
+def finetune(
+    model: ModelHandle,
+    from_run: RunSource | None = None,
+    *,
+    out: Out = None,
+    quiet: bool = False,
+    **settings: Any,
+) -> FinetuneResult:
+    """Fine-tune only the key heads (precise SFT), or the whole model / LoRA as baselines. This trains `model`
+    in place; load another copy to compare. Settings are the fields of `FinetuneConfig`: method, top_k, data,
+    epochs, ... `from_run` is the identify run whose top-k heads are trained."""
+    run = {"from_run": _folder(from_run)} if from_run is not None else {}
+    cfg, out_dir = preflight.check(_config("finetune_config:FinetuneConfig", "finetune", settings, **run),
+                                   out or _default_out("finetune"), "finetune")  # fmt: skip
+    return _call("finetune:finetune", model, cfg, out_dir, quiet=quiet)
+
+
+def evaluate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> EvalResult:
+    """Math and general benchmarks (GSM8K, SVAMP, AddSub, SingleEq, MMLU, CommonsenseQA, perplexity/KL).
+
+    Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to runs/evaluate-<time>.
+    """
+    return _standalone("evaluate", "evaluate_config:EvaluateConfig", "evaluate:evaluate_stage", model, out, quiet,
+                       settings)  # fmt: skip
+
+
+def run(
+    config: str | Path | None = None, *, handle: ModelHandle | None = None, quiet: bool = False, **settings: Any
+) -> dict[str, Any]:
+    """Run the whole study into one run folder, as `arithmech run` does, skipping stages already done.
+
+    `config` is a YAML run description (e.g. configs/default-model.yaml); `settings` override its keys, a
+    stage's settings given as a mapping: `am.run(out="runs/x", stages=["identify", "knockout"],
+    identify={"max_prompts": 16})`; `model` is the config's model (a hub id, folder or a mapping of load_model's
+    settings). A `handle` from `load_model` is used instead of loading the config's model. Returns {stage:
+    result} for the stages that ran (a kept stage maps to its folder).
+    """
+    from arithmech.pipeline import load_run_config, run_pipeline
+
+    overrides: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            overrides.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            overrides[key] = value
+    return run_pipeline(load_run_config(config, overrides), quiet=quiet, handle=handle)
+
+
+def write_report(run_dir: str | Path, out: Out = None) -> Path:
+    """Write one self-contained HTML report of a run folder (default <run_dir>/report.html); returns its path."""
+    from arithmech.report.html import write_report as write
+
+    return write(run_dir, out)

@@ -1,0 +1,175 @@
+"""Documentation that cannot drift: the site builds strictly and offline, every `arithmech ...` command shown in
+README.md or docs/*.md parses with the real command-line app, and the API page documents exactly `arithmech`'s
+top-level names. (The tutorial is executed in tests/default_model/test_docs_tutorial.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import arithmech as am
+from arithmech.cli.reference import command_tree
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_FENCES = ("", "bash", "sh", "shell", "console")
+KNOWN_README_FAILURES: dict[str, str] = {}
+"""README commands that do not parse today, each with the reason, until the README is corrected; a fixed one must
+leave this list (the test fails on a listed command that parses)."""
+
+
+def _segments(line: str) -> list[list[str]]:
+    """The simple commands of a shell line (split at |, &&, ;, >), comments dropped."""
+    line = re.sub(r"<[A-Za-z][\w -]*>", "...", line)  # a placeholder (`arithmech <command> --help`), not a redirect
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    segments: list[list[str]] = [[]]
+    try:
+        for token in lexer:
+            if token and set(token) <= set("|&;<>()"):
+                segments.append([])
+            else:
+                segments[-1].append(token)
+    except ValueError:  # an unbalanced quote in prose: no command to check
+        return []
+    return [s for s in segments if s]
+
+
+def _arithmech_args(segment: list[str]) -> list[str] | None:
+    """The arguments after `arithmech` (or `-m arithmech.cli` under accelerate/torchrun/python), else None."""
+    while segment and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", segment[0]):  # CUDA_VISIBLE_DEVICES= ...
+        segment = segment[1:]
+    if segment and segment[0].rsplit("/", 1)[-1] == "arithmech":
+        return segment[1:]
+    if "arithmech.cli" in segment and segment[segment.index("arithmech.cli") - 1] == "-m":
+        return segment[segment.index("arithmech.cli") + 1 :]
+    return None
+
+
+def shown_commands(page: Path) -> list[tuple[str, str, bool]]:
+    """(where, command line, complete) for every arithmech command on a page: the lines of shell code blocks
+    (complete: the command must parse whole) and inline code spans (which may leave out a required option)."""
+    text = page.read_text()
+    found: list[tuple[str, str, bool]] = []
+    for block in re.finditer(r"^```(\w*)[^\n]*\n(.*?)^```", text, re.S | re.M):
+        if block.group(1) not in SHELL_FENCES:
+            continue
+        start = text[: block.start()].count("\n") + 2
+        for offset, line in enumerate(block.group(2).replace("\\\n", " ").splitlines()):
+            line = line.strip().removeprefix("$ ")
+            for segment in _segments(line):
+                if _arithmech_args(segment) is not None:
+                    found.append((f"{page.name}:{start + offset}", shlex.join(segment), True))
+    blocks = [m.span() for m in re.finditer(r"^```.*?^```", text, re.S | re.M)]
+    for span in re.finditer(r"`([^`\n]+)`", text):
+        if any(start <= span.start() < end for start, end in blocks):
+            continue
+        for segment in _segments(span.group(1)):
+            if _arithmech_args(segment) is not None:
+                line = text[: span.start()].count("\n") + 1
+                found.append((f"{page.name}:{line}", shlex.join(segment), False))
+    return found
+
+
+def parse_error(command: str, complete: bool) -> str | None:
+    """Why the real app refuses `command` (no such command or option, a bad value, an extra argument), or None.
+
+    Nothing runs: the command's parameters are parsed by click as `arithmech` would, --help and --version set
+    aside, and placeholders (`...`, `<command>` read as `...`) dropped.
+    """
+    args = _arithmech_args(shlex.split(command)) or []
+    args = [a for a in args if a not in ("...", "--help", "--version")]
+    command_obj = command_tree()
+    ctx = command_obj.context_class(command_obj, info_name="arithmech")
+    while hasattr(command_obj, "get_command") and args and not args[0].startswith("-"):
+        sub = command_obj.get_command(ctx, args[0])
+        if sub is None:
+            return f"no command {args[0]!r} under {ctx.command_path!r}"
+        command_obj, ctx = sub, sub.context_class(sub, info_name=args[0], parent=ctx)
+        args = args[1:]
+    if hasattr(command_obj, "get_command"):
+        return f"{ctx.command_path!r} takes a command, not {args}" if args else None
+    try:
+        command_obj.make_context(ctx.info_name, list(args), parent=ctx.parent)  # click consumes the list
+    except Exception as err:  # typer's own click: UsageError, NoSuchOption, BadParameter, MissingParameter
+        named_only = type(err).__name__ == "BadOptionUsage" and args[-1:] == [getattr(err, "option_name", None)]
+        if not complete and (type(err).__name__ == "MissingParameter" or named_only):  # prose: `run --out`
+            return None
+        if hasattr(err, "format_message"):
+            return err.format_message()
+        raise
+    return None
+
+
+def test_the_command_finder_and_checker_catch_what_they_should(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `arithmech identify --max-prompts 8` or `arithmech analyze mlp`; `arithmech <command> --help`.\n\n"
+        "```bash\nCUDA_VISIBLE_DEVICES= arithmech knockout --from runs/a --max-k 4  # comment\n"
+        "accelerate launch --num_processes 2 -m arithmech.cli identify \\\n  --bogus-option 3\n"
+        "arithmech analyze attention\narithmech idenitfy\npip install .\n```\n"
+    )
+    found = {cmd: (where, complete) for where, cmd, complete in shown_commands(page)}
+    assert list(found) == ["CUDA_VISIBLE_DEVICES= arithmech knockout --from runs/a --max-k 4",
+                           "accelerate launch --num_processes 2 -m arithmech.cli identify --bogus-option 3",
+                           "arithmech analyze attention", "arithmech idenitfy", "arithmech identify --max-prompts 8",
+                           "arithmech analyze mlp", "arithmech ... --help"]
+    assert found["arithmech identify --max-prompts 8"] == ("page.md:1", False)
+    errors = {cmd: parse_error(cmd, complete) for cmd, (_, complete) in found.items()}
+    assert errors["CUDA_VISIBLE_DEVICES= arithmech knockout --from runs/a --max-k 4"] is None
+    assert "--bogus-option" in errors["accelerate launch --num_processes 2 -m arithmech.cli identify --bogus-option 3"]
+    assert "--from" in errors["arithmech analyze attention"]  # a code block's command must be complete
+    assert "idenitfy" in errors["arithmech idenitfy"]
+    assert errors["arithmech analyze mlp"] is None and errors["arithmech ... --help"] is None  # prose: a name alone
+    assert parse_error("arithmech run --out", complete=False) is None  # or an option
+    assert "--out" in parse_error("arithmech run --out", complete=True)
+    assert "max-prompts" in parse_error("arithmech identify --max-prompts many", complete=True)
+
+
+def test_every_command_shown_in_the_readme_and_docs_parses() -> None:
+    commands = [(where, cmd, complete) for page in PAGES for where, cmd, complete in shown_commands(page)]
+    assert len(commands) > 40  # the README and the docs show many; a finder that finds none must fail
+    failures = {}
+    for where, command, complete in commands:
+        error = parse_error(command, complete)
+        known = where.startswith("README.md") and command in KNOWN_README_FAILURES
+        if error and not known:
+            failures[f"{where}: {command}"] = error
+        if known and not error:
+            failures[f"{where}: {command}"] = "parses now: remove it from KNOWN_README_FAILURES"
+    assert not failures, "\n".join(f"{k}\n    {v}" for k, v in failures.items())
+
+
+def test_api_page_documents_exactly_the_top_level_names() -> None:
+    documented = set(re.findall(r"^::: arithmech\.[\w.]*?\.?(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M))
+    results_types = {name for name in documented if name.endswith("Results")}  # what run.<stage> returns
+    assert documented - results_types == set(am.__all__) - {"__version__"}
+
+
+def test_docs_build_strictly_and_need_no_network(tmp_path: Path) -> None:
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]' (make test does)")
+    pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed: pip install -e '.[docs]'")
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("index.html")}
+    assert {"index.html", "getting-started/index.html", "tutorial/index.html", "api/index.html",
+            "cli/index.html", "development/index.html"} <= pages  # fmt: skip
+    cli = (site / "cli" / "index.html").read_text()
+    for name in ("arithmech identify", "arithmech analyze attention", "arithmech run", "--max-prompts"):
+        assert name in cli, name
+    api = (site / "api" / "index.html").read_text()
+    assert "fraction_threshold" in (site / "tutorial" / "index.html").read_text() and "open_run" in api
+    for page in site.rglob("*.html"):
+        html = page.read_text()
+        remote = re.findall(r"<(?:script|link|img)\b[^>]*(?:src|href)=\"(?:https?:)?//[^\"]*\"", html)
+        assert not remote, (page, remote[:3])  # a page that loads anything from elsewhere needs the network
