@@ -21,7 +21,10 @@ Method: two-way cluster-robust variance of a mean (Cameron, Gelbach & Miller 201
       0% or 100%; there the residuals are all 0 and V cannot be estimated, so n_eff is the smallest number of
       clusters of a factor with more than one (as if the outcome were constant within each of them).
     - Differences (`clustered_difference`): a paired per-prompt difference d_i of two models on the same prompts,
-      mean(d) +- z sqrt(V + extra), where `extra` adds variance that the prompts do not show (seed to seed).
+      mean(d) +- z sqrt(V + extra), where `extra` adds variance that the prompts do not show (seed to seed). Where
+      every d_i is the same (two models right on the same prompts), V is 0 but not known to be: the half-width is
+      then the Wilson upper bound of 0 discordant prompts in n_eff (the fallback above), so 0 of 6 prompts apart
+      is not read as a difference known to be exactly 0.
 
 Why not a bootstrap over templates and problems: the pigeonhole bootstrap is deterministic only with a fixed RNG
 stream, gives [0, 0] at 0% correct, and with 6 templates draws from only 462 distinct template multisets; this
@@ -70,6 +73,12 @@ def two_way_variance(values: Sequence[float], templates: Sequence[Hashable], fac
     return total - cell
 
 
+def _fewest_clusters(templates: Sequence[Hashable], facts: Sequence[Hashable]) -> float:
+    """n_eff where the outcomes do not vary: the fewest clusters of a factor with more than one (else n)."""
+    counts = [len(set(labels)) for labels in (templates, facts)]
+    return float(min([c for c in counts if c > 1], default=len(templates)))
+
+
 def effective_n(outcomes: Sequence[bool], templates: Sequence[Hashable], facts: Sequence[Hashable]) -> float:
     """How many independent prompts the clustered outcomes are worth for their mean (1 <= n_eff <= n)."""
     n = len(outcomes)
@@ -77,8 +86,7 @@ def effective_n(outcomes: Sequence[bool], templates: Sequence[Hashable], facts: 
         return 0.0
     p = sum(outcomes) / n
     if p in (0.0, 1.0):
-        counts = [len(set(labels)) for labels in (templates, facts)]
-        return float(min([c for c in counts if c > 1], default=n))
+        return _fewest_clusters(templates, facts)
     variance = max(two_way_variance([float(o) for o in outcomes], templates, facts), p * (1 - p) / n)
     return max(1.0, min(float(n), p * (1 - p) / variance))
 
@@ -106,6 +114,10 @@ def clustered_difference(
     if n == 0:
         return math.nan, math.nan, math.nan
     mean = sum(differences) / n
+    if all(d == differences[0] for d in differences):
+        bound = wilson_interval(0, _fewest_clusters(templates, facts), z)[1]
+        half = math.sqrt(bound**2 + z * z * extra_variance)
+        return mean, max(-1.0, mean - half), min(1.0, mean + half)
     naive = sum((d - mean) ** 2 for d in differences) / n**2
     half = z * math.sqrt(max(two_way_variance(differences, templates, facts), naive) + extra_variance)
     return mean, mean - half, mean + half
