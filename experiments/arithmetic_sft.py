@@ -1,29 +1,34 @@
-"""Issue #14: does fine-tuning only the key heads improve arithmetic? The paper's Table 1 where it can be seen.
+"""Issues #14, #21: does fine-tuning only the key heads improve arithmetic? The paper's Table 1 where it can be seen.
 
 Zhang et al. (2024, Table 1) fine-tune the key heads on math word problems; a 135M model solves almost none of
 those before or after (README, experiments/sft_table.py). Here every row trains on the skill the heads were found
 for, arithmetic prompts of the operations the default model is weak at (subtraction by default), and is tested
-on prompts that share neither a template nor an operand pair with any training prompt
+on prompts that share neither a template family nor a fact with any training prompt of their operation
 (src/arithmech/data/arithmetic_split.py). One command runs it all and writes <out>/table.md, table.csv,
 sweep.csv and arithmetic_sft.png; every training and evaluation has its own folder, so a rerun skips what is done.
 
 Steps
     1. identify on train-part prompts of the training operations only (train templates x train pairs), so not
        even the choice of heads sees a test prompt;
-    2. a learning-rate sweep per row type (precise top-k, precise random-k on seed 0, full, LoRA): every
-       candidate trains with the same data, steps and schedule and is scored on the validation part (train
-       templates x validation pairs); the best first-token accuracy on the training operations wins (ties: the
-       smaller lr). The winning run is that row's model;
-    3. the other random seeds train at the random row's lr; LoRA's rank is chosen so that its trainable
-       parameters are closest to precise top-max(k)'s (computed from the model's dims and printed);
-    4. every row (and base) is scored on the test part (all four operations, 95% Wilson intervals), the
-       multi-digit transfer set of the training operations, MMLU and CommonsenseQA subsets, and general-text
-       perplexity with KL to the base model; trainable parameters, samples/s and peak memory come from each
-       training's metadata.json. The table says whether full SFT, the positive control, beats base beyond the
-       intervals; if not, the setup is too small (raise --steps).
+    2. one learning-rate rule for every row type (precise top-k, precise random-k, full, LoRA): each candidate
+       rate trains on the same data, steps and schedule with each of the row type's training seeds and is scored
+       on the validation part (train templates x validation pairs); the rate with the best mean first-token
+       accuracy over those seeds wins (ties: the smaller rate). Top-k and random-k rows train `--seeds` seeds
+       each (seed s: training seed s, and for random-k the s-th random draw of heads), so the two sides get the
+       same grid, the same seeds and the same tie-break; full SFT and LoRA, the controls, train seed 0. The
+       chosen rate's runs are the row's models; LoRA's rank is chosen so that its trainable parameters are
+       closest to precise top-max(k)'s (computed from the model's dims and printed);
+    3. every row (and base) is scored on the test part (all four operations), the multi-digit transfer set of the
+       training operations, MMLU and CommonsenseQA subsets, and general-text perplexity with KL to the base
+       model; trainable parameters, samples/s and peak memory come from each training's metadata.json;
+    4. table.md: every accuracy with its 95% interval clustered by template and fact (evaluate/clustered_interval.py),
+       the positive control (full SFT minus base) and effect-ranked minus random heads as paired per-prompt
+       differences with clustered intervals (plus the seed-to-seed variance), and how many test problems state a
+       fact that the training trains in another operation (5 - 3 = 2 trained, 2 + 3 tested).
 
-    python experiments/arithmetic_sft.py --out runs/arithmetic-sft                   # about an hour, 2 CPU cores
+    python experiments/arithmetic_sft.py --out runs/arithmetic-sft                   # the table (hours, see README)
     python experiments/arithmetic_sft.py --out runs/arithmetic-sft-estimate --estimate   # time it first (minutes)
+    python experiments/arithmetic_sft.py --out runs/arithmetic-sft-smoke --size smoke    # every code path, small
 """
 
 from __future__ import annotations
@@ -74,14 +79,14 @@ def identify(a: argparse.Namespace, out: Path) -> Path:
     return folder
 
 
-def train(a: argparse.Namespace, folder: Path, how: list[str], lr: float) -> None:
-    """One training: `how` (method and heads) with the shared data, steps and schedule."""
+def train(a: argparse.Namespace, folder: Path, how: list[str], lr: float, seed: int = 0) -> None:
+    """One training: `how` (method and heads) with the shared data, steps and schedule, and training seed `seed`."""
     if (folder / "metadata.json").is_file():
         return
     cli(["finetune", *how, "--data", "arithmetic", "--operations", ",".join(a.ops), "--split-seed", str(a.split_seed),
          "--max-samples", str(a.steps * a.batch_size), "--epochs", "1", "--batch-size", str(a.batch_size),
          "--micro-batch-size", str(a.micro_batch_size), "--lr", str(lr), "--warmup-ratio", str(a.warmup_ratio),
-         "--lr-schedule", a.schedule, "--checkpoint-every", "0", "--seed", str(a.seed), *model_args(a),
+         "--lr-schedule", a.schedule, "--checkpoint-every", "0", "--seed", str(a.seed + seed), *model_args(a),
          "--out", str(folder)])  # fmt: skip
 
 
@@ -106,62 +111,68 @@ def random_heads(identify_dir: Path, k: int, seed: int) -> str:
     return ",".join(random.Random(f"arithmetic-sft-{k}-{seed}").sample(pool, k))
 
 
-def row_types(a: argparse.Namespace, identify_dir: Path, out: Path) -> dict[str, tuple[list[str], list[float]]]:
-    """Row type -> (finetune arguments, learning rates to sweep). LoRA comes last: its rank needs precise's size."""
-    types: dict[str, tuple[list[str], list[float]]] = {}
+def row_types(a: argparse.Namespace) -> dict[str, tuple[list[float], list[int]]]:
+    """Row type -> (learning rates to sweep, training seeds). LoRA comes last: its rank needs precise's size."""
+    types: dict[str, tuple[list[float], list[int]]] = {}
     for k in a.ks:
-        types[f"precise-top{k}"] = (["--method", "precise", "--from", str(identify_dir), "--top-k", str(k)],
-                                    a.lrs_precise)  # fmt: skip
-        types[f"precise-random{k}"] = (["--method", "precise", "--components", random_heads(identify_dir, k, 0)],
-                                       a.lrs_precise)  # fmt: skip
-    types["full"] = (["--method", "full"], a.lrs_full)
-    types["lora"] = (["--method", "lora"], a.lrs_lora)
+        types[f"precise-top{k}"] = (a.lrs_precise, list(range(a.seeds)))
+        types[f"precise-random{k}"] = (a.lrs_precise, list(range(a.seeds)))
+    types["full"] = (a.lrs_full, [0])
+    types["lora"] = (a.lrs_lora, [0])
     return types
 
 
-def sweep(a: argparse.Namespace, out: Path, types: dict[str, tuple[list[str], list[float]]]) -> dict[str, float]:
-    """Step 2: every (row type, lr) trained and scored on validation; the best lr per row type."""
+def finetune_args(a: argparse.Namespace, out: Path, name: str, seed: int) -> list[str]:
+    """The method and trained parts of row type `name` for training seed `seed` (random heads: the seed's draw)."""
+    identify_dir = out / "identify"
+    if name.startswith("precise-top"):
+        return ["--method", "precise", "--from", str(identify_dir), "--top-k", name.removeprefix("precise-top")]
+    if name.startswith("precise-random"):
+        k = int(name.removeprefix("precise-random"))
+        return ["--method", "precise", "--components", random_heads(identify_dir, k, seed)]
+    if name == "lora":
+        precise = out / "sweep" / f"precise-top{max(a.ks)}" / f"lr-{a.lrs_precise[0]:g}" / "seed-0"
+        return ["--method", "lora", "--lora-r", str(lora_rank(precise, identify_dir))]
+    return ["--method", name]
+
+
+def choose_lr(scores: dict[float, list[float]]) -> float:
+    """The one rule for every row: the best mean validation accuracy over the seeds; ties go to the smaller lr."""
+    return min(scores, key=lambda lr: (-sum(scores[lr]) / len(scores[lr]), lr))
+
+
+def sweep(a: argparse.Namespace, out: Path) -> dict[str, tuple[float, list[int]]]:
+    """Step 2: every (row type, lr, seed) trained and scored on validation; per row type its lr and seeds."""
     evaluate(a, out / "base", "validation", None)
-    rows = [{"row": "base", "lr": 0.0, "validation_accuracy": sweep_score(out / "base" / "eval-validation", a.ops),
-             "folder": str(out / "base")}]  # fmt: skip
-    best = {}
-    for name, (how, lrs) in types.items():
-        if name == "lora":
-            precise = out / "sweep" / f"precise-top{max(a.ks)}" / f"lr-{a.lrs_precise[0]:g}"
-            how = [*how, "--lora-r", str(lora_rank(precise, out / "identify"))]
-            types[name] = (how, lrs)
-        scores = {}
+    rows = [{"row": "base", "lr": 0.0, "seed": "", "validation_accuracy": sweep_score(out / "base" /
+             "eval-validation", a.ops), "folder": str(out / "base")}]  # fmt: skip
+    best: dict[str, tuple[float, list[int]]] = {}
+    for name, (lrs, seeds) in row_types(a).items():
+        scores: dict[float, list[float]] = {}
         for lr in lrs:
-            folder = out / "sweep" / name / f"lr-{lr:g}"
-            train(a, folder, how, lr)
-            evaluate(a, folder, "validation", folder)
-            scores[lr] = sweep_score(folder / "eval-validation", a.ops)
-            rows.append({"row": name, "lr": lr, "validation_accuracy": scores[lr], "folder": str(folder)})
-        best[name] = max(sorted(scores), key=lambda lr: scores[lr])  # ties: the smaller lr
+            for seed in seeds:
+                folder = out / "sweep" / name / f"lr-{lr:g}" / f"seed-{seed}"
+                train(a, folder, finetune_args(a, out, name, seed), lr, seed)
+                evaluate(a, folder, "validation", folder)
+                scores.setdefault(lr, []).append(sweep_score(folder / "eval-validation", a.ops))
+                rows.append({"row": name, "lr": lr, "seed": seed, "validation_accuracy": scores[lr][-1],
+                             "folder": str(folder)})  # fmt: skip
+        best[name] = (choose_lr(scores), seeds)
     for r in rows:
-        r["chosen"] = best.get(r["row"]) == r["lr"]
-    lines = ["row,lr,validation_accuracy,chosen,folder", *(f"{r['row']},{r['lr']:g},{r['validation_accuracy']:.6f},"
-             f"{r['chosen']},{r['folder']}" for r in rows)]  # fmt: skip
+        r["chosen"] = r["row"] in best and best[r["row"]][0] == r["lr"]
+    lines = ["row,lr,seed,validation_accuracy,chosen,folder", *(f"{r['row']},{r['lr']:g},{r['seed']},"
+             f"{r['validation_accuracy']:.6f},{r['chosen']},{r['folder']}" for r in rows)]  # fmt: skip
     (out / SWEEP_FILE).write_text("\n".join(lines) + "\n")
     return best
 
 
-def final_rows(a: argparse.Namespace, out: Path, identify_dir: Path) -> dict[str, Path | None]:
-    """Steps 2-3: row name -> the folder of its trained model (None: base)."""
-    types = row_types(a, identify_dir, out)
-    best = sweep(a, out, types)
+def final_rows(a: argparse.Namespace, out: Path) -> dict[str, Path | None]:
+    """Row name -> the folder of its trained model (None: base); precise rows get one row per training seed."""
     rows: dict[str, Path | None] = {"base": None}
-    for name in types:
-        chosen = out / "sweep" / name / f"lr-{best[name]:g}"
-        if not name.startswith("precise-random"):
-            rows[name] = chosen
-            continue
-        k = int(name.removeprefix("precise-random"))
-        rows[f"{name}-seed0"] = chosen
-        for seed in range(1, a.random_seeds):
-            folder = out / "random" / f"{name}-seed{seed}-lr-{best[name]:g}"
-            train(a, folder, ["--method", "precise", "--components", random_heads(identify_dir, k, seed)], best[name])
-            rows[f"{name}-seed{seed}"] = folder
+    for name, (lr, seeds) in sweep(a, out).items():
+        for seed in seeds:
+            folder = out / "sweep" / name / f"lr-{lr:g}" / f"seed-{seed}"
+            rows[f"{name}-seed{seed}" if name.startswith("precise") else name] = folder
     return rows
 
 
@@ -171,11 +182,13 @@ def estimate(a: argparse.Namespace, out: Path) -> None:
     timings = read_json(identify_dir / "metadata.json").get("timings", {})
     timing: dict[str, object] = {"identify_s": sum(timings.values())}
     plan = argparse.Namespace(**{**vars(a), "steps": 2})
-    for name, (how, _) in row_types(plan, identify_dir, out).items():
+    for name in row_types(plan):
         if name.startswith("precise-random"):
             continue
+        how = finetune_args(plan, out, name, 0)
         if name == "lora":
-            how = [*how, "--lora-r", str(lora_rank(out / "estimate" / f"precise-top{max(a.ks)}", identify_dir))]
+            rank = lora_rank(out / "estimate" / f"precise-top{max(a.ks)}", identify_dir)
+            how = ["--method", "lora", "--lora-r", str(rank)]
         folder = out / "estimate" / name
         start = time.perf_counter()
         train(plan, folder, how, 1e-4)
@@ -193,12 +206,22 @@ def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
+SIZES: dict[str, dict[str, object]] = {
+    "full": {},
+    "smoke": {"ks": "2", "seeds": 2, "steps": 2, "batch_size": 4, "micro_batch_size": 4, "lrs_precise": [1e-4, 1e-3],
+              "lrs_full": [1e-5, 1e-4], "lrs_lora": [3e-4, 3e-3], "eval_limit": 24, "general_limit": 2,
+              "identify_prompts": 8, "identify_pool": 32},
+}
+"""--size: the defaults of the table (full), or a run small enough to try every code path in minutes (smoke:
+two seeds, two rates, two steps of 4 prompts; its numbers mean nothing). Options given explicitly still win."""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/arithmetic-sft")
     p.add_argument("--operations", default="subtraction", help="training operations (the model's weak ones)")
     p.add_argument("--ks", default="8,32", help="precise SFT of k heads, effect-ranked and random, for each k")
-    p.add_argument("--random-seeds", type=int, default=3, help="seeds of the random-heads rows")
+    p.add_argument("--seeds", type=int, default=3, help="training seeds of every top-k and random-k row alike")
     p.add_argument("--steps", type=int, default=16, help="optimizer steps of every training")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per step (steps x batch = training prompts)")
     p.add_argument("--micro-batch-size", type=int, default=8)
@@ -218,6 +241,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads per command (default: torch's own)")
     p.add_argument("--estimate", action="store_true", help="time a few steps and evaluations, print the estimate")
+    p.add_argument("--size", choices=sorted(SIZES), default="full", help="full (the table) or smoke (code paths)")
+    p.set_defaults(**SIZES[p.parse_known_args()[0].size])
     a = p.parse_args()
     a.ops = tuple(x.strip() for x in a.operations.split(",") if x.strip())
     a.ks = [int(k) for k in a.ks.split(",")]
@@ -234,7 +259,8 @@ def main() -> None:
     if a.estimate:
         estimate(a, out)
         return
-    rows = final_rows(a, out, identify(a, out))
+    identify(a, out)
+    rows = final_rows(a, out)
     for folder in rows.values():
         evaluate(a, folder or out / "base", "test", folder)
     write_outputs(out, rows, a)

@@ -1,4 +1,5 @@
-"""The files of experiments/arithmetic_sft.py: reading its run folders into the table, the figure and the estimate.
+"""The files of experiments/arithmetic_sft.py: reading its run folders into the table, the figure and the estimate
+(the comparisons' paired differences: arithmetic_sft_compare.py).
 
 Only reads what the finetune and evaluate stages wrote (metadata.json, arithmetic.csv, results.csv); nothing is
 recomputed, so `python experiments/arithmetic_sft.py` on a finished folder only rewrites table.md, table.csv and
@@ -13,6 +14,8 @@ import statistics
 from argparse import Namespace
 from pathlib import Path
 from typing import Any
+
+from arithmetic_sft_compare import paired_difference, points
 
 from arithmech.data.arithmetic_split import TRANSFER_PER_TEMPLATE, make_split
 from arithmech.data.templates import OPERATIONS, load_templates
@@ -99,31 +102,48 @@ def _table(records: list[dict[str, Any]], a: Namespace) -> list[str]:
     return lines
 
 
-def _random_summary(records: list[dict[str, Any]], a: Namespace) -> list[str]:
-    """Effect-ranked vs random heads: the random rows' mean and sd over seeds, per k and training operation."""
+def _top_vs_random(rows: dict[str, Path | None], records: list[dict[str, Any]], a: Namespace) -> list[str]:
+    """Effect-ranked minus random heads per k and training operation: both sides the mean over the same seeds."""
     lines = []
     for k in a.ks:
-        top = next(r for r in records if r["row"] == f"precise-top{k}")
-        rand = [r for r in records if r["row"].startswith(f"precise-random{k}-seed")]
+        top = [n for n in rows if n.startswith(f"precise-top{k}-seed")]
+        rand = [n for n in rows if n.startswith(f"precise-random{k}-seed")]
         for op in a.ops:
-            values = [r[f"{op}_accuracy"] for r in rand]
-            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-            low, high = top[f"{op}_ci"]
-            each = ", ".join(f"{v:.1%}" for v in values)
-            lines.append(f"- k = {k}, {op}: effect-ranked {top[f'{op}_accuracy']:.1%} [{low:.0%}, {high:.0%}] vs "
-                         f"random {statistics.fmean(values):.1%} ± {sd:.1%} (sd over {len(values)} seeds: {each})")
+            each = {name: next(r[f"{op}_accuracy"] for r in records if r["row"] == name) for name in [*top, *rand]}
+            top_mean, rand_mean = statistics.fmean(each[n] for n in top), statistics.fmean(each[n] for n in rand)
+            diff = paired_difference([_folder(rows, n) for n in top], [_folder(rows, n) for n in rand], op)
+            lines.append(f"- k = {k}, {op}: effect-ranked {top_mean:.1%} vs random {rand_mean:.1%} (means over "
+                         f"{len(top)} and {len(rand)} seeds: {_listed(each, top)} vs {_listed(each, rand)}); "
+                         f"difference {points(*diff)}")  # fmt: skip
     return lines
 
 
-def _control(records: list[dict[str, Any]], a: Namespace) -> list[str]:
-    """Whether full SFT, the positive control, beats base beyond the 95% intervals on each training operation."""
-    base, full = records[0], next(r for r in records if r["row"] == "full")
+def _folder(rows: dict[str, Path | None], name: str) -> Path:
+    folder = rows[name]
+    assert folder is not None
+    return folder
+
+
+def _listed(values: dict[str, float], names: list[str]) -> str:
+    return ", ".join(f"{values[n]:.1%}" for n in names)
+
+
+def _control(rows: dict[str, Path | None], out: Path, a: Namespace) -> list[str]:
+    """Whether full SFT, the positive control, beats base: the paired difference's interval above 0."""
     lines = []
     for op in a.ops:
-        beyond = full[f"{op}_ci"][0] > base[f"{op}_ci"][1]
-        verdict = "beyond the 95% intervals" if beyond else "NOT beyond them: the setup is too small, raise --steps"
-        lines.append(f"- positive control, {op}: base {base[op]} -> full SFT {full[op]}: {verdict}")
+        diff = paired_difference([_folder(rows, "full")], [out / "base"], op)
+        verdict = "above 0" if diff[1] > 0 else "NOT above 0: the setup is too small, raise --steps"
+        lines.append(f"- positive control, {op}: full SFT minus base {points(*diff)}: {verdict}")
     return lines
+
+
+def _related_facts(a: Namespace) -> list[str]:
+    """Test problems whose fact the training trains in another operation (5 - 3 = 2 trained, 2 + 3 tested)."""
+    counts = make_split(a.split_seed).related_fact_trained(tuple(a.ops))
+    each = ", ".join(f"{op} {c['related']} of {c['test']}" for op, c in counts.items())
+    return [f"- test problems whose fact ({', '.join(a.ops)} trained) is a train problem of another operation: "
+            f"{each} (data/facts.py; none within an operation)"]  # fmt: skip
 
 
 def write_outputs(out: Path, rows: dict[str, Path | None], a: Namespace) -> None:
@@ -133,14 +153,14 @@ def write_outputs(out: Path, rows: dict[str, Path | None], a: Namespace) -> None
         writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
-    text = [*_table(records, a), "", *_control(records, a), *_random_summary(records, a)]
+    text = [*_table(records, a), "", *_control(rows, out, a), *_top_vs_random(rows, records, a), *_related_facts(a)]
     (out / "table.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     figure(records, a, out / "arithmetic_sft.png")
 
 
 def figure(records: list[dict[str, Any]], a: Namespace, path: Path) -> None:
-    """Held-out accuracy on each training operation per row, with 95% Wilson intervals."""
+    """Held-out accuracy on each training operation per row, with 95% intervals clustered by template and fact."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +183,7 @@ def figure(records: list[dict[str, Any]], a: Namespace, path: Path) -> None:
         ax.set_xticks(range(len(records)), [r["row"] for r in records], rotation=45, ha="right")
         ax.set_ylabel("first-token accuracy (%)")
         ax.set_ylim(0, 100)
-        ax.set_title("Held-out templates and operand pairs, 95% Wilson intervals")
+        ax.set_title("Held-out template families and facts, clustered 95% intervals")
         ax.legend(frameon=False)
         fig.tight_layout()
         save_figure(fig, path)
@@ -178,10 +198,13 @@ def _prompt_counts(a: Namespace) -> dict[str, int]:
         n_templates = sum(t.operation == op and t.id in split.templates_of(part) for t in templates)
         return n_templates * len(split.valid_pairs(part, op))
 
-    return {"validation": sum(per_op("validation", op) for op in a.ops),
-            "test": sum(per_op("test", op) for op in OPERATIONS),
-            "multidigit": sum(TRANSFER_PER_TEMPLATE * sum(t.operation == op and t.id in split.test_templates
-                                                          for t in templates) for op in a.ops)}  # fmt: skip
+    def capped(n: int) -> int:  # --eval-limit caps every benchmark (one per training operation, one "arithmetic")
+        return min(n, a.eval_limit) if a.eval_limit else n
+
+    return {"validation": sum(capped(per_op("validation", op)) for op in a.ops),
+            "test": capped(sum(per_op("test", op) for op in OPERATIONS)),
+            "multidigit": sum(capped(TRANSFER_PER_TEMPLATE * sum(t.operation == op and t.id in split.test_templates
+                                                                 for t in templates)) for op in a.ops)}  # fmt: skip
 
 
 def print_estimate(out: Path, a: Namespace, timing: dict[str, Any]) -> None:
@@ -192,14 +215,9 @@ def print_estimate(out: Path, a: Namespace, timing: dict[str, Any]) -> None:
     per_prompt = statistics.fmean(b["seconds"] / b["n"] for b in test.values())
     general_row = sum(b["seconds"] / b["n"] for b in gen.values()) * a.general_limit
     load = max(0.0, timing["eval_call_s"] - sum(b["seconds"] for b in [*test.values(), *gen.values()])) / 2
-    n_lrs = {"precise": len(a.lrs_precise), "full": len(a.lrs_full), "lora": len(a.lrs_lora)}
-    trainings = {f"precise-top{k}": n_lrs["precise"] for k in a.ks}
-    trainings.update({f"precise-random{k}": n_lrs["precise"] + a.random_seeds - 1 for k in a.ks})
-    trainings.update(full=n_lrs["full"], lora=n_lrs["lora"])
+    trainings, swept, n_rows = plan_counts(a)
     train_s = sum(n * (a.steps * timing[_kind(name)]["s_per_step"] + load) for name, n in trainings.items())
-    swept = sum(n_lrs["precise"] * 2 for _ in a.ks) + n_lrs["full"] + n_lrs["lora"] + 1
     val_s = swept * (counts["validation"] * per_prompt + load)
-    n_rows = 1 + len(a.ks) * (1 + a.random_seeds) + 2
     test_s = n_rows * ((counts["test"] + counts["multidigit"]) * per_prompt * 1.1 + general_row + 2 * load)
     total = (timing.get("identify_s") or 0) + train_s + val_s + test_s
     steps = ", ".join(f"{k} {v['s_per_step']:.1f} s/step" for k, v in timing.items() if isinstance(v, dict))
@@ -212,6 +230,14 @@ def print_estimate(out: Path, a: Namespace, timing: dict[str, Any]) -> None:
              f"{val_s / 60:.1f} min + test {test_s / 60:.1f} min = {total / 60:.0f} min on this machine"]  # fmt: skip
     (out / "estimate.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def plan_counts(a: Namespace) -> tuple[dict[str, int], int, int]:
+    """Trainings per row type (every rate x every seed), validation evaluations (each training's and base's),
+    and rows tested (base, one per seed of every precise row, full, LoRA)."""
+    trainings = {f"precise-{side}{k}": len(a.lrs_precise) * a.seeds for k in a.ks for side in ("top", "random")}
+    trainings.update(full=len(a.lrs_full), lora=len(a.lrs_lora))
+    return trainings, sum(trainings.values()) + 1, 1 + 2 * len(a.ks) * a.seeds + 2
 
 
 def _kind(name: str) -> str:

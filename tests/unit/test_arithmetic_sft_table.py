@@ -1,9 +1,11 @@
-"""experiments/arithmetic_sft_table.py on hand-written run folders: the table, the positive-control verdict, the
-effect-ranked vs random comparison over seeds, LoRA's matched rank and the sweep score."""
+"""experiments/arithmetic_sft_table.py on hand-written run folders: the table, the positive control and effect-ranked
+vs random heads as paired differences with clustered intervals over the same seeds, the cross-operation fact count,
+LoRA's matched rank, the sweep score and the one learning-rate rule."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -14,25 +16,36 @@ EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 if str(EXPERIMENTS) not in sys.path:  # the experiment scripts are not a package
     sys.path.insert(0, str(EXPERIMENTS))
 
+import arithmetic_sft as driver  # noqa: E402
+import arithmetic_sft_compare as compare  # noqa: E402
 import arithmetic_sft_table as table  # noqa: E402
 
-from arithmech.evaluate.arithmetic import GROUP_COLUMNS, wilson_interval  # noqa: E402
+from arithmech.data.arithmetic_split import make_split  # noqa: E402
+from arithmech.data.facts import fact_of  # noqa: E402
+from arithmech.evaluate.arithmetic import GROUP_COLUMNS, group_rows  # noqa: E402
+from arithmech.evaluate.clustered_interval import clustered_difference  # noqa: E402
 
-ARGS = Namespace(ops=("subtraction",), ks=[8])
+ARGS = Namespace(ops=("subtraction",), ks=[8], split_seed=0)
 SMOLLM2 = {"d_model": 576, "n_heads": 9, "n_kv_heads": 3, "d_head": 64, "n_layers": 30}
+PROBLEMS = [(9, b) for b in range(10)] + [(8, b) for b in range(9)] + [(7, 0)]  # 20 subtraction problems
+PROMPTS = [(f"sub-t{i % 6}", *PROBLEMS[i // 6]) for i in range(120)]  # 6 templates x 20 problems, interleaved
 
 
-def write_row(folder: Path, correct: int, lr: float | None, kl: float = 0.001) -> Path:
-    """A finished row: training metadata (unless base), test arithmetic.csv (120 subtraction prompts), general."""
-    n = 120
-    rows = []
-    for bench, op in (("arithmetic", "all"), ("arithmetic", "subtraction"),
-                      ("arithmetic-multidigit-subtraction", "subtraction")):  # fmt: skip
-        (lo, hi) = wilson_interval(correct, n)
-        rows.append([bench, op, "all", n, correct, correct / n, lo, hi, correct // 2, correct / 2 / n, lo / 2, hi / 2])
-    (folder / "eval-test").mkdir(parents=True)
-    (folder / "eval-test" / "arithmetic.csv").write_text(
-        ",".join(GROUP_COLUMNS) + "\n" + "".join(",".join(str(c) for c in r) + "\n" for r in rows))
+def records_of(correct: int, offset: int = 0) -> list[dict[str, object]]:
+    """The 120 test records of a row whose prompts offset .. offset + correct - 1 are answered right."""
+    return [{"template_id": t, "operation": "subtraction", "formation": "qa", "a": a, "b": b, "gold": str(a - b),
+             "correct": offset <= i < offset + correct, "exact": offset <= i < offset + correct // 2}
+            for i, (t, a, b) in enumerate(PROMPTS)]  # fmt: skip
+
+
+def write_row(folder: Path, correct: int, lr: float | None, offset: int = 0, kl: float = 0.001) -> Path:
+    """A finished row: training metadata (unless base), the test part's records and arithmetic.csv, general."""
+    records = records_of(correct, offset)
+    groups = [*group_rows("arithmetic", records), *group_rows("arithmetic-multidigit-subtraction", records)]
+    (folder / "eval-test" / "examples").mkdir(parents=True)
+    (folder / "eval-test" / "examples" / "arithmetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "eval-test" / "arithmetic.csv").write_text(",".join(GROUP_COLUMNS) + "\n" + "".join(
+        ",".join(str(g[c]) for c in GROUP_COLUMNS) + "\n" for g in groups))  # fmt: skip
     general = {"mmlu": {"correct": 5, "n": 20}, "csqa": {"correct": 4, "n": 20},
                "general": {"info": {"perplexity": 37.5, "kl": kl if lr else None}}}  # fmt: skip
     (folder / "eval-general").mkdir()
@@ -44,30 +57,65 @@ def write_row(folder: Path, correct: int, lr: float | None, kl: float = 0.001) -
     return folder
 
 
-def run(tmp_path: Path, full_correct: int) -> str:
-    rows = {"base": None}
+def run(tmp_path: Path, full: tuple[int, int]) -> str:
+    rows: dict[str, Path | None] = {"base": None}
     write_row(tmp_path / "base", 30, None)
-    for name, correct, lr in (("precise-top8", 60, 1e-3), ("precise-random8-seed0", 36, 3e-4),
-                              ("precise-random8-seed1", 40, 3e-4), ("precise-random8-seed2", 44, 3e-4),
-                              ("full", full_correct, 1e-4), ("lora", 50, 1e-3)):  # fmt: skip
+    for name, correct, lr in (("precise-top8-seed0", 60, 1e-3), ("precise-top8-seed1", 62, 1e-3),
+                              ("precise-top8-seed2", 58, 1e-3), ("precise-random8-seed0", 36, 1e-3),
+                              ("precise-random8-seed1", 40, 1e-3), ("precise-random8-seed2", 44, 1e-3),
+                              ("lora", 50, 1e-3)):  # fmt: skip
         rows[name] = write_row(tmp_path / name, correct, lr)
+    rows["full"] = write_row(tmp_path / "full", full[0], 1e-4, offset=full[1])
     table.write_outputs(tmp_path, rows, ARGS)
     return (tmp_path / "table.md").read_text()
 
 
-def test_table_verdicts_and_random_summary(tmp_path: Path) -> None:
-    text = run(tmp_path / "a", full_correct=77)
-    lo, hi = wilson_interval(60, 120)
-    assert "| precise-top8 | 0.001 | 1,105,920 | 3.20 | 2,048 | " in text
-    assert f"50.0% [{lo:.0%}, {hi:.0%}]" in text  # top-8's held-out subtraction with its Wilson interval
-    assert "- positive control, subtraction: base 25.0% [18%, 33%] -> full SFT 64.2% [55%, 72%]: beyond the 95% " \
-        "intervals" in text  # fmt: skip
-    assert "- k = 8, subtraction: effect-ranked 50.0% [41%, 59%] vs random 33.3% ± 3.3% (sd over 3 seeds: 30.0%, " \
-        "33.3%, 36.7%)" in text  # fmt: skip
-    assert "| base | - | - | - | - |" in text and text.count("| 5/20 | 4/20 | 37.50 |") == 7
+def test_table_control_top_vs_random_and_related_facts(tmp_path: Path) -> None:
+    text = run(tmp_path / "a", full=(77, 0))
+    top0 = group_rows("arithmetic", records_of(60))[1]  # the subtraction row, clustered by template and fact
+    assert "| precise-top8-seed0 | 0.001 | 1,105,920 | 3.20 | 2,048 | " in text
+    assert f"50.0% [{top0['ci_low']:.0%}, {top0['ci_high']:.0%}]" in text
+    assert "- positive control, subtraction: full SFT minus base +39.2 points [" in text and "]: above 0" in text
+    # effect-ranked minus random: per-prompt means over the 3 seeds of each side, plus the seed-to-seed variance
+    top = [records_of(c) for c in (60, 62, 58)]
+    rand = [records_of(c) for c in (36, 40, 44)]
+    d = [statistics.fmean(r[i]["correct"] for r in top) - statistics.fmean(r[i]["correct"] for r in rand)
+         for i in range(120)]  # fmt: skip
+    seed_var = (statistics.variance([0.5, 62 / 120, 58 / 120]) + statistics.variance([0.3, 40 / 120, 44 / 120])) / 3
+    keys = sorted(range(120), key=lambda i: PROMPTS[i])
+    want = clustered_difference([d[i] for i in keys], [PROMPTS[i][0] for i in keys],
+                                [fact_of("subtraction", *PROMPTS[i][1:]) for i in keys], seed_var)  # fmt: skip
+    assert ("- k = 8, subtraction: effect-ranked 50.0% vs random 33.3% (means over 3 and 3 seeds: 50.0%, 51.7%, "
+            f"48.3% vs 30.0%, 33.3%, 36.7%); difference {compare.points(*want)}") in text  # fmt: skip
+    assert want[0] == pytest.approx(20 / 120) and want[1] > 0
+    related = make_split(0).related_fact_trained(("subtraction",))
+    assert f"addition {related['addition']['related']} of {related['addition']['test']}" in text
+    assert "| base | - | - | - | - |" in text and text.count("| 5/20 | 4/20 | 37.50 |") == 9
     assert (tmp_path / "a" / "arithmetic_sft.png").is_file() and (tmp_path / "a" / "table.csv").is_file()
-    weak = run(tmp_path / "b", full_correct=38)  # 31.7%: its interval overlaps base's
-    assert "full SFT 31.7% [24%, 40%]: NOT beyond them: the setup is too small, raise --steps" in weak
+    weak = run(tmp_path / "b", full=(34, 20))  # right on other prompts than base: a noisy +3.3 points
+    assert "full SFT minus base +3.3 points [" in weak and "NOT above 0: the setup is too small" in weak
+
+
+def test_rows_scored_on_other_prompts_are_refused(tmp_path: Path) -> None:
+    write_row(tmp_path / "x", 30, None)
+    write_row(tmp_path / "y", 30, None)
+    lines = (tmp_path / "y" / compare.RECORDS).read_text().splitlines()[:-1]  # one prompt fewer
+    (tmp_path / "y" / compare.RECORDS).write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="not scored on the same subtraction test prompts"):
+        compare.paired_difference([tmp_path / "x"], [tmp_path / "y"], "subtraction")
+
+
+def test_one_learning_rate_rule_for_every_row() -> None:
+    """The best mean over seeds wins, ties go to the smaller rate, whichever side the row is on (issue #21: top-32
+    got 1e-4 by a tie-break against random-32's 3e-4 on one seed)."""
+    assert driver.choose_lr({1e-4: [0.6, 0.8], 3e-4: [0.7, 0.7], 1e-3: [0.5, 0.9]}) == 1e-4  # three-way tie
+    assert driver.choose_lr({3e-4: [0.7, 0.72], 1e-4: [0.7, 0.7]}) == 3e-4
+    sizes = Namespace(ks=[8, 32], seeds=3, lrs_precise=[1e-4, 3e-4, 1e-3], lrs_full=[1e-5, 3e-5, 1e-4],
+                      lrs_lora=[3e-4, 1e-3, 3e-3])  # fmt: skip
+    types = driver.row_types(sizes)
+    assert types["precise-top8"] == types["precise-random8"] == ([1e-4, 3e-4, 1e-3], [0, 1, 2])
+    trainings, validations, rows = table.plan_counts(sizes)
+    assert sum(trainings.values()) == 2 * 2 * 3 * 3 + 3 + 3 and validations == 43 and rows == 15
 
 
 def test_lora_rank_matches_the_precise_parameter_count(tmp_path: Path) -> None:

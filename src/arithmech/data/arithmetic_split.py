@@ -1,17 +1,26 @@
-"""A leakage-free train / validation / test split of the arithmetic prompts: by template and by operand pair.
+"""A leakage-free train / validation / test split of the arithmetic prompts: by template family and by fact.
 
 Background
     Fine-tuning on arithmetic prompts and testing on more of the same measures memorisation unless every test
     prompt is new twice over: a phrasing the training never used and a problem it never solved. So, once and
-    seeded, the templates of every (operation, formation) are split into train and test templates (templates.json
-    has 4 per group; 2 are held out by default), and the operand grid (A, B) in [operand_min, operand_max]^2 into
-    train, validation and test pairs (40% and 20% held out by default, in proportion within each group of pairs
-    that make a problem of the same operations). The pair split is one split of the grid, shared by every
-    operation: a test pair (7, 3) is tested as 7 - 3 and as 7 + 3 and is trained on in no operation. Zhang et al.
-    (2024) fine-tune on word problems and do not split arithmetic prompts; this split is ours (issue #14).
+    seeded, the templates of every (operation, formation) are split into train and test templates, and every
+    operation's problems into train, validation and test problems (40% and 20% held out by default).
+    - Templates go whole families at a time (templates.json `family`): near-copies such as "{A}-{B} = " and
+      "{A} - {B} = ", or "Q: How much is {A} minus {B}? A: " and "Q: What is {A} minus {B}? A: ", are one family
+      (texts equal once whitespace is removed, a leading "Calculate:" dropped and "How much is" read as "What is").
+      Of the family sets that leave one for training, one (seeded) with a template count closest to
+      `test_templates_per_group` (2 of the 4) is held out, so the equation formation, whose four templates are a
+      family of three and one, holds out one or three.
+    - Problems go whole facts at a time (data/facts.py): a pair and its swap (3 + 5, 5 + 3; 2 * 4, 4 * 2) and a
+      problem and its inverse (7 - 2 = 5 and 7 - 5 = 2; 8 / 2 and 8 / 4) are always in one part. Each operation is
+      split on its own, so 5 - 3 may be a test problem while 5 + 3 (another fact) is trained. Across operations
+      one fact joins addition and subtraction (2 + 3 = 5 is 5 - 3 = 2), and multiplication and division; those
+      links chain the whole grid, so they are not held out but counted (`related_fact_trained`, in split.json).
+    Zhang et al. (2024) fine-tune on word problems and do not split arithmetic prompts; this split is ours (issues
+    #14, #21).
 
 Parts (`split_prompts`; every prompt is `few_shot` solved examples of its own template, then the query)
-    train       train templates x train pairs; solved examples: other train pairs.
+    train       train templates x train pairs; solved examples: train pairs of other facts.
     validation  train templates x validation pairs (new problems in known phrasings), for choosing
                 hyperparameters such as the learning rate; solved examples: train pairs.
     test        test templates x test pairs (new problems in new phrasings); solved examples: train pairs.
@@ -22,13 +31,16 @@ Parts (`split_prompts`; every prompt is `few_shot` solved examples of its own te
     asking for n prompts cycles through that list, drawing new solved examples on every pass.
 
 Invariants (tests/unit/data/test_arithmetic_split.py, over seeds)
-    - no test template is a train template, and train and validation prompts use train templates only;
-    - every pair in a train prompt, query or solved example, is a train pair;
-    - a test pair appears only as the query of a test prompt: it is no prompt's solved example, so its answer is
-      written in no prompt at all; likewise a validation pair appears only as a validation query.
+    - no test template shares a family with a train template, and train and validation prompts use train
+      templates only;
+    - every problem in a train prompt, query or solved example, is a train problem of its operation, and no test
+      or validation problem's swap or inverse is one;
+    - a test problem appears only as the query of a test prompt: it is no prompt's solved example, so its answer
+      is written in no prompt of its operation; likewise a validation problem appears only as a validation query.
 
 Recorded: `ArithmeticSplit.record()` is what split.json holds in the finetune and evaluate folders (parameters,
-template ids, pairs, per-operation counts and a fingerprint, so two folders can be checked to share one split).
+template ids, problems, per-operation counts, test problems whose fact another operation trains, and a
+fingerprint, so two folders can be checked to share one split).
 
 Usage
     >>> split = make_split(seed=0)
@@ -39,11 +51,13 @@ Usage
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from arithmech.data.facts import Fact, fact_of, related_counts
 from arithmech.data.generate import GenerationConfig, build_pair, generate_pairs, solve
 from arithmech.data.prompts import PromptPair
 from arithmech.data.templates import FORMATIONS, OPERATIONS, Template, load_templates, select_templates
@@ -69,28 +83,37 @@ class ArithmeticSplit:
     operand_max: int
     train_templates: tuple[str, ...]
     test_templates: tuple[str, ...]
-    pairs: dict[str, tuple[Problem, ...]]
-    """"train", "validation", "test" -> operand pairs (A, B), sorted."""
+    pairs: dict[str, dict[str, tuple[Problem, ...]]]
+    """operation -> "train", "validation", "test" -> its problems (A, B), sorted."""
 
     def templates_of(self, part: str) -> tuple[str, ...]:
         return self.test_templates if part == "test" else self.train_templates
 
     def record(self) -> dict[str, Any]:
-        """What split.json holds: every field, per-operation counts of valid query pairs, and the fingerprint."""
+        """What split.json holds: every field, per-operation counts, cross-operation facts, and the fingerprint."""
         fields = {**asdict(self), "train_templates": list(self.train_templates),
                   "test_templates": list(self.test_templates),
-                  "pairs": {part: [list(p) for p in pairs] for part, pairs in self.pairs.items()}}  # fmt: skip
+                  "pairs": {op: {part: [list(p) for p in pairs] for part, pairs in parts.items()}
+                            for op, parts in self.pairs.items()}}  # fmt: skip
         counts = {op: {part: len(self.valid_pairs(part, op)) for part in PARTS} for op in OPERATIONS}
-        return {**fields, "queries_per_operation": counts, "fingerprint": self.fingerprint}
+        return {**fields, "queries_per_operation": counts, "related_fact_trained": self.related_fact_trained(),
+                "fingerprint": self.fingerprint}  # fmt: skip
+
+    def related_fact_trained(self, trained: tuple[str, ...] = OPERATIONS) -> dict[str, dict[str, int]]:
+        """Per operation: its test problems whose fact (data/facts.py) is a train problem of another operation
+        among `trained` (2 + 3 = 5 tested, 5 - 3 = 2 trained); within an operation there are none by design."""
+        return related_counts({op: self.pairs[op]["test"] for op in OPERATIONS},
+                              {op: self.pairs[op]["train"] for op in trained})  # fmt: skip
 
     @property
     def fingerprint(self) -> str:
-        payload = json.dumps({**asdict(self), "pairs": {k: list(v) for k, v in self.pairs.items()}}, sort_keys=True)
+        pairs = {op: {k: list(v) for k, v in parts.items()} for op, parts in self.pairs.items()}
+        payload = json.dumps({**asdict(self), "pairs": pairs}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def valid_pairs(self, part: str, operation: str) -> list[Problem]:
-        """The part's pairs that make a valid single-digit-answer problem of `operation`."""
-        return [(a, b) for a, b in self.pairs[part] if _single_digit(operation, a, b)]
+        """The part's problems of `operation` (valid single-digit-answer problems only)."""
+        return list(self.pairs[operation][part])
 
 
 def _single_digit(operation: str, a: int, b: int) -> bool:
@@ -107,7 +130,7 @@ def make_split(
     operand_max: int = 9,
     templates: list[Template] | None = None,
 ) -> ArithmeticSplit:
-    """Split the templates of every (operation, formation) and the operand grid, with local seeded RNGs."""
+    """Split the template families of every (operation, formation) and every operation's facts, seeded locally."""
     if not 0 < test_fraction < 1 or not 0 <= validation_fraction < 1 or test_fraction + validation_fraction >= 1:
         raise ConfigError(f"test_fraction ({test_fraction}) and validation_fraction ({validation_fraction}) must be "
                           "shares of the operand grid that leave some pairs for training")  # fmt: skip
@@ -118,33 +141,58 @@ def make_split(
     train, test = [], []
     for op in OPERATIONS:
         for formation in FORMATIONS:
-            ids = sorted(t.id for t in select_templates(templates, (op,), (formation,)))
-            if not ids:
+            group = select_templates(templates, (op,), (formation,))
+            if not group:
                 continue
-            if not 0 < test_templates_per_group < len(ids):
-                raise ConfigError(f"{op} / {formation} has {len(ids)} templates; hold out 1 to {len(ids) - 1} of "
+            if not 0 < test_templates_per_group < len(group):
+                raise ConfigError(f"{op} / {formation} has {len(group)} templates; hold out 1 to {len(group) - 1} of "
                                   f"them, not {test_templates_per_group}")  # fmt: skip
-            random.Random(f"{seed}:templates:{op}:{formation}").shuffle(ids)
-            test += ids[:test_templates_per_group]
-            train += ids[test_templates_per_group:]
-    strata: dict[tuple[str, ...], list[Problem]] = {}  # pairs by the operations they are a problem of
-    for a in range(operand_min, operand_max + 1):
-        for b in range(operand_min, operand_max + 1):
-            strata.setdefault(tuple(op for op in OPERATIONS if _single_digit(op, a, b)), []).append((a, b))
-    pairs: dict[str, list[Problem]] = {part: [] for part in PARTS}
-    rng = random.Random(f"{seed}:pairs")
-    for _, group in sorted(strata.items()):
-        rng.shuffle(group)
-        n_test, n_val = round(test_fraction * len(group)), round(validation_fraction * len(group))
-        pairs["test"] += group[:n_test]
-        pairs["validation"] += group[n_test : n_test + n_val]
-        pairs["train"] += group[n_test + n_val :]
+            rng = random.Random(f"{seed}:templates:{op}:{formation}")
+            held = _held_out_families(group, test_templates_per_group, rng)
+            test += [t.id for t in group if t.family_id in held]
+            train += [t.id for t in group if t.family_id not in held]
+    grid = [(a, b) for a in range(operand_min, operand_max + 1) for b in range(operand_min, operand_max + 1)]
+    pairs = {op: _split_facts([p for p in grid if _single_digit(op, *p)], op, test_fraction, validation_fraction,
+                              random.Random(f"{seed}:facts:{op}")) for op in OPERATIONS}  # fmt: skip
     return ArithmeticSplit(
         seed=seed, test_templates_per_group=test_templates_per_group, test_fraction=test_fraction,
         validation_fraction=validation_fraction, operand_min=operand_min, operand_max=operand_max,
-        train_templates=tuple(sorted(train)), test_templates=tuple(sorted(test)),
-        pairs={part: tuple(sorted(pairs[part])) for part in PARTS},
+        train_templates=tuple(sorted(train)), test_templates=tuple(sorted(test)), pairs=pairs,
     )  # fmt: skip
+
+
+def _held_out_families(group: list[Template], target: int, rng: random.Random) -> set[str]:
+    """Whole families of near-copies to hold out: of the sets that leave a family for training, one (seeded) of
+    those whose template count is closest to `target`."""
+    sizes: dict[str, int] = {}
+    for t in group:
+        sizes[t.family_id] = sizes.get(t.family_id, 0) + 1
+    families = sorted(sizes)
+    if len(families) < 2:
+        raise ConfigError(f"the {group[0].operation} / {group[0].formation} templates are all one family "
+                          f"({families[0]}), so none can be held out as a new phrasing; add a template of "
+                          "another family or split the family in the templates file")  # fmt: skip
+    choices = [set(c) for r in range(1, len(families)) for c in itertools.combinations(families, r)]
+    gap = min(abs(sum(sizes[f] for f in c) - target) for c in choices)
+    return rng.choice([c for c in choices if abs(sum(sizes[f] for f in c) - target) == gap])
+
+
+def _split_facts(
+    problems: list[Problem], operation: str, test_fraction: float, validation_fraction: float, rng: random.Random
+) -> dict[str, tuple[Problem, ...]]:
+    """One operation's problems in parts, whole facts at a time (a pair and its swap, a problem and its inverse):
+    facts in seeded order fill test, then validation, up to their shares (overshooting by at most one problem)."""
+    by_fact: dict[Fact, list[Problem]] = {}
+    for p in problems:
+        by_fact.setdefault(fact_of(operation, *p), []).append(p)
+    facts = sorted(by_fact)
+    rng.shuffle(facts)
+    wanted = {"test": round(test_fraction * len(problems)), "validation": round(validation_fraction * len(problems))}
+    parts: dict[str, list[Problem]] = {part: [] for part in PARTS}
+    for fact in facts:
+        part = next((p for p in ("test", "validation") if len(parts[p]) < wanted[p]), "train")
+        parts[part] += by_fact[fact]
+    return {part: tuple(sorted(parts[part])) for part in PARTS}
 
 
 def _part_templates(split: ArithmeticSplit, part: str, operations: tuple[str, ...]) -> list[Template]:
@@ -169,14 +217,15 @@ def split_prompts(
 ) -> list[PromptPair]:
     """The prompts of one part for `operations`: each (template, query pair) once, or `n` prompts cycling over them.
 
-    Solved examples are `few_shot` train pairs other than the query, drawn per prompt by a local RNG seeded by
-    (split seed, seed, part, template, query, pass), so a prompt never depends on which others are generated.
+    Solved examples are `few_shot` train pairs of other facts than the query's, drawn per prompt by a local RNG
+    seeded by (split seed, seed, part, template, query, pass), so a prompt never depends on which others are
+    generated.
     """
     items: list[tuple[Template, Problem]] = []
     for template in _part_templates(split, part, operations):
         queries = split.valid_pairs(part, template.operation)
         examples = split.valid_pairs("train", template.operation)
-        if not queries or len(examples) < few_shot + (part == "train"):
+        if not queries or len(examples) < few_shot + 2 * (part == "train"):
             raise ConfigError(
                 f"the split leaves {template.operation} {len(queries)} {part} and {len(examples)} train problems, too "
                 f"few for {few_shot} solved examples; widen the operand range or lower the held-out fractions"
@@ -188,7 +237,8 @@ def split_prompts(
     for i in range(count):
         template, query = items[i % len(items)]
         rng = random.Random(f"{split.seed}:{seed}:{part}:{template.id}:{query}:{i // len(items)}")
-        others = [p for p in split.valid_pairs("train", template.operation) if p != query]
+        fact = fact_of(template.operation, *query)
+        others = [p for p in split.valid_pairs("train", template.operation) if fact_of(template.operation, *p) != fact]
         shots = rng.sample(others, few_shot)
         pair = build_pair(template, query, shots)
         prompts.append(_tagged(pair, part, shots))

@@ -5,7 +5,9 @@ Statement, Question-Answer) but do not publish them; ours are in `templates.json
 operator span exactly as it appears in its text and an irrelevant counterfactual operator of the same token
 length (for SmolLM2), so the counterfactual prompt differs from the reference only at the operator.
 Every text ends with one space: digit-splitting tokenizers put a separate space token before a number, so
-the next token is then the answer's first digit.
+the next token is then the answer's first digit. An optional `family` names a template's near-copies (the same
+text once whitespace is removed, a leading "Calculate:" dropped and "How much is" read as "What is"), which the
+fine-tuning split holds out together (data/arithmetic_split.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class Template:
     text: str
     operator: str
     counterfactual_operator: str
+    family: str = ""
+    """The template's family of near-copies (templates.json), held out together by a split; "" = its own."""
+
+    @property
+    def family_id(self) -> str:
+        return self.family or self.id
 
     def render(self, a: str, b: str, counterfactual: bool = False) -> Rendered:
         """Fill the slots with `a` and `b` (and swap in the counterfactual operator if asked)."""
@@ -125,7 +133,10 @@ def _parse_template(row: Any, index: int) -> Template:
     for name in _FIELDS:
         if not isinstance(row[name], str) or not row[name]:
             raise DataError(f"{label} has an empty or non-string '{name}'; give it a non-empty string")
-    template = Template(**{name: row[name] for name in _FIELDS})
+    family = row.get("family", "")
+    if not isinstance(family, str):
+        raise DataError(f"{label} has a non-string 'family'; name its family of near-copies with a string")
+    template = Template(**{name: row[name] for name in _FIELDS}, family=family)
     _validate(template, label)
     return template
 

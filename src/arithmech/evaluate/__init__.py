@@ -9,7 +9,8 @@ from arithmech.lazy import lazy_exports
 
 _EXPORTS = {
     "answers": ("extract_choice", "extract_number", "format_number", "numbers_match"),
-    "arithmetic": ("AnswerScore", "score_answers", "wilson_interval"),
+    "arithmetic": ("AnswerScore", "score_answers"),
+    "clustered_interval": ("clustered_difference", "clustered_wilson", "wilson_interval"),
     "benchmarks": ("Benchmark", "benchmark", "benchmark_names", "build_prompts", "register_benchmark"),
     "choice": ("ChoiceScore", "score_choices"),
     "general": ("GeneralResult", "general_scores"),

@@ -24,10 +24,13 @@ Confidence intervals: the Wilson score interval at 95% (z = 1.96) of k correct o
 
         centre = (p + z^2 / 2n) / (1 + z^2 / n),   half = z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)
 
-    with p = k / n; it stays inside [0, 1] and is not degenerate at p = 0 or 1 (Wilson 1927).
+    with p = k / n (Wilson 1927), taken on the effective number of prompts n_eff: the prompts are templates
+    crossed with problems, correlated within each, so n_eff comes from their two-way clustered variance
+    (evaluate/clustered_interval.py; n_eff <= n, equal to about n when outcomes are independent).
 
 Groups (`group_rows`): the whole benchmark, each operation, and each (operation, formation), every one with n,
-correct, accuracy and its interval, exact matches and theirs. The evaluate stage writes them to arithmetic.csv.
+correct, accuracy, n_eff and its interval, exact matches and theirs. The evaluate stage writes them to
+arithmetic.csv.
 
 Usage
     >>> scores = score_answers(handle.view, handle.tokenizer, ["3 + 4 = "], ["7"])
@@ -49,20 +52,22 @@ from arithmech.data.arithmetic_split import (
     split_prompts,
     transfer_prompts,
 )
+from arithmech.data.facts import Fact, fact_of
 from arithmech.data.prompts import PromptPair
 from arithmech.data.sampling import stratified_sample
 from arithmech.data.tokens import continuation_span, pad_id_of
 from arithmech.errors import ConfigError
 from arithmech.evaluate.choice import ScoredRow, log_prob_batches, truncate_row
+from arithmech.evaluate.clustered_interval import clustered_wilson
 from arithmech.evaluate.generation import context_length
 from arithmech.models.view import ModelView
 
 ARITHMETIC_SETS: tuple[str, ...] = ("split", "multidigit")
 """What an arithmetic benchmark asks: the split's test (or validation) part, or the multi-digit transfer set."""
-GROUP_COLUMNS: tuple[str, ...] = ("benchmark", "operation", "formation", "n", "correct", "accuracy", "ci_low",
-                                  "ci_high", "exact", "exact_accuracy", "exact_ci_low", "exact_ci_high")  # fmt: skip
+GROUP_COLUMNS: tuple[str, ...] = ("benchmark", "operation", "formation", "n", "correct", "accuracy", "n_effective",
+                                  "ci_low", "ci_high", "exact", "exact_accuracy", "exact_n_effective", "exact_ci_low",
+                                  "exact_ci_high")  # fmt: skip
 ALL = "all"
-Z_95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -111,17 +116,6 @@ def score_answers(
     return [s for s in scores if s is not None]
 
 
-def wilson_interval(k: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """The Wilson score interval of k successes in n trials (NaN, NaN for n = 0)."""
-    if n == 0:
-        return math.nan, math.nan
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def arithmetic_prompts(
     split: ArithmeticSplit, which: str, operations: tuple[str, ...], part: str, n_shot: int
 ) -> list[PromptPair]:
@@ -158,8 +152,14 @@ def arithmetic_records(
     ]  # fmt: skip
 
 
+def cluster_labels(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[Fact]]:
+    """Each record's template and the fact its problem states: the two ways prompts are clustered."""
+    return [str(r["template_id"]) for r in records], [fact_of(str(r["operation"]), int(r["a"]), int(r["b"]))
+                                                      for r in records]  # fmt: skip
+
+
 def group_rows(name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Counts, accuracies and Wilson intervals: overall, per operation, per (operation, formation)."""
+    """Counts, accuracies and clustered Wilson intervals: overall, per operation, per (operation, formation)."""
     keys = [(ALL, ALL)]
     for op in dict.fromkeys(str(r["operation"]) for r in records):
         keys.append((op, ALL))
@@ -167,9 +167,13 @@ def group_rows(name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
     rows = []
     for op, formation in keys:
         mine = [r for r in records if op in (ALL, r["operation"]) and formation in (ALL, r["formation"])]
-        n, correct, exact = len(mine), sum(bool(r["correct"]) for r in mine), sum(bool(r["exact"]) for r in mine)
-        (lo, hi), (elo, ehi) = wilson_interval(correct, n), wilson_interval(exact, n)
+        templates, facts = cluster_labels(mine)
+        hits, exacts = [bool(r["correct"]) for r in mine], [bool(r["exact"]) for r in mine]
+        n, correct, exact = len(mine), sum(hits), sum(exacts)
+        (lo, hi, n_eff), (elo, ehi, en_eff) = (clustered_wilson(hits, templates, facts),
+                                               clustered_wilson(exacts, templates, facts))  # fmt: skip
         rows.append({"benchmark": name, "operation": op, "formation": formation, "n": n, "correct": correct,
-                     "accuracy": correct / n if n else math.nan, "ci_low": lo, "ci_high": hi, "exact": exact,
-                     "exact_accuracy": exact / n if n else math.nan, "exact_ci_low": elo, "exact_ci_high": ehi})
+                     "accuracy": correct / n if n else math.nan, "n_effective": n_eff, "ci_low": lo, "ci_high": hi,
+                     "exact": exact, "exact_accuracy": exact / n if n else math.nan, "exact_n_effective": en_eff,
+                     "exact_ci_low": elo, "exact_ci_high": ehi})
     return rows

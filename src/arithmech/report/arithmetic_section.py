@@ -1,9 +1,10 @@
 """The evaluate section's arithmetic part: base vs tuned accuracy per operation, next to the general-ability change.
 
 Reads, from a finished evaluate folder, {base,tuned}/arithmetic.csv (per benchmark, operation and formation:
-first-token accuracy and exact match with Wilson 95% intervals, evaluate/arithmetic.py), results.csv's general-
-ability rows (general: perplexity and KL to the base model; choice benchmarks: accuracy) and the split.json of the
-evaluation and of the finetune folder beside it. Nothing is recomputed.
+first-token accuracy and exact match with 95% Wilson intervals clustered by template and fact,
+evaluate/arithmetic.py), results.csv's general-ability rows (general: perplexity and KL to the base model; choice
+benchmarks: accuracy) and the split.json of the evaluation and of the finetune folder beside it. Nothing is
+recomputed.
 
 A change is called beyond the noise when the base and tuned 95% intervals do not overlap. That is conservative
 (two intervals can overlap while the difference is significant), so a change it calls real is one a reader can
@@ -126,7 +127,7 @@ def arithmetic_part(
         reading += " General ability, base -> tuned: " + "; ".join(general) + "."
     reading += _split_note(stage)
     table = Table(
-        "Arithmetic per operation on held-out templates and operand pairs: accuracy [95% Wilson interval]",
+        "Arithmetic per operation on held-out templates and operand pairs: accuracy [95% Wilson interval, clustered]",
         ("operation", "n", "base first token", "tuned first token", "base exact", "tuned exact",
          "change (exact for multi-digit)"),
         rows,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,8 @@ import torch
 
 from arithmech.data.arithmetic_split import make_split, split_prompts, transfer_prompts
 from arithmech.errors import ConfigError
-from arithmech.evaluate.arithmetic import AnswerScore, group_rows, score_answers, wilson_interval
+from arithmech.evaluate.arithmetic import AnswerScore, group_rows, score_answers
+from arithmech.evaluate.clustered_interval import clustered_wilson
 from arithmech.evaluate.runner import EvalOptions, evaluate_benchmark
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.load import ModelHandle
@@ -91,24 +91,20 @@ def test_scoring_equals_a_direct_per_prompt_computation(handle: ModelHandle) -> 
     assert [s.logprob for s in alone] == pytest.approx([s.logprob for s in scores], abs=1e-4)
 
 
-def test_wilson_interval_known_values() -> None:
-    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert wilson_interval(0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)
-    assert wilson_interval(20, 20) == pytest.approx((0.8389, 1.0), abs=1e-4)
-    assert all(math.isnan(x) for x in wilson_interval(0, 0))
-
-
 def test_groups_count_per_operation_and_formation() -> None:
-    records = [{"operation": op, "formation": f, "correct": c, "exact": e} for op, f, c, e in (
-        ("subtraction", "equation", True, True), ("subtraction", "qa", True, False),
-        ("subtraction", "qa", False, False), ("addition", "equation", True, True))]  # fmt: skip
+    records = [{"operation": op, "formation": f, "correct": c, "exact": e, "template_id": t, "a": a, "b": b}
+               for op, f, c, e, t, a, b in (
+        ("subtraction", "equation", True, True, "sub-eq-1", 7, 2),
+        ("subtraction", "qa", True, False, "sub-qa-1", 5, 1), ("subtraction", "qa", False, False, "sub-qa-2", 9, 4),
+        ("addition", "equation", True, True, "add-eq-1", 1, 1))]  # fmt: skip
     rows = {(r["operation"], r["formation"]): r for r in group_rows("b", records)}
     assert list(rows) == [("all", "all"), ("subtraction", "all"), ("subtraction", "equation"), ("subtraction", "qa"),
                           ("addition", "all"), ("addition", "equation")]  # fmt: skip
     assert (rows["all", "all"]["n"], rows["all", "all"]["correct"], rows["all", "all"]["exact"]) == (4, 3, 2)
     sub = rows["subtraction", "qa"]
     assert (sub["n"], sub["accuracy"], sub["exact_accuracy"]) == (2, 0.5, 0.0)
-    assert (sub["ci_low"], sub["ci_high"]) == wilson_interval(1, 2)
+    assert (sub["ci_low"], sub["ci_high"], sub["n_effective"]) == clustered_wilson([True, False], ["q1", "q2"],
+                                                                                   ["f1", "f2"])  # fmt: skip
 
 
 def test_stage_writes_records_groups_and_split(handle: ModelHandle, tmp_path: Path) -> None:
@@ -118,7 +114,7 @@ def test_stage_writes_records_groups_and_split(handle: ModelHandle, tmp_path: Pa
     records = result.benchmarks["arithmetic-subtraction"].records
     assert len(records) == 24 and {r["operation"] for r in records} == {"subtraction"}
     assert {r["template_id"] for r in records} <= set(split.test_templates)
-    assert {(int(r["a"]), int(r["b"])) for r in records} <= set(split.pairs["test"])
+    assert {(int(r["a"]), int(r["b"])) for r in records} <= set(split.valid_pairs("test", "subtraction"))
     assert len({r["formation"] for r in records}) == 3  # the seeded subset keeps every formation
     on_disk = json.loads((tmp_path / "split.json").read_text())
     assert on_disk == split.record()
@@ -138,7 +134,7 @@ def test_validation_part_asks_train_templates_and_validation_pairs(handle: Model
     records = evaluate_stage(handle, cfg, tmp_path, quiet=True).benchmarks["arithmetic-division"].records
     split = make_split(0)
     assert {r["template_id"] for r in records} <= set(split.train_templates)
-    assert {(int(r["a"]), int(r["b"])) for r in records} <= set(split.pairs["validation"])
+    assert {(int(r["a"]), int(r["b"])) for r in records} <= set(split.valid_pairs("validation", "division"))
 
 
 def test_bad_arithmetic_settings_are_config_errors(handle: ModelHandle) -> None:
@@ -148,3 +144,15 @@ def test_bad_arithmetic_settings_are_config_errors(handle: ModelHandle) -> None:
         EvaluateConfig(benchmarks=("arithmetic-multidigit",), arithmetic_part="validation")
     with pytest.raises(ConfigError, match="0 to 8"):
         evaluate_benchmark(handle, "arithmetic", EvalOptions(n_shot=9))
+
+
+def test_group_intervals_respect_template_clustering() -> None:
+    """Issue #21: 6 templates x 20 problems are not 120 independent prompts. Outcomes fixed by the template
+    (3 always right, 3 always wrong) must give an interval far wider than Wilson's on n = 120."""
+    records = [{"operation": "subtraction", "formation": "qa", "template_id": f"t{t}", "a": 9, "b": b,
+                "correct": t < 3, "exact": t < 3} for t in range(6) for b in range(10)]  # fmt: skip
+    records += [{**r, "a": 8, "b": r["b"] % 9} for r in records]  # 20 problems, of 15 facts
+    top = group_rows("b", records)[0]
+    naive_low, naive_high = 0.4106, 0.5894  # Wilson(60, 120)
+    assert top["accuracy"] == 0.5 and top["n_effective"] < 6
+    assert top["ci_low"] < naive_low - 0.2 and top["ci_high"] > naive_high + 0.2

@@ -27,12 +27,13 @@ def test_examples_are_train_prompts_with_answer_targets() -> None:
     for ex, p in zip(data, prompts, strict=True):  # the split's own train prompts (leakage-free: its tests)
         prompt, target = tok.decode(list(ex.input_ids[: ex.n_prompt])), tok.decode(list(ex.input_ids[ex.n_prompt :]))
         assert (prompt, target) == (p.reference, p.answer + "\n") and p.template_id in split.train_templates
-        assert (int(str(p.a)), int(str(p.b))) in split.pairs["train"] and target[:-1].isdigit()
-    items = 6 * (len(split.valid_pairs("train", "subtraction")) + len(split.valid_pairs("train", "division")))
+        assert (int(str(p.a)), int(str(p.b))) in split.valid_pairs("train", str(p.operation)) and target[:-1].isdigit()
+    templates = {op: sum(t.startswith(op[:3]) for t in split.train_templates) for op in ("subtraction", "division")}
+    items = sum(n * len(split.valid_pairs("train", op)) for op, n in templates.items())
     assert record["distinct_problems"] == items < 300  # 300 prompts: every (template, pair) once, some twice
     once, _ = arithmetic_examples(tok, ("subtraction",), n=None, split_seed=1, seed=0)  # each problem once
     problems = {ex.id.split("-", 1)[1] for ex in once}
-    assert len(once) == len(problems) == 6 * len(split.valid_pairs("train", "subtraction"))
+    assert len(once) == len(problems) == templates["subtraction"] * len(split.valid_pairs("train", "subtraction"))
 
 
 def test_finetune_on_arithmetic_records_its_split(handle_of, tmp_path: Path) -> None:
