@@ -152,7 +152,8 @@ TEXT_COLUMNS = frozenset({
     "method_a", "method_b", "metric", "neuron", "note", "operation", "promoted_tokens", "prompts", "ranking",
     "removed_frequencies", "site", "source", "source_set", "target", "task", "task_a", "task_b", "template_id",
     "token", "top_tokens",
-    "ablation", "selection", "template", "family", "map", "direction",  # heuristics: ablation.csv, neurons.csv
+    "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
+    "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip
 """CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but
 are names); every other column holds numbers."""

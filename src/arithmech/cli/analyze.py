@@ -194,8 +194,9 @@ def analyze_heuristics(
     k = one if one in result.ks else result.ks[0]
     for op, res in result.operations.items():
         s = res.summary(k)
-        typer.echo(f"{op:15s} {len(res.kept)} pairs; {s['classified']:.0%} of neurons classified (chance "
-                   f"{s['chance']:.0%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
+        typer.echo(f"{op:15s} {len(res.kept)} pairs; neurons classified: operand templates {s['operand']:.1%} "
+                   f"(null {s['operand_null']:.1%}), result templates {s['result']:.1%} (null "
+                   f"{s['result_null']:.1%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
                    f"{s['top_mean']:.0%}, {k} random {s['random_mean']:.0%}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")
