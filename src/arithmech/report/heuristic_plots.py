@@ -11,7 +11,7 @@ import numpy as np
 from arithmech.report.plots import save_figure
 from arithmech.report.style import styled
 
-_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999", "#000000")
+_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999", "#882255")
 
 
 def _by_operation(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -56,7 +56,7 @@ def heuristics_body(stage: StageFolder) -> Body:
             gap = random_mean - top_mean
             verdict = (f"; the top neurons matter {'more' if gap > 0.05 else 'no more'} than random ones"
                        if base else "")  # fmt: skip
-        readings = [f"{g} templates {pct(share[g])} (null {pct(null[g])}: "
+        readings = [f"{g} templates {pct(share[g], 1)} (null {pct(null[g], 1)}: "
                     f"{'above' if share[g] > null[g] + _MARGIN else 'not above'} it)" for g in _GROUPS]  # fmt: skip
         most = (f"; most often {listing([f'{_family_name(c)} ({pct(shares[c])})' for c in ranked])}"
                 if ranked else "")  # fmt: skip
@@ -67,8 +67,8 @@ def heuristics_body(stage: StageFolder) -> Body:
             f"accuracy from {pct(base)} to {pct(top_mean)}, vs {pct(random_mean)} for {one} random (zero ablation: "
             f"{pct(at('top', 'zero'))} vs {pct(at('random', 'zero'))}){verdict}."
         )  # fmt: skip
-        rows.append((op, str(prompts), pct(share["operand"]), pct(null["operand"]), pct(share["result"]),
-                     pct(null["result"]), pct(strong["operand"]), pct(strong["result"]), pct(base),
+        rows.append((op, str(prompts), *(pct(x[g], 1) for g in _GROUPS for x in (share, null)),
+                     pct(strong["operand"]), pct(strong["result"]), pct(base),
                      pct(at("top", "mean")), pct(at("random", "mean")), pct(at("top", "zero")),
                      pct(at("random", "zero"))))  # fmt: skip
     text.append(
@@ -86,7 +86,7 @@ def heuristics_body(stage: StageFolder) -> Body:
     )]  # fmt: skip
     tables.append(Table(
         "Every layer", ("operation", "layer", "operand", "operand null", "result", "result null"),
-        [(r["operation"], r["layer"], *(pct(to_float(r[f"{g}_{c}"])) for g in _GROUPS
+        [(r["operation"], r["layer"], *(pct(to_float(r[f"{g}_{c}"]), 1) for g in _GROUPS
                                         for c in ("fraction", "null_fraction"))) for r in layers], collapsed=True,
     ))  # fmt: skip
     figures = [Figure(stage.folder / name, caption) for name, caption in (
