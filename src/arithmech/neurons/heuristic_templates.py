@@ -54,11 +54,11 @@ Two families, each classified on its own
         classified in family F  <=>  score >= 0.6  and  p <= 0.05 / (2 * #templates of F)   (Bonferroni)
 
     The paper calls a neuron classified when its best score is at least 0.6, on a 300 x 300 grid where chance
-    cannot reach that. On a grid of single-digit operands (55 addition pairs) the best of ~150 small templates
-    reaches 0.6 by chance for most random neurons; the p-value condition asks for a match unlikely under a
-    random order of the pairs. On large grids this is the paper's rule; on small ones it asks for near-perfect
-    matches. Under the null each family's rule lets through at most 5% of the neurons (Bonferroni: usually
-    far fewer).
+    cannot reach that. On a grid of single-digit operands (55 addition pairs) the best of a family's ~40-70
+    small templates reaches 0.6 by chance for most random neurons; the p-value condition asks for a match
+    unlikely under a random order of the pairs. On large grids this is the paper's rule; on small ones it asks
+    for near-perfect matches. Under the null each family's rule lets through at most 5% of the neurons
+    (Bonferroni: usually far fewer).
 
 Null
     `shuffled_best` permutes every neuron's activations over the pairs (seeded, one permutation per neuron)
