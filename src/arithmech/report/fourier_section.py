@@ -36,9 +36,11 @@ def _share_reading(row: dict[str, str]) -> tuple[str, float | None]:
     share, flat = to_float(row["high_share"]), to_float(row["flat_share"])
     mean, sd = to_float(row["random_mean"]), to_float(row["random_std"])
     side = "below" if share < flat - _CLOSE else "above" if share > flat + _CLOSE else "about"
-    return (f"{name} outputs put {pct(share, 1)} of their non-constant number-logit power on f = "
-            f"{row['high_frequencies']} ({side} the {pct(flat, 1)} of a flat spectrum; random directions of the same "
-            f"norms: {pct(mean, 1)} +- {pct(sd, 1)}; strongest f = {row['strongest_frequency']})"), share  # fmt: skip
+    versus = "below" if share < mean - 2 * sd else "above" if share > mean + 2 * sd else "within 2 sd of"
+    text = (f"{name} outputs put {pct(share, 1)} of their non-constant number-logit power on f = "
+            f"{row['high_frequencies']} ({side} the {pct(flat, 1)} of a flat spectrum; {versus} random directions of "
+            f"the same norms, {pct(mean, 1)} +- {pct(sd, 1)}; strongest f = {row['strongest_frequency']})")  # fmt: skip
+    return text, share
 
 
 def _filter_reading(filters: Sequence[dict[str, str]], answered: bool) -> str:
