@@ -152,7 +152,9 @@ TEXT_COLUMNS = frozenset({
     "method_a", "method_b", "metric", "neuron", "note", "operation", "promoted_tokens", "prompts", "ranking",
     "removed_frequencies", "site", "source", "source_set", "target", "task", "task_a", "task_b", "template_id",
     "token", "top_tokens",
-    "ablation", "selection", "template", "family", "map", "direction",  # heuristics: ablation.csv, neurons.csv
+    "high_frequencies",  # fourier_shares.csv: "3-5"
+    "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
+    "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip
 """CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but
 are names); every other column holds numbers."""
@@ -165,6 +167,7 @@ MAY_BE_EMPTY = frozenset({
     "score",  # evaluate: lm-evaluation-harness rows only
     "effect_drop", "random_drop",  # transfer.csv: drops relative to the unablated accuracy, undefined where it is 0
     "top5_overlap", "top10_overlap", "top20_overlap",  # agreement.csv: undefined where fewer sites than k are ranked
+    "high_share", "random_mean", "random_std",  # fourier_shares.csv: undefined where a group writes no power
 })  # fmt: skip
 """Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
 (an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not

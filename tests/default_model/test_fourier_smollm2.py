@@ -30,6 +30,9 @@ def test_default_model_digits_and_mlp_low_frequencies(tmp_path: Path) -> None:
     assert numbers["count"] == 10 and numbers["digit_splitting"] and numbers["max_frequency"] == 5
     assert [label for _, _, label in numbers["tokens"]] == list("0123456789")
     assert result.magnitude["mlp"].shape == (30, 6)
+    for row in result.shares:  # every share stands next to a flat spectrum's (5 of 9 dimensions) and random directions'
+        assert row["high_frequencies"] == "3-5" and row["flat_share"] == pytest.approx(5 / 9)
+        assert 0 < row["high_share"] < 1 and 0 < row["random_mean"] < 1 and row["random_std"] > 0
     assert result.baseline["accuracy"] == 1.0  # identify keeps the prompts the model answers
     cut = {row["component"]: row for row in result.filters}  # low-pass 0: frequencies 1..5 removed
     assert cut["mlp"]["directions"] == 9

@@ -23,8 +23,8 @@ from run_folders import check_intact, nonfinite
 from tiny_models import save_multidigit_model_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-FILES = ("fourier_spectrum.csv", "fourier_spectrum.png", "fourier_spectrum.svg", "fourier_filters.csv",
-         "fourier_filters.png", "fourier_filters.svg", "metadata.json")  # fmt: skip
+FILES = ("fourier_spectrum.csv", "fourier_spectrum.png", "fourier_spectrum.svg", "fourier_shares.csv",
+         "fourier_filters.csv", "fourier_filters.png", "fourier_filters.svg", "metadata.json")  # fmt: skip
 IDENTIFY = ["--keep-incorrect", "--formations", "equation", "--n-per-template", "2", "--quiet"]
 
 
@@ -63,6 +63,22 @@ def test_writes_spectra_filters_figures_and_metadata(tiny: tuple[ModelHandle, Pa
             fourier.magnitude[row["component"]][int(row["layer"]), int(row["frequency"])], rel=1e-5
         )
     assert all(float(r["magnitude"]) > 0 for r in rows)
+    for row in rows:  # power = m(f) |X|^2, one value per real dimension: 1 at f = 0 and f = 5, 2 between
+        m = 1 if row["frequency"] in ("0", "5") else 2
+        assert float(row["power"]) >= m * float(row["magnitude"]) ** 2 * (1 - 1e-5)  # mean of squares >= square
+
+    shares = {r["component"]: r for r in csv.DictReader((out / "fourier_shares.csv").open())}
+    assert sorted(shares) == ["attention", "mlp"]
+    for kind, share in shares.items():
+        power = {f: sum(float(r["power"]) for r in rows if r["component"] == kind and int(r["frequency"]) == f)
+                 for f in range(6)}  # fmt: skip
+        expected = (power[3] + power[4] + power[5]) / sum(power[f] for f in range(1, 6))
+        assert share["high_frequencies"] == "3-5" and float(share["high_share"]) == pytest.approx(expected, rel=1e-4)
+        assert float(share["flat_share"]) == pytest.approx(5 / 9, rel=1e-5)  # 5 of the 9 non-constant dimensions
+        assert 0 < float(share["random_mean"]) < 1 and float(share["random_std"]) > 0
+        assert int(share["random_draws"]) == 32
+        assert meta["high_frequency_share"][kind]["high_share"] == pytest.approx(float(share["high_share"]), rel=1e-5)
+    assert meta["high_frequency_share"]["flat"] == pytest.approx(5 / 9)
 
     filters = list(csv.DictReader((out / "fourier_filters.csv").open()))
     assert [(r["component"], r["filter"], int(r["cutoff"])) for r in filters] == [
@@ -106,17 +122,20 @@ def test_layers_and_batch_size_do_not_change_the_spectra(
     assert [(r["component"], r["filter"]) for r in some.filters] == [("mlp", "low-pass"), ("mlp", "high-pass")]
 
 
-def test_cli_and_report_section(tiny: tuple[ModelHandle, Path, Path], fourier: FourierResult) -> None:
+def test_cli_and_report_section(tiny: tuple[ModelHandle, Path, Path], fourier: FourierResult, capsys) -> None:
     _, model_dir, run = tiny
     out = run / "fourier-cli"
     args = ["analyze", "fourier", "--from", str(run), "--model", str(model_dir), "--out", str(out), "--quiet"]
     assert main([*args, "--cutoffs", "2", "--end-only", "--filters", "low-pass"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("(flat spectrum 55.6%; random directions of the same norms") == 2  # every share, its levels
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["config"]["end_only"] and meta["config"]["cutoffs"] == [2]
     assert len(list(csv.DictReader((out / "fourier_filters.csv").open()))) == 2  # attention and MLP, one cutoff
     page = write_report(run).read_text()  # the flat layout: identify in run/, fourier in run/fourier
     assert "Fourier features of the number tokens" in page
     assert "frequencies 0..5" in page and "Without a filter the model answers" in page
+    assert page.count("55.6% of a flat spectrum; ") == 2 and page.count("random directions of the same norms, ") == 2
 
 
 def test_multidigit_number_tokens(tmp_path: Path) -> None:

@@ -25,6 +25,26 @@ Readout (per prompt i, at its END; shapes [layer, batch, ...])
     X[l, i, f]   = sum_n L[l, i, n] exp(-2 pi i f n / N),  f = 0..F (torch.fft.rfft, unnormalised)
     magnitude[l, f] = mean over prompts i of |X[l, i, f]|                             [layer, F + 1]
 
+High-frequency share (one number per component group, with two references)
+    The frequencies above half the highest, H = {f : 2 f > F} (N = 10: f = 3, 4, 5). Frequency f stands for
+    m(f) real dimensions of the index, the rows of Phi at f: 1 for f = 0 and for f = N/2 (N even: the parity has
+    no conjugate twin), 2 for every other f (a cosine and a sine, the conjugate pair f and N - f of the
+    two-sided spectrum). The power of f is what those dimensions carry, and by Parseval the powers add up to
+    the readout's energy:
+        P[l, i, f] = m(f) |X[l, i, f]|^2,        sum_{f >= 1} P[l, i, f] = N * ||L[l, i] - mean_n L[l, i]||^2
+        share      = sum_{l, i} sum_{f in H} P[l, i, f] / sum_{l, i} sum_{f >= 1} P[l, i, f]
+    the share of the non-constant number-logit energy, over the chosen layers and the prompts, that lies on
+    high frequencies. References, stated next to every share:
+        flat       = (sum_{f in H} m(f)) / (N - 1)   the share of a flat (white) spectrum: every real dimension
+                                                    equal (N = 10: 5 / 9 = 55.6%; N = 9: 4 / 8 = 50%)
+        random     the share when each contribution v[l, i] is replaced by a random direction of the same norm
+                   (Gaussian, seeded; `random_direction_power`), mean and standard deviation over the draws:
+                   what the readout rows R alone make of a vector with no preference (they are not orthogonal,
+                   so this is not the flat level).
+    A share of one-sided magnitudes |X| (the reading before issue 21) gives f = N/2, one real dimension, the
+    same single bin as every other f, which stands for two (the parity counts double), and on a white spectrum
+    it scores 59.2% for N = 10, not 55.6%.
+
 Filters (one component group at a time: every chosen layer's attention, or every chosen layer's MLP)
     The real orthonormal Fourier basis over the number index, Phi [N, N], has one row per (frequency, phase):
     1/sqrt(N) for f = 0; sqrt(2/N) cos(2 pi f n / N) and sqrt(2/N) sin(2 pi f n / N) for 0 < f < N/2; and
@@ -50,6 +70,7 @@ Usage
     >>> readout = number_readout(view, number_ids)                   # [N, d_model]
     >>> logits = number_logits(view, end_contributions(view, states)["mlp"], states.resid_final, readout)
     >>> spectrum(logits).mean(1)                                      # [layer, F + 1]
+    >>> high_share(spectral_power(logits).sum((0, 1)), 10), flat_high_share(10)     # share, 5 / 9
     >>> q = filter_directions(readout, removed_frequencies("low-pass", 2, n_numbers=10))
     >>> with fourier_filter(view, "mlp", q, layers=range(view.dims.n_layers)): ...
 
@@ -138,6 +159,54 @@ def number_logits(
 def spectrum(logits: torch.Tensor) -> torch.Tensor:
     """|rfft| over the number index: [..., N] -> [..., F + 1] (f = 0..floor(N/2)), float64."""
     return torch.fft.rfft(logits.double(), dim=-1).abs()
+
+
+def multiplicity(n_numbers: int) -> torch.Tensor:
+    """m(f) [F + 1] long: the real dimensions of the index at each frequency (rows of `fourier_basis`)."""
+    return torch.bincount(fourier_basis(n_numbers)[1], minlength=max_frequency(n_numbers) + 1)
+
+
+def spectral_power(logits: torch.Tensor) -> torch.Tensor:
+    """P = m(f) |rfft|^2 over the number index: [..., N] -> [..., F + 1] float64, summing (f >= 1) to N times the
+    energy of the mean-centred logits (Parseval)."""
+    return spectrum(logits) ** 2 * multiplicity(logits.shape[-1]).to(logits.device)
+
+
+def high_frequencies(n_numbers: int) -> list[int]:
+    """H = the frequencies above half the highest, f with 2 f > F."""
+    top = max_frequency(n_numbers)
+    return [f for f in range(1, top + 1) if 2 * f > top]
+
+
+def high_share(power: torch.Tensor, n_numbers: int) -> torch.Tensor:
+    """Share of the non-constant power on `high_frequencies`: power [..., F + 1] -> [...] (NaN where none)."""
+    high = power[..., high_frequencies(n_numbers)].sum(-1)
+    return high / power[..., 1:].sum(-1)
+
+
+def flat_high_share(n_numbers: int) -> float:
+    """The share of a flat (white) spectrum: the high frequencies' real dimensions over all N - 1 non-constant."""
+    return float(multiplicity(n_numbers)[high_frequencies(n_numbers)].sum()) / (n_numbers - 1)
+
+
+@torch.no_grad()
+def random_direction_power(
+    view: ModelView,
+    contributions: torch.Tensor,
+    resid_final: torch.Tensor,
+    readout: torch.Tensor,
+    draws: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """[draw, F + 1]: the power summed over layers and prompts when every contribution [layer, batch, d_model] is
+    replaced by a Gaussian direction of its own norm (drawn on the CPU from `generator`), read like the real one."""
+    norms = contributions.double().norm(dim=-1, keepdim=True).cpu()  # [layer, batch, 1]
+    out = []
+    for _ in range(draws):
+        z = torch.randn(contributions.shape, generator=generator, dtype=torch.float64)  # [layer, batch, d_model]
+        fake = z / z.norm(dim=-1, keepdim=True) * norms
+        out.append(spectral_power(number_logits(view, fake.to(contributions.device), resid_final, readout)).sum((0, 1)))
+    return torch.stack(out).cpu()  # [draw, F + 1]
 
 
 # -- filters --

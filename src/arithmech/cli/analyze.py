@@ -123,10 +123,13 @@ def analyze_fourier(
     numbers = result.metadata["numbers"]
     note = " (a digit-splitting tokenizer: frequencies 0..5 only)" if numbers["digit_splitting"] else ""
     typer.echo(f"number index 0..{result.n_numbers - 1}{note}")
-    for kind, values in result.magnitude.items():
-        if values.shape[1] > 1:
-            total = values[:, 1:].sum(0)  # [F], summed over layers, frequency 0 left out
-            typer.echo(f"{kind:9s} strongest frequency over the layers: f = {int(total.argmax()) + 1}")
+    for row in result.shares:
+        share, mean, sd = (row[k] for k in ("high_share", "random_mean", "random_std"))
+        reading = "undefined (no non-constant power)" if share is None or mean is None or sd is None else (
+            f"{share:.1%} (flat spectrum {row['flat_share']:.1%}; random directions of the same norms {mean:.1%} "
+            f"+- {sd:.1%})")  # fmt: skip
+        typer.echo(f"{row['component']:9s} power on f = {row['high_frequencies']}: {reading}; strongest frequency "
+                   f"per dimension f = {row['strongest_frequency']}")  # fmt: skip
     typer.echo(f"no filter: accuracy {result.baseline['accuracy']:.0%}, P(answer) {result.baseline['answer_prob']:.3f}")
     for row in sorted(result.filters, key=lambda r: (r["accuracy_change"], r["answer_prob_change"]))[:4]:
         typer.echo(f"{row['component']:9s} {row['filter']:9s} cutoff {row['cutoff']}: accuracy {row['accuracy']:.0%} "
@@ -194,8 +197,9 @@ def analyze_heuristics(
     k = one if one in result.ks else result.ks[0]
     for op, res in result.operations.items():
         s = res.summary(k)
-        typer.echo(f"{op:15s} {len(res.kept)} pairs; {s['classified']:.0%} of neurons classified (chance "
-                   f"{s['chance']:.0%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
+        typer.echo(f"{op:15s} {len(res.kept)} pairs; neurons classified: operand templates {s['operand']:.1%} "
+                   f"(null {s['operand_null']:.1%}), result templates {s['result']:.1%} (null "
+                   f"{s['result_null']:.1%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
                    f"{s['top_mean']:.0%}, {k} random {s['random_mean']:.0%}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")

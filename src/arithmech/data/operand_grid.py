@@ -14,6 +14,13 @@ Prompts
     keys and values can be computed once (`analysis.shared_prefix`). The counterfactual of each pair is its
     reference (the scan needs none).
 
+Examples outside the queried cells
+    No query may find its own problem solved in the prefix (the model would copy the answer, and its
+    activations there would reflect the copy, not the arithmetic). So the examples' cells are not queried,
+    and neither are their swaps (B, A), whose answer is the same for addition and multiplication and which
+    the grid would otherwise hold next to them: the grid is the valid pairs less those (and, above
+    `max_pairs`, a sample of the rest). `valid` still counts every valid pair.
+
 Usage
     >>> grid = operand_grid(template, size=10, n_results=10, few_shot=3, max_pairs=512, seed=0)
     >>> grid.operands[:3], grid.results[:3]      # [(0, 0), (0, 1), (0, 2)], [0, 1, 2] for addition
@@ -42,7 +49,7 @@ class OperandGrid:
     results: list[int]
     pairs: list[PromptPair]
     examples: list[tuple[int, int]]
-    """The few-shot problems every prompt starts with."""
+    """The few-shot problems every prompt starts with (never queried, nor their swaps)."""
     valid: int
     """Valid pairs in the whole grid (before any sample)."""
 
@@ -70,8 +77,20 @@ def operand_grid(
             f"operands 0..{size - 1} give no {template.operation} problem with a single-token result; use a larger grid"
         )
     rng = random.Random(f"{seed}:operand-grid:{template.id}")
-    examples = rng.sample(pool, few_shot) if len(pool) >= few_shot else rng.choices(pool, k=few_shot)
-    chosen = pool if len(pool) <= max_pairs else [pool[i] for i in sorted(rng.sample(range(len(pool)), max_pairs))]
+    if len(pool) <= few_shot:
+        raise ConfigError(
+            f"operands 0..{size - 1} give only {len(pool)} {template.operation} problems with a single-token result, "
+            f"too few for {few_shot} few-shot examples and a query outside them; use a larger grid or fewer examples"
+        )
+    examples = rng.sample(pool, few_shot)
+    held = {*examples, *((b, a) for a, b in examples)}
+    rest = [p for p in pool if p not in held]
+    if not rest:
+        raise ConfigError(
+            f"every {template.operation} problem of operands 0..{size - 1} is a few-shot example or its swap; "
+            "use a larger grid or fewer examples"
+        )
+    chosen = rest if len(rest) <= max_pairs else [rest[i] for i in sorted(rng.sample(range(len(rest)), max_pairs))]
     pairs = []
     for a, b in chosen:
         pair = build_pair(template, (a, b), examples)

@@ -20,41 +20,56 @@ Templates (`heuristic_templates`; the families of the paper's code, `heuristics_
     digit-wildcard patterns ("1.3") for three-digit numbers and division's multi-value results.
 
 Match score (defined once, here)
-    For a neuron with map values x_p over the pairs p of G (its activation at END, or its direct effect on
-    the answer logit; see below) and a template T with k = |S_T|:
+    For a neuron with activation m_p at END over the pairs p of G and a template T with k = |S_T|:
 
-        w_p(k)   = 1 if x_p > t,  (k - #{q: x_q > t}) / #{q: x_q = t} if x_p = t,  0 otherwise
-                   with t the k-th largest value of x (so sum_p w_p = k; ties share the last places)
+        w_p(k)   = 1 if m_p > t,  (k - #{q: m_q > t}) / #{q: m_q = t} if m_p = t,  0 otherwise
+                   with t the k-th largest value of m (so sum_p w_p = k; ties share the last places)
         score(T) = sum_{p in S_T} w_p(k) / k                                                     in [0, 1]
 
-    the share of the neuron's k highest-valued pairs that belong to S_T (the paper's precision at k = |S_T|,
+    the share of the neuron's k highest-activated pairs that belong to S_T (the paper's precision at k = |S_T|,
     with ties split evenly, so a constant map scores k / |G|, chance, instead of matching by grid order).
-    Scored on x and on -x (a neuron may encode T by its lowest values: SiLU and GELU reach below zero); the
-    direction with the higher score is kept. Hybrid maps, as the paper's reported measure: operand templates
-    (operand_*, both_*, same_operand) are scored on the activation m_p, result templates on the direct effect
-    DE_p (what the neuron adds to the answer's logit, `heuristic_scan`). A neuron's template is its best
-    score's.
+    Scored on m and on -m (a neuron may encode T by its lowest values: SiLU and GELU reach below zero); the
+    direction with the higher score is kept.
 
-Classified
-    The paper calls a neuron classified when its best score is at least 0.6, on a 300 x 300 grid where chance
-    cannot reach that. On a grid of single-digit operands (55 addition pairs) the best of ~300 small templates
-    reaches 0.6 by chance for most random neurons, so a second condition is added: the match must be
-    unlikely under a random order of the pairs. With x = floor(score * k) pairs of S_T among the top k, and
+Every template is scored on the activation; the answer enters only through a result template's set
+    Nikankin et al.'s code can also score on a "KV" map, the activation times what the neuron's output writes to
+    each pair's answer logit (our direct effect DE_p = m_p * u(c_p), `heuristic_scan`). On that map the answer
+    is built into the values: u(c) depends on the answer c alone, so any neuron whose activation keeps one
+    sign ranks the pairs by u(c_p), i.e. by their result, and matches a result template with no pattern over
+    the grid at all (measured: activations ~ N(1, 0.3) i.i.d. over the 55 addition pairs matched 99% of the
+    time). A null that shuffles the whole DE map breaks that built-in link and so reports ~1% "chance"; the
+    null that keeps it (permute m over the pairs, recompute DE with each pair's own answer) classifies those
+    neurons just as often, so on DE the rule cannot tell a heuristic from a constant. Scored on m, a result
+    template asks the question the heuristic poses, "does the neuron fire for the pairs whose result is in
+    S_T?", and the null is exact: under "m has no structure over the grid" (m exchangeable over the pairs)
+    the order of the pairs by m is uniformly random, whatever the answers are. What a neuron writes to the
+    answer is measured separately: DE ranks the neurons of the ablation (`heuristic_scan`).
+
+Two families, each classified on its own
+    operand templates (operand_*, both_*, same_operand) and result templates (result_*). A neuron gets its
+    best template of each family. With x = floor(score * k) pairs of S_T among the top k, and
     X ~ Hypergeometric(|G|, k, k) the overlap of a random k-subset with S_T,
 
         p = P(X >= x) = sum_{j >= x} C(k, j) C(|G| - k, k - j) / C(|G|, k)
-        classified  <=>  score >= 0.6  and  p <= 0.05 / (2 * #templates)      (Bonferroni over the tests)
+        classified in family F  <=>  score >= 0.6  and  p <= 0.05 / (2 * #templates of F)   (Bonferroni)
 
-    On large grids this is the paper's rule; on small ones it asks for near-perfect matches.
+    The paper calls a neuron classified when its best score is at least 0.6, on a 300 x 300 grid where chance
+    cannot reach that. On a grid of single-digit operands (55 addition pairs) the best of a family's ~40-70
+    small templates reaches 0.6 by chance for most random neurons; the p-value condition asks for a match
+    unlikely under a random order of the pairs. On large grids this is the paper's rule; on small ones it asks
+    for near-perfect matches. Under the null each family's rule lets through at most 5% of the neurons
+    (Bonferroni: usually far fewer).
 
-Chance
-    `shuffled_best` classifies every neuron's maps after a seeded random permutation of the pairs: the
-    fraction it classifies is what the rule lets through by chance on this grid (about 5% at most).
+Null
+    `shuffled_best` permutes every neuron's activations over the pairs (seeded, one permutation per neuron)
+    and classifies them again, per family: the fraction it classifies is the rule's false-positive rate on
+    this grid, the level a family's classified fraction is read against.
 
 Usage
     >>> templates = heuristic_templates(operands, results)               # operands [n, 2], results [n]
-    >>> best = classify(activation, direct_effect, templates)            # maps [neuron, n]
-    >>> best.classified(), best.template, best.top                       # [neuron] each
+    >>> best = classify_families(activation, templates)                  # activation [neuron, n]
+    >>> best["result"].classified(), best["result"].template             # [neuron] each, per family
+    >>> null = shuffled_best(activation, templates, seed=0)              # the same, activations permuted
 
 References: Nikankin, Reusch, Mueller, Belinkov, "Arithmetic Without Algorithms: Language Models Solve Math
 With a Bag of Heuristics", ICLR 2025 (arXiv 2410.21272), sec. 4; code technion-cs-nlp/llm-arithmetic-heuristics.
@@ -71,6 +86,8 @@ FAMILIES: tuple[str, ...] = (
     "result_value", "result_range", "result_mod",
 )  # fmt: skip
 RESULT_FAMILIES = frozenset({"result_value", "result_range", "result_mod"})
+GROUPS: tuple[str, ...] = ("operand", "result")
+"""The two families of templates classified apart: operand templates and result templates."""
 OPERAND_WIDTHS = (2, 3, 5, 10, 30, 50, 100)
 RESULT_WIDTHS = (2, 3, 5, 10, 30, 50)
 MODULI = tuple(range(2, 11))
@@ -93,9 +110,9 @@ class HeuristicTemplate:
     members: torch.Tensor  # [n_pairs] bool
 
     @property
-    def on_direct_effect(self) -> bool:
-        """Result templates are scored on the direct-effect map, operand templates on the activation."""
-        return self.family in RESULT_FAMILIES
+    def group(self) -> str:
+        """"result" for a template on the result, "operand" for one on the operands."""
+        return "result" if self.family in RESULT_FAMILIES else "operand"
 
 
 def heuristic_templates(operands: torch.Tensor, results: torch.Tensor) -> list[HeuristicTemplate]:
@@ -180,25 +197,14 @@ class BestTemplates:
         return (self.score >= threshold) & (self.p_value <= alpha / max(self.n_tests, 1))
 
 
-def classify(
-    activation: torch.Tensor, direct_effect: torch.Tensor, templates: list[HeuristicTemplate]
-) -> BestTemplates:
-    """The best template of every neuron, from its activation and direct-effect maps [neuron, n]."""
+def classify(activation: torch.Tensor, templates: list[HeuristicTemplate]) -> BestTemplates:
+    """The best of `templates` for every neuron, from its activation over the pairs [neuron, n]."""
     n_neurons, n = activation.shape
     if not templates:
         zeros = torch.zeros(n_neurons)
         return BestTemplates(zeros.long(), zeros, torch.ones(n_neurons, dtype=torch.bool), zeros + 1, 0)
     members = torch.stack([t.members for t in templates])  # [template, n]
-    on_de = torch.tensor([t.on_direct_effect for t in templates])
-    scores = []
-    for sign in (1.0, -1.0):
-        s = torch.empty(n_neurons, len(templates), dtype=torch.float32)
-        for flag, x in ((False, activation), (True, direct_effect)):
-            idx = (on_de == flag).nonzero().flatten()
-            if len(idx):
-                s[:, idx] = match_scores(sign * x.float(), members[idx])
-        scores.append(s)
-    both = torch.stack(scores)  # [direction, neuron, template]
+    both = torch.stack([match_scores(sign * activation.float(), members) for sign in (1.0, -1.0)])
     per_direction, index = both.max(-1)  # [direction, neuron]
     top = per_direction[0] >= per_direction[1]
     score = torch.where(top, per_direction[0], per_direction[1])
@@ -206,6 +212,21 @@ def classify(
     k = members.sum(1)[template]  # [neuron]
     p = overlap_p_value(n, k, (score.double() * k + 1e-4).floor().long())  # 1e-4: float32 sums of weights
     return BestTemplates(template, score.float(), top, p.float(), 2 * len(templates))
+
+
+def family_templates(templates: list[HeuristicTemplate]) -> dict[str, list[int]]:
+    """Indices into `templates` of each family of `GROUPS`."""
+    return {g: [i for i, t in enumerate(templates) if t.group == g] for g in GROUPS}
+
+
+def classify_families(activation: torch.Tensor, templates: list[HeuristicTemplate]) -> dict[str, BestTemplates]:
+    """Per family of `GROUPS`: every neuron's best template of that family (indices into `templates`)."""
+    out = {}
+    for group, idx in family_templates(templates).items():
+        best = classify(activation, [templates[i] for i in idx])
+        chosen = torch.tensor(idx, dtype=torch.long)[best.template] if idx else best.template
+        out[group] = BestTemplates(chosen, best.score, best.top, best.p_value, best.n_tests)
+    return out
 
 
 def overlap_p_value(n: int, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -224,9 +245,10 @@ def overlap_p_value(n: int, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def shuffled_best(
-    activation: torch.Tensor, direct_effect: torch.Tensor, templates: list[HeuristicTemplate], seed: int
-) -> BestTemplates:
-    """`classify` of every neuron's maps after a seeded random permutation of its pairs (the chance level)."""
+    activation: torch.Tensor, templates: list[HeuristicTemplate], seed: int
+) -> dict[str, BestTemplates]:
+    """`classify_families` after a seeded random permutation of every neuron's activations over the pairs (the
+    null: the grid's answers stay where they are, only the activations move)."""
     gen = torch.Generator().manual_seed(seed)
     order = torch.rand(activation.shape, generator=gen).argsort(dim=1)  # [neuron, n]: one permutation per neuron
-    return classify(activation.gather(1, order), direct_effect.gather(1, order), templates)
+    return classify_families(activation.gather(1, order), templates)

@@ -1,9 +1,10 @@
 """Report section of the analyze-fourier stage (Zhou et al. 2024), read from its folder only.
 
 The reading says, from the numbers: which frequencies the attention and the MLP outputs write onto the number
-tokens (the share above half the highest frequency, and the strongest frequency), how accuracy changes when the
-low or the high frequencies are filtered out of each group, and, on a digit-splitting tokenizer, that the number
-index has only ten values (frequencies 0..5), so "low" and "high" are coarse.
+tokens (the share of their non-constant power above half the highest frequency, always next to the share a flat
+spectrum has and the share of random directions of the same norms, and the strongest frequency), how accuracy
+changes when the low or the high frequencies are filtered out of each group, and, on a digit-splitting
+tokenizer, that the number index has only ten values (frequencies 0..5), so "low" and "high" are coarse.
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ def _by_frequency(rows: Sequence[dict[str, str]], kind: str) -> dict[int, float]
     return total
 
 
-def _high_share(total: dict[int, float], top: int) -> float | None:
-    """Share of the non-constant spectrum (f >= 1) above top / 2; None without any."""
-    rest = sum(v for f, v in total.items() if f >= 1)
-    return sum(v for f, v in total.items() if 2 * f > top) / rest if rest > 0 else None
+def _share_reading(row: dict[str, str]) -> tuple[str, float | None]:
+    """"X% ... (flat spectrum F%; random directions R% +- S%)" for one group, and its share (None if undefined)."""
+    name = _NAMES.get(row["component"], row["component"])
+    if not row["high_share"]:
+        return f"{name} outputs write no non-constant power onto the number tokens", None
+    share, flat = to_float(row["high_share"]), to_float(row["flat_share"])
+    mean, sd = to_float(row["random_mean"]), to_float(row["random_std"])
+    side = "below" if share < flat - _CLOSE else "above" if share > flat + _CLOSE else "about"
+    versus = "below" if share < mean - 2 * sd else "above" if share > mean + 2 * sd else "within 2 sd of"
+    text = (f"{name} outputs put {pct(share, 1)} of their non-constant number-logit power on f = "
+            f"{row['high_frequencies']} ({side} the {pct(flat, 1)} of a flat spectrum; {versus} random directions of "
+            f"the same norms, {pct(mean, 1)} +- {pct(sd, 1)}; strongest f = {row['strongest_frequency']})")  # fmt: skip
+    return text, share
 
 
 def _filter_reading(filters: Sequence[dict[str, str]], answered: bool) -> str:
@@ -69,16 +79,11 @@ def fourier_body(stage: StageFolder) -> Body:
             "0..5 with periods 10, 5, 3.3, 2.5 and 2, far coarser than the hundreds of number tokens of Zhou et "
             "al.'s models; f = 5 is the parity, f = 1 the magnitude)"
         )
-    parts = []
     totals = {kind: _by_frequency(spectrum, kind) for kind in ("attention", "mlp")}
-    for kind, total in totals.items():
-        share = _high_share(total, top)
-        strongest = max((f for f in total if f >= 1), key=lambda f: total[f], default=None)
-        if share is not None and strongest is not None:
-            parts.append(f"{_NAMES[kind]} outputs put {pct(share)} of their non-constant number-logit spectrum "
-                         f"above f = {top / 2:g} (strongest f = {strongest})")  # fmt: skip
-    text += ", " + "; ".join(parts) + "." if parts else "."
-    att, mlp = (_high_share(totals[k], top) for k in ("attention", "mlp"))
+    share_rows = stage.csv("fourier_shares.csv") if stage.has("fourier_shares.csv") else []
+    shares = {row["component"]: _share_reading(row) for row in share_rows}
+    text += ", " + "; ".join(reading for reading, _ in shares.values()) + "." if shares else "."
+    att, mlp = (shares.get(k, ("", None))[1] for k in ("attention", "mlp"))
     if att is not None and mlp is not None and abs(att - mlp) < _CLOSE:
         text += " Attention and MLPs write about the same mix of frequencies: no split like Zhou et al.'s."
     elif att is not None and mlp is not None:
@@ -95,7 +100,16 @@ def fourier_body(stage: StageFolder) -> Body:
     freq_header = ("frequency", "period (numbers)", "attention (sum over layers)", "MLP (sum over layers)")
     freq_rows = [(str(f), f"{n / f:.3g}" if f else "constant", num(totals["attention"].get(f)),
                   num(totals["mlp"].get(f))) for f in range(top + 1)]  # fmt: skip
+    share_table = Table(
+        "Share of the non-constant number-logit power on the high frequencies, against a flat spectrum and random "
+        "directions of the same norms", ("group", "frequencies", "share", "flat spectrum", "random: mean", "random: sd",
+                                         "random draws"),
+        [(_NAMES.get(r["component"], r["component"]), r["high_frequencies"],
+          *(pct(to_float(r[k]), 1) for k in ("high_share", "flat_share", "random_mean", "random_std")),
+          r["random_draws"]) for r in share_rows],
+    )  # fmt: skip
     tables = [
+        *([share_table] if share_rows else []),
         Table("Accuracy after each filter (one group filtered at a time)", header, rows),
         Table("Mean |DFT| of the number logits per frequency", freq_header, freq_rows, collapsed=True),
     ]

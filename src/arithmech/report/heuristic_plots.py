@@ -11,7 +11,7 @@ import numpy as np
 from arithmech.report.plots import save_figure
 from arithmech.report.style import styled
 
-_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999", "#000000")
+_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999", "#882255")
 
 
 def _by_operation(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -23,8 +23,9 @@ def _by_operation(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, An
 
 @styled
 def heuristic_types(rows: Sequence[dict[str, Any]], families: Sequence[str], path: Path, title: str) -> None:
-    """Per operation, stacked bars over layers: the share of each layer's neurons classified per family;
-    the black line is the share classified on shuffled maps (chance)."""
+    """Per operation and layer, two stacked bars: the share of the layer's neurons classified per operand
+    template family (left) and per result template family (right); a black tick on each bar marks that
+    family's null (the same rule on activations permuted over the pairs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,15 +35,19 @@ def heuristic_types(rows: Sequence[dict[str, Any]], families: Sequence[str], pat
     groups = _by_operation(rows)
     fig, axes = plt.subplots(1, len(groups), figsize=(3.4 * len(groups) + 1.6, 3.2), squeeze=False, sharey=True)
     for ax, (op, group) in zip(axes[0], groups.items(), strict=True):
-        layers = [int(r["layer"]) for r in group]
-        bottom = np.zeros(len(layers))
-        for family, colour in zip(families, _COLOURS, strict=False):
-            share = np.array([float(r[f"family_{family}"]) for r in group])
-            ax.bar(layers, share, bottom=bottom, color=colour, width=0.85, label=family.replace("_", " "))
-            bottom += share
-        ax.plot(layers, [float(r["chance_fraction"]) for r in group], color="black", marker=".", linewidth=1,
-                label="chance (shuffled)")  # fmt: skip
-        ax.set_title(op, fontsize=9)
+        layers = np.array([int(r["layer"]) for r in group])
+        for side, (kind, shift) in enumerate((("operand", -0.21), ("result", 0.21))):
+            bottom = np.zeros(len(layers))
+            for family, colour in zip(families, _COLOURS, strict=False):
+                if family.startswith("result") != (kind == "result"):
+                    continue
+                share = np.array([float(r[f"family_{family}"]) for r in group])
+                ax.bar(layers + shift, share, bottom=bottom, color=colour, width=0.4, label=family.replace("_", " "))
+                bottom += share
+            null = [float(r[f"{kind}_null_fraction"]) for r in group]
+            ax.scatter(layers + shift, null, color="black", marker="_", s=40, zorder=3,
+                       label="null (permuted activations)" if side == 0 else None)  # fmt: skip
+        ax.set_title(f"{op}: operand | result templates", fontsize=9)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3, axis="y")
@@ -79,9 +84,11 @@ def activation_patterns(rows: Sequence[dict[str, Any]], path: Path, title: str) 
             ax.axis("on")
             ax.imshow(image, cmap="RdBu_r", vmin=-top, vmax=top, origin="upper", interpolation="nearest")
             first = cells[0]
-            mark = "" if int(first["classified"]) else " (unclassified)"
-            ax.set_title(f"{op[:3]} L{first['layer']}.{first['neuron']}\n{first['template']}{mark} "
-                         f"{float(first['score']):.2f}", fontsize=6)  # fmt: skip
+            kind = max(("operand", "result"), key=lambda g, r=first: (int(r[f"{g}_classified"]),
+                                                                      float(r[f"{g}_score"])))  # fmt: skip
+            mark = "" if int(first[f"{kind}_classified"]) else " (unclassified)"
+            ax.set_title(f"{op[:3]} L{first['layer']}.{first['neuron']}\n{first[f'{kind}_template']}{mark} "
+                         f"{float(first[f'{kind}_score']):.2f}", fontsize=6)  # fmt: skip
             ax.set_xlabel("B", fontsize=6)
             ax.set_ylabel("A", fontsize=6)
             ax.tick_params(labelsize=5)

@@ -9,6 +9,10 @@ from arithmech.report.page import Body, Figure, Table, listing, pct, small_sampl
 from arithmech.report.run_folder import StageFolder
 from arithmech.report.sections import plural
 
+_GROUPS = ("operand", "result")
+_MARGIN = 0.01
+"""A family's classified share counts as above its null when it exceeds it by more than this."""
+
 
 def _family_name(column: str) -> str:
     return column.removeprefix("family_").replace("_", " ")
@@ -29,15 +33,14 @@ def heuristics_body(stage: StageFolder) -> Body:
     for op in ops:
         mine = [r for r in layers if r["operation"] == op]
         n = sum(int(r["neurons"]) for r in mine)
-        classified = sum(int(r["classified"]) for r in mine) / n
-        chance = sum(to_float(r["chance_fraction"]) * int(r["neurons"]) for r in mine) / n
-        strong = sum(to_float(r["strong_fraction_classified"]) * int(r["strong_neurons"]) for r in mine) / sum(
-            int(r["strong_neurons"]) for r in mine
-        )
+        n_strong = sum(int(r["strong_neurons"]) for r in mine)
+        share = {g: sum(int(r[f"{g}_classified"]) for r in mine) / n for g in _GROUPS}
+        null = {g: sum(to_float(r[f"{g}_null_fraction"]) * int(r["neurons"]) for r in mine) / n for g in _GROUPS}
+        strong = {g: sum(to_float(r[f"{g}_strong_fraction"]) * int(r["strong_neurons"]) for r in mine) / n_strong
+                  for g in _GROUPS}  # fmt: skip
         families = [c for c in mine[0] if c.startswith("family_")]
         shares = {c: sum(to_float(r[c]) * int(r["neurons"]) for r in mine) / n for c in families}
         ranked = [c for c in sorted(shares, key=lambda c: -shares[c]) if shares[c] > 0][:3]
-        peak = max(mine, key=lambda r: to_float(r["fraction_classified"]))
         cells = [r for r in ablation if r["operation"] == op]
         base = next(to_float(r["accuracy"]) for r in cells if r["selection"] == "none")
 
@@ -53,38 +56,42 @@ def heuristics_body(stage: StageFolder) -> Body:
             gap = random_mean - top_mean
             verdict = (f"; the top neurons matter {'more' if gap > 0.05 else 'no more'} than random ones"
                        if base else "")  # fmt: skip
+        readings = [f"{g} templates {pct(share[g], 1)} (null {pct(null[g], 1)}: "
+                    f"{'above' if share[g] > null[g] + _MARGIN else 'not above'} it)" for g in _GROUPS]  # fmt: skip
+        most = (f"; most often {listing([f'{_family_name(c)} ({pct(shares[c])})' for c in ranked])}"
+                if ranked else "")  # fmt: skip
         text.append(
-            f"{op.capitalize()} ({prompts} {pairs_word}): {pct(classified)} of the neurons of layers "
-            f"{mine[0]['layer']}-{mine[-1]['layer']} match a heuristic template (chance on shuffled maps "
-            f"{pct(chance)}), {pct(strong)} of the strongest 1% by direct effect; most often "
-            f"{listing([f'{_family_name(c)} ({pct(shares[c])})' for c in ranked])}, most in layer {peak['layer']} "
-            f"({pct(to_float(peak['fraction_classified']))}). Mean-ablating each prompt's top "
-            f"{plural(one, 'neuron')} per layer{one_note} takes accuracy from {pct(base)} to {pct(top_mean)}, vs "
-            f"{pct(random_mean)} for {one} random (zero ablation: {pct(at('top', 'zero'))} vs "
-            f"{pct(at('random', 'zero'))}){verdict}."
+            f"{op.capitalize()} ({prompts} {pairs_word}): of the neurons of layers {mine[0]['layer']}-"
+            f"{mine[-1]['layer']}, {' and '.join(readings)} match a template by their activation{most}. "
+            f"Mean-ablating each prompt's top {plural(one, 'neuron')} per layer by direct effect{one_note} takes "
+            f"accuracy from {pct(base)} to {pct(top_mean)}, vs {pct(random_mean)} for {one} random (zero ablation: "
+            f"{pct(at('top', 'zero'))} vs {pct(at('random', 'zero'))}){verdict}."
         )  # fmt: skip
-        rows.append((op, str(prompts), pct(classified), pct(chance), pct(strong), pct(base),
+        rows.append((op, str(prompts), *(pct(x[g], 1) for g in _GROUPS for x in (share, null)),
+                     pct(strong["operand"]), pct(strong["result"]), pct(base),
                      pct(at("top", "mean")), pct(at("random", "mean")), pct(at("top", "zero")),
                      pct(at("random", "zero"))))  # fmt: skip
     text.append(
         "Nikankin et al. report for Llama3-8B that about 1% of the neurons per layer suffice (a heuristic neuron "
-        "each) and that ablating a prompt's heuristic neurons drops its accuracy far more than random ones; on a "
-        "grid of single-digit operands the templates are coarse, and the chance column says how much a random "
-        "activation pattern would match."
+        "each) and that ablating a prompt's heuristic neurons drops its accuracy far more than random ones. Here "
+        "every template is matched on the activation alone, and each family is read against its null: the same "
+        "rule on each neuron's activations permuted over the grid pairs. On a grid of single-digit operands the "
+        "templates are coarse and a match must be near-perfect to pass."
     )
     tables = [Table(
-        f"Per operation: neurons classified, and accuracy after ablating k = {one} neurons per layer{one_note}",
-        ("operation", "pairs", "classified", "chance", "strongest 1% classified", "accuracy", "top-k mean",
-         "random-k mean", "top-k zero", "random-k zero"), rows,
+        f"Per operation: neurons classified per template family (null: activations permuted), and accuracy after "
+        f"ablating k = {one} neurons per layer{one_note}",
+        ("operation", "pairs", "operand", "operand null", "result", "result null", "strongest 1%: operand",
+         "strongest 1%: result", "accuracy", "top-k mean", "random-k mean", "top-k zero", "random-k zero"), rows,
     )]  # fmt: skip
     tables.append(Table(
-        "Every layer", ("operation", "layer", "classified", "chance", "strongest 1% classified"),
-        [(r["operation"], r["layer"], pct(to_float(r["fraction_classified"])), pct(to_float(r["chance_fraction"])),
-          pct(to_float(r["strong_fraction_classified"]))) for r in layers], collapsed=True,
+        "Every layer", ("operation", "layer", "operand", "operand null", "result", "result null"),
+        [(r["operation"], r["layer"], *(pct(to_float(r[f"{g}_{c}"]), 1) for g in _GROUPS
+                                        for c in ("fraction", "null_fraction"))) for r in layers], collapsed=True,
     ))  # fmt: skip
     figures = [Figure(stage.folder / name, caption) for name, caption in (
-        ("heuristic_types.png", "Share of each layer's neurons classified, by template family; black: on shuffled "
-                                "maps (chance)."),
+        ("heuristic_types.png", "Share of each layer's neurons classified, by template family (left bar: operand "
+                                "templates, right: result templates); black ticks: each family's null."),
         ("activation_patterns.png", "Activation at the last token over the operand grid (A rows, B columns) of the "
                                     "strongest neurons by mean |direct effect|, with their best template."),
         ("ablation.png", "Accuracy after ablating each prompt's top-k neurons per layer by direct effect vs k random "

@@ -8,14 +8,18 @@ Steps (definitions and formulas: `arithmech.analysis.fourier`)
    digit-splitting tokenizer N = 10, so there are six frequencies, 0..5.
 2. spectra: one forward pass per batch records the END states; every layer's attention and MLP contribution is
    read onto the number tokens through the final norm with its scale fixed, and |DFT| over the number index is
-   averaged over prompts.
+   averaged over prompts; per group, the share of the non-constant power on the high frequencies, next to the
+   flat-spectrum level and the share of random directions of the same norms (`RANDOM_DRAWS` seeded draws).
 3. filters: the model without a filter, then per group (attention, mlp), filter (low-pass, high-pass) and
    cutoff, every forward pass with that group's outputs cut along the Fourier directions of the number-token
    unembedding; accuracy and mean answer probability at END.
 
 Writes into its own folder, each file atomically and metadata.json last:
     fourier_spectrum.csv   layer, component (attention | mlp), frequency, magnitude (mean over prompts),
-                           magnitude_std
+                           magnitude_std, power (mean over prompts of m(f) |DFT|^2, `analysis.fourier`)
+    fourier_shares.csv     component, high_frequencies, high_share, flat_share (a white spectrum's),
+                           random_mean, random_std (over random_draws directions of the same norms),
+                           strongest_frequency (most power per real dimension, f >= 1)
     fourier_spectrum.png   frequency x layer heatmaps for attention and for MLPs (+ .svg)
     fourier_filters.csv    component (the group filtered), filter, cutoff, removed_frequencies, directions (the
                            rank r removed), accuracy, answer_prob, accuracy_change, answer_prob_change (vs no filter)
@@ -40,9 +44,14 @@ from arithmech.analysis.fourier import (
     end_contributions,
     filter_directions,
     filtered_predictions,
+    flat_high_share,
+    high_frequencies,
+    high_share,
     max_frequency,
+    multiplicity,
     number_logits,
     number_readout,
+    random_direction_power,
     removed_frequencies,
     spectrum,
 )
@@ -52,7 +61,7 @@ from arithmech.data.sampling import sample_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.patching.states import collect_end_states
-from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, defined, git_sha, package_versions
 from arithmech.stages.fourier_config import GROUPS, FourierConfig
 from arithmech.stages.identify_run import analysis_folders, analysis_header, chosen_layers, read_identify_run
 
@@ -60,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 _ENDING = 24
 """Characters at the end of a prompt that decide the number tokens after it (step 1)."""
+RANDOM_DRAWS = 32
+"""Random directions drawn per contribution for the high-frequency share's random baseline."""
 _SPREAD = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500)
 """Cutoffs tried by default when a filter has more than 12 that remove something."""
 
@@ -74,6 +85,10 @@ class FourierResult:
     magnitude: dict[str, np.ndarray]
     """"attention" / "mlp" -> [layer, F + 1] mean |DFT| over prompts."""
     magnitude_std: dict[str, np.ndarray]
+    power: dict[str, np.ndarray]
+    """"attention" / "mlp" -> [layer, F + 1] mean m(f) |DFT|^2 over prompts."""
+    shares: list[dict[str, Any]]
+    """The rows of fourier_shares.csv."""
     filters: list[dict[str, Any]]
     """The rows of fourier_filters.csv."""
     baseline: dict[str, float]
@@ -163,6 +178,9 @@ def analyze_fourier(
     readout = number_readout(view, number_ids)  # [N, d_model]
 
     chunks: dict[str, list[torch.Tensor]] = {kind: [] for kind in GROUPS}
+    random_power = {kind: torch.zeros(RANDOM_DRAWS, max_frequency(n_numbers) + 1, dtype=torch.float64)
+                    for kind in GROUPS}  # fmt: skip
+    gen = torch.Generator().manual_seed(cfg.seed)
     n_prompts = len(tokenized.pairs)
     with tqdm(total=n_prompts, desc="Fourier spectra", unit="prompt", disable=quiet) as bar:
         for start in range(0, n_prompts, cfg.batch_size):
@@ -174,10 +192,14 @@ def analyze_fourier(
             for kind in GROUPS:
                 logits = number_logits(view, contributions[kind][layers], states.resid_final, readout)
                 chunks[kind].append(spectrum(logits).cpu())  # [layer, batch, F + 1]
+                random_power[kind] += random_direction_power(view, contributions[kind][layers], states.resid_final,
+                                                             readout, RANDOM_DRAWS, gen)  # fmt: skip
             bar.update(len(range(*rows.indices(n_prompts))))
     spectra = {kind: torch.cat(chunks[kind], dim=1).numpy() for kind in GROUPS}  # [layer, prompt, F + 1]
     magnitude = {kind: values.mean(1) for kind, values in spectra.items()}
     magnitude_std = {kind: values.std(1) for kind, values in spectra.items()}
+    power = {kind: (values**2 * multiplicity(n_numbers).numpy()).mean(1) for kind, values in spectra.items()}
+    shares = [_share_row(kind, power[kind], random_power[kind], n_numbers) for kind in GROUPS]
     spectra_s = time.perf_counter() - start_time
 
     mark = time.perf_counter()
@@ -220,12 +242,22 @@ def analyze_fourier(
             "tokens": [[n, int(t), _label(handle.tokenizer, int(t))] for n, t in enumerate(number_ids.tolist())],
         },
         "baseline": baseline,
+        "high_frequency_share": {
+            "high_frequencies": high_frequencies(n_numbers),
+            "flat": flat_high_share(n_numbers),
+            "random_draws": RANDOM_DRAWS,
+            **{row["component"]: {k: row[k] for k in ("high_share", "random_mean", "random_std")} for row in shares},
+        },
         "definitions": {
             "contribution": "what a layer's attention (o_proj output, after any post-attention norm) or MLP adds "
             "to the residual at END",
             "number_logits": "R v / s, R[n] = c(g * W_U[t_n]) (final norm gain g, centering c for LayerNorm), s = "
             "the intact final norm scale at END",
             "magnitude": "|rfft over the number index| (unnormalised), mean over prompts",
+            "power": "m(f) |rfft|^2, m(f) the real dimensions at f (1 for f = 0 and f = N/2, else 2), mean over "
+            "prompts",
+            "high_share": "power on f > F/2 over power on f >= 1, summed over the layers and prompts; flat: the same "
+            "for a white spectrum; random: for random directions of each contribution's norm (mean, sd over draws)",
             "filter": "o - Q Q^T o at every position (or END only), Q an orthonormal basis of Phi_S R, S the "
             "removed frequencies: low-pass(c) removes f > c, high-pass(c) removes f < c",
             "accuracy": "top token over the vocabulary at END is the answer's first token",
@@ -235,10 +267,22 @@ def analyze_fourier(
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    result = FourierResult(layers, n_numbers, number_ids.tolist(), magnitude, magnitude_std, filters, baseline,
-                           out, metadata)  # fmt: skip
+    result = FourierResult(layers, n_numbers, number_ids.tolist(), magnitude, magnitude_std, power, shares, filters,
+                           baseline, out, metadata)  # fmt: skip
     write_fourier_outputs(result, handle.source.get("model", "?"))
     return result
+
+
+def _share_row(kind: str, power: np.ndarray, random_power: torch.Tensor, n_numbers: int) -> dict[str, Any]:
+    """One row of fourier_shares.csv: power [layer, F + 1], random_power [draw, F + 1] (summed over prompts).
+    The shares are undefined (empty) where the group writes nothing non-constant onto the number tokens."""
+    random = high_share(random_power, n_numbers)  # [draw]
+    per_dimension = power.sum(0) / multiplicity(n_numbers).numpy()  # [F + 1]
+    return {"component": kind, "high_frequencies": _span(high_frequencies(n_numbers)),
+            "high_share": defined(float(high_share(torch.from_numpy(power.sum(0)), n_numbers))),
+            "flat_share": flat_high_share(n_numbers), "random_mean": defined(float(random.mean())),
+            "random_std": defined(float(random.std())), "random_draws": len(random),
+            "strongest_frequency": int(per_dimension[1:].argmax()) + 1}  # fmt: skip
 
 
 def _span(frequencies: Sequence[int]) -> str:
@@ -253,7 +297,7 @@ def spectrum_rows(result: FourierResult) -> list[dict[str, Any]]:
     """One row per (layer, component, frequency) of fourier_spectrum.csv."""
     return [
         {"layer": layer, "component": kind, "frequency": f, "magnitude": float(result.magnitude[kind][row, f]),
-         "magnitude_std": float(result.magnitude_std[kind][row, f])}
+         "magnitude_std": float(result.magnitude_std[kind][row, f]), "power": float(result.power[kind][row, f])}
         for kind in GROUPS for row, layer in enumerate(result.layers)
         for f in range(result.magnitude[kind].shape[1])
     ]  # fmt: skip
@@ -268,6 +312,7 @@ def write_fourier_outputs(result: FourierResult, model_name: str) -> None:
     (out / "metadata.json").unlink(missing_ok=True)
     n_prompts = result.metadata["counts"]["prompts"]
     atomic_write_text(out / "fourier_spectrum.csv", csv_text(spectrum_rows(result), float_format=".6g"))
+    atomic_write_text(out / "fourier_shares.csv", csv_text(result.shares, float_format=".6g"))
     title = f"Number-logit spectra over 0..{result.n_numbers - 1}: {model_name}, {n_prompts} prompts"
     spectrum_heatmaps(result.magnitude, result.layers, result.n_numbers, out / "fourier_spectrum.png", title)
     atomic_write_text(out / "fourier_filters.csv", csv_text(result.filters, float_format=".6g"))

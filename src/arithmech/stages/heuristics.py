@@ -7,18 +7,21 @@ Steps, per operation:
 2. scan: one forward pass per batch of prompts reads every neuron of the chosen layers at END: its activation
    m and its direct effect DE on the answer's logit (`neurons/heuristic_scan.py`); the pairs the model
    answers are kept (unless filter_correct is off);
-3. classify: every neuron's best heuristic template and match score, classified or not, and the same on
-   shuffled maps (chance) (`neurons/heuristic_templates.py`, where the score is defined);
+3. classify: every neuron's best operand template and best result template, each scored on its activation and
+   classified or not, and the same with its activations permuted over the pairs (each family's null)
+   (`neurons/heuristic_templates.py`, where the score and the null are defined);
 4. ablate: per prompt the top-k neurons per layer by DE vs k random ones (n_random seeds), mean and zero.
 
 Writes, each atomically, metadata.json last:
     grid.csv                 operation, a, b, result, answer token, answered
-    neurons.csv              per operation and neuron: best template, family, map, direction, score, p_value,
-                             classified, strong (top 1% of its layer by mean |DE|), mean m, mean DE, mean |DE|
-    layers.csv               per operation and layer: neurons, classified (all; strong ones), chance, families
+    neurons.csv              per operation and neuron, for each family (operand_*, result_*): best template,
+                             family, direction, score, p_value, classified; strong (top 1% of its layer by mean
+                             |DE|), mean m, mean DE, mean |DE|
+    layers.csv               per operation and layer, for each family: classified (all; strong ones) and its null
+                             fraction; the share of each template family
     ablation.csv             per operation, ablation, selection (top/random/none), seed, k: accuracy, answer_prob
     patterns.csv             the strongest neurons' maps over the grid (thumbnails' numbers)
-    heuristic_types.png/svg  classified fraction per layer by template family, chance marked
+    heuristic_types.png/svg  classified fraction per layer by template family, each family's null marked
     activation_patterns.png/svg  A x B activation images of the strongest neurons (paper Figure 3 style)
     ablation.png/svg         accuracy over k, top vs random, mean and zero, 1% of a layer marked
 An operation with fewer than 2 answered pairs is left out (named in metadata.json, "skipped").
@@ -40,7 +43,15 @@ from arithmech.data.tokens import tokenize_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
 from arithmech.neurons.heuristic_scan import NeuronScan, ablation_sweep, check_width, default_ks, scan_neurons
-from arithmech.neurons.heuristic_templates import ALPHA, FAMILIES, classify, heuristic_templates, shuffled_best
+from arithmech.neurons.heuristic_templates import (
+    ALPHA,
+    FAMILIES,
+    GROUPS,
+    classify_families,
+    family_templates,
+    heuristic_templates,
+    shuffled_best,
+)
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.heuristics_config import HeuristicsConfig
 
@@ -63,12 +74,14 @@ class OperationResult:
     strongest: list[tuple[int, int]]  # (layer, neuron) by mean |DE|
 
     def summary(self, k: int) -> dict[str, float]:
-        """Share of neurons classified (and by chance), accuracy intact and with k neurons per layer ablated
-        (top by DE or random, mean over seeds; NaN where k was not run)."""
+        """Per family ("operand", "result"): share of neurons classified and its null ("<family>_null");
+        accuracy intact and with k neurons per layer ablated (top by DE or random, mean over seeds; NaN where k
+        was not run)."""
         n = sum(r["neurons"] for r in self.layers)
-        out = {"classified": sum(r["classified"] for r in self.layers) / n,
-               "chance": sum(r["chance_fraction"] * r["neurons"] for r in self.layers) / n,
-               "base": next(r["accuracy"] for r in self.ablation if r["selection"] == "none")}  # fmt: skip
+        out: dict[str, float] = {"base": next(r["accuracy"] for r in self.ablation if r["selection"] == "none")}
+        for group in GROUPS:
+            out[group] = sum(r[f"{group}_classified"] for r in self.layers) / n
+            out[f"{group}_null"] = sum(r[f"{group}_null_fraction"] * r["neurons"] for r in self.layers) / n
         for selection in ("top", "random"):
             for ablation in ("mean", "zero"):
                 values = [r["accuracy"] for r in self.ablation
@@ -174,7 +187,11 @@ def heuristics(
                  for op, r in results.items()},  # fmt: skip
         "skipped": skipped,
         "classification": {"threshold": cfg.threshold, "alpha": ALPHA, "strong_share": STRONG_SHARE,
-                           "maps": "operand templates on the activation, result templates on the direct effect"},
+                           "families": list(GROUPS),
+                           "map": "every template on the activation m at END; the answer enters a result template "
+                                  "only through its set of pairs",
+                           "null": "each neuron's activations permuted over the pairs (seeded, one permutation per "
+                                   "neuron), classified the same way, per family"},
         "timings": {"heuristics_s": time.perf_counter() - start},
         "versions": package_versions(),
         "git_sha": git_sha(),
@@ -190,37 +207,44 @@ def _classify(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """neurons.csv and layers.csv rows of one operation."""
     templates = heuristic_templates(operands, results)
+    sizes = {g: len(idx) for g, idx in family_templates(templates).items()}
     neuron_rows, layer_rows = [], []
     for i, layer in enumerate(scan.layers):
         act, de = scan.activation[:, i].T, scan.direct_effect[:, i].T  # [d_mlp, pair]
-        best = classify(act, de, templates)
-        chance = shuffled_best(act, de, templates, cfg.seed + layer).classified(cfg.threshold)
-        classified = best.classified(cfg.threshold)
+        best = classify_families(act, templates)
+        null = shuffled_best(act, templates, cfg.seed + layer)
+        classified = {g: best[g].classified(cfg.threshold) for g in GROUPS}
         strength = de.abs().mean(1)  # [d_mlp]
-        n_strong = max(1, round(STRONG_SHARE * len(strength)))
-        strong = torch.zeros(len(strength), dtype=torch.bool)
-        strong[strength.topk(n_strong).indices] = True
-        families = []
-        for k in range(len(strength)):
-            t = templates[int(best.template[k])] if templates else None
-            family = t.family if t else ""
-            families.append(family if bool(classified[k]) else "")
-            neuron_rows.append({
-                "operation": operation, "layer": layer, "neuron": k, "template": t.name if t else "",
-                "family": family, "map": ("direct_effect" if t.on_direct_effect else "activation") if t else "",
-                "direction": "top" if bool(best.top[k]) else "bottom", "score": float(best.score[k]),
-                "p_value": float(best.p_value[k]), "classified": int(classified[k]), "strong": int(strong[k]),
-                "mean_activation": float(act[k].mean()), "mean_direct_effect": float(de[k].mean()),
-                "mean_abs_direct_effect": float(strength[k]),
-            })  # fmt: skip
         n = len(strength)
-        row = {"operation": operation, "layer": layer, "neurons": n, "classified": int(classified.sum()),
-               "fraction_classified": float(classified.float().mean()),
-               "chance_fraction": float(chance.float().mean()), "strong_neurons": n_strong,
-               "strong_fraction_classified": float(classified[strong].float().mean()),
-               "templates": len(templates)}  # fmt: skip
-        row.update({f"family_{f}": sum(x == f for x in families) / n for f in FAMILIES})
-        layer_rows.append(row)
+        n_strong = max(1, round(STRONG_SHARE * n))
+        strong = torch.zeros(n, dtype=torch.bool)
+        strong[strength.topk(n_strong).indices] = True
+        families: list[str] = []
+        for k in range(n):
+            row: dict[str, Any] = {"operation": operation, "layer": layer, "neuron": k}
+            for g in GROUPS:
+                t = templates[int(best[g].template[k])] if sizes[g] else None
+                ok = bool(classified[g][k])
+                if ok and t is not None:
+                    families.append(t.family)
+                row.update({f"{g}_template": t.name if t else "", f"{g}_family": t.family if t else "",
+                            f"{g}_direction": "top" if bool(best[g].top[k]) else "bottom",
+                            f"{g}_score": float(best[g].score[k]), f"{g}_p_value": float(best[g].p_value[k]),
+                            f"{g}_classified": int(ok)})  # fmt: skip
+            row.update({"strong": int(strong[k]), "mean_activation": float(act[k].mean()),
+                        "mean_direct_effect": float(de[k].mean()), "mean_abs_direct_effect": float(strength[k])})
+            neuron_rows.append(row)
+        layer_row: dict[str, Any] = {"operation": operation, "layer": layer, "neurons": n,
+                                     "strong_neurons": n_strong}  # fmt: skip
+        for g in GROUPS:
+            layer_row.update({
+                f"{g}_templates": sizes[g], f"{g}_classified": int(classified[g].sum()),
+                f"{g}_fraction": float(classified[g].float().mean()),
+                f"{g}_null_fraction": float(null[g].classified(cfg.threshold).float().mean()),
+                f"{g}_strong_fraction": float(classified[g][strong].float().mean()),
+            })  # fmt: skip
+        layer_row.update({f"family_{f}": sum(x == f for x in families) / n for f in FAMILIES})
+        layer_rows.append(layer_row)
     return neuron_rows, layer_rows
 
 
@@ -252,9 +276,8 @@ def write_outputs(result: HeuristicsResult, model: str) -> None:
                 pattern_rows.append({"operation": op, "rank": rank, "layer": layer, "neuron": neuron, "a": a, "b": b,
                                      "activation": float(r.scan.activation[j, i, neuron]),
                                      "direct_effect": float(r.scan.direct_effect[j, i, neuron]),
-                                     "template": best[(layer, neuron)]["template"],
-                                     "score": best[(layer, neuron)]["score"],
-                                     "classified": best[(layer, neuron)]["classified"]})  # fmt: skip
+                                     **{f"{g}_{key}": best[(layer, neuron)][f"{g}_{key}"] for g in GROUPS
+                                        for key in ("template", "score", "classified")}})  # fmt: skip
     atomic_write_text(out / "patterns.csv", csv_text(pattern_rows, float_format=".5g"))
     heuristic_types(layer_rows, FAMILIES, out / "heuristic_types.png", f"heuristic neurons per layer: {model}")
     activation_patterns(pattern_rows, out / "activation_patterns.png",

@@ -15,16 +15,23 @@ from arithmech.analysis.fourier import (
     end_contributions,
     filter_directions,
     filtered_predictions,
+    flat_high_share,
     fourier_basis,
+    high_frequencies,
+    high_share,
+    multiplicity,
     number_logits,
     number_readout,
+    random_direction_power,
     removed_frequencies,
+    spectral_power,
     spectrum,
 )
 from arithmech.errors import ConfigError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks, first_tensor
 from arithmech.models.view import ModelView
+from arithmech.neurons.readout import final_norm
 from arithmech.patching.states import collect_end_states
 
 from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer
@@ -246,3 +253,54 @@ def test_basis_is_orthonormal_with_one_frequency_per_row() -> None:
     assert removed_frequencies("high-pass", 2, 10) == [0, 1]
     with pytest.raises(ConfigError, match="not a frequency of 10 numbers; choose 0..5"):
         removed_frequencies("low-pass", 6, 10)
+
+
+# -- the high-frequency share --
+@pytest.mark.parametrize(("n", "high", "flat"), [(10, [3, 4, 5], 5 / 9), (9, [3, 4], 4 / 8), (7, [2, 3], 4 / 6),
+                                                 (4, [2], 1 / 3), (100, list(range(26, 51)), 49 / 99)])  # fmt: skip
+def test_a_flat_spectrum_scores_the_share_of_high_dimensions(n: int, high: list[int], flat: float) -> None:
+    """An impulse has |X_f| = 1 at every f (a flat spectrum): its share is exactly the high frequencies' share of
+    the N - 1 non-constant real dimensions, for odd and even N. One-sided magnitudes (the reading before issue
+    21) gave 3 of 5 bins = 60% for N = 10, and 59.2% on white noise."""
+    assert high_frequencies(n) == high and flat_high_share(n) == pytest.approx(flat, abs=1e-15)
+    impulse = torch.zeros(n, dtype=torch.float64)
+    impulse[0] = 1.0
+    assert torch.allclose(spectrum(impulse), torch.ones(n // 2 + 1, dtype=torch.float64))
+    assert float(high_share(spectral_power(impulse), n)) == pytest.approx(flat, abs=1e-12)
+    assert int(multiplicity(n).sum()) == n  # one real dimension per row of the basis
+
+
+@pytest.mark.parametrize("n", [10, 9])
+def test_white_noise_scores_the_flat_level_and_power_is_parseval(n: int) -> None:
+    x = torch.randn(200_000, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # white
+    power = spectral_power(x)  # [sample, F + 1]
+    centred = x - x.mean(-1, keepdim=True)
+    torch.testing.assert_close(power[:, 1:].sum(-1), n * (centred**2).sum(-1))  # Parseval over the real dimensions
+    assert float(high_share(power.sum(0), n)) == pytest.approx(flat_high_share(n), abs=0.003)
+    one_sided = spectrum(x).sum(0)  # the old reading: magnitudes, one bin per frequency
+    old = float(one_sided[high_frequencies(n)].sum() / one_sided[1:].sum())
+    if n == 10:
+        assert old == pytest.approx(0.592, abs=0.003)  # what the old share called "flat"
+
+
+def test_random_directions_keep_each_norm_and_read_through_the_readout() -> None:
+    """The mean power of many draws matches its closed form for directions uniform on each contribution's sphere:
+    E P[f] = N sum_{l, i} ||v[l, i]||^2 / (d_model s_i^2) ||Phi_f R||_F^2 (E[z z^T] = ||v||^2 / d_model I)."""
+    view = tiny_view("llama")
+    ids, mask, end, _ = padded_batch()
+    states = collect_end_states(view, ids, mask, end)
+    readout = number_readout(view, NUMBERS).double()
+    contributions = end_contributions(view, states)["mlp"].double()  # [layer, batch, d_model]
+    a = random_direction_power(view, contributions, states.resid_final, readout, 4, torch.Generator().manual_seed(1))
+    b = random_direction_power(view, contributions, states.resid_final, readout, 4, torch.Generator().manual_seed(1))
+    assert a.shape == (4, 6) and torch.equal(a, b)  # seeded
+    many = random_direction_power(view, contributions, states.resid_final, readout, 300,
+                                  torch.Generator().manual_seed(2))  # fmt: skip
+    basis, freq = fourier_basis(10)
+    rows = (basis @ readout).pow(2).sum(-1)  # [N]: ||Phi_r R||^2
+    per_f = torch.zeros(6, dtype=torch.float64).index_add_(0, freq, rows)  # [F + 1]
+    scale = final_norm(view).scale(states.resid_final).double()  # [batch]
+    weight = (contributions.norm(dim=-1) ** 2 / scale**2).sum() / contributions.shape[-1]
+    torch.testing.assert_close(many.mean(0), 10 * weight * per_f, rtol=0.1, atol=0.0)
+    shares = high_share(a, 10)
+    assert bool(((shares > 0) & (shares < 1)).all()) and float(shares.std()) > 0
