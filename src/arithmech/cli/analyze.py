@@ -121,12 +121,17 @@ def analyze_fourier(
     handle = load()
     result = run_fourier(handle, cfg, run_dir, out_dir, quiet=quiet)
     numbers = result.metadata["numbers"]
-    note = " (a digit-splitting tokenizer: frequencies 0..5 only)" if numbers["digit_splitting"] else ""
-    typer.echo(f"number index 0..{result.n_numbers - 1}{note}")
+    available = numbers["single_token_numbers"]
+    note = " (a digit-splitting tokenizer)" if numbers["digit_splitting"] else ""
+    typer.echo(f"number index 0..{result.n_numbers - 1}: {result.n_numbers} of the {available} single-token "
+               f"numbers{note}; frequencies 0..{numbers['max_frequency']}")  # fmt: skip
     for kind, values in result.magnitude.items():
         if values.shape[1] > 1:
-            total = values[:, 1:].sum(0)  # [F], summed over layers, frequency 0 left out
-            typer.echo(f"{kind:9s} strongest frequency over the layers: f = {int(total.argmax()) + 1}")
+            total = values.sum(0)  # [F + 1], summed over layers
+            best = int(total[1:].argmax()) + 1  # frequency 0 (the mean over the numbers) left out
+            ratio = f"{float(total[0] / total[best]):.1f}x as large" if total[best] > 0 else "the only one"
+            typer.echo(f"{kind:9s} strongest frequency over the layers: f = {best} (f = 0, the mean over the "
+                       f"numbers, left out: {ratio})")  # fmt: skip
     typer.echo(f"no filter: accuracy {result.baseline['accuracy']:.0%}, P(answer) {result.baseline['answer_prob']:.3f}")
     for row in sorted(result.filters, key=lambda r: (r["accuracy_change"], r["answer_prob_change"]))[:4]:
         typer.echo(f"{row['component']:9s} {row['filter']:9s} cutoff {row['cutoff']}: accuracy {row['accuracy']:.0%} "
@@ -194,9 +199,10 @@ def analyze_heuristics(
     k = one if one in result.ks else result.ks[0]
     for op, res in result.operations.items():
         s = res.summary(k)
+        ablated = "; ".join(f"{k} top neurons per layer {a}-ablated {s[f'top_{a}']:.0%}, {k} random "
+                            f"{s[f'random_{a}']:.0%}" for a in cfg.ablations)  # fmt: skip
         typer.echo(f"{op:15s} {len(res.kept)} pairs; {s['classified']:.0%} of neurons classified (chance "
-                   f"{s['chance']:.0%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
-                   f"{s['top_mean']:.0%}, {k} random {s['random_mean']:.0%}")  # fmt: skip
+                   f"{s['chance']:.0%}); accuracy {s['base']:.0%} -> {ablated}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")
     typer.echo(f"results in {result.out_dir}")
