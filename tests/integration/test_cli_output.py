@@ -50,3 +50,47 @@ def test_fourier_says_which_numbers_and_frequencies(run: tuple[Path, Path], tmp_
     assert "0..5 only" not in text
     strongest = [line for line in text.splitlines() if "strongest frequency" in line]
     assert len(strongest) == 2 and all("f = 0, the mean over the numbers, left out" in x for x in strongest), text
+
+
+def test_knockout_of_given_components(run: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """The README's `--components 14.2,18.5,mlp.19` works as written (k up to the components given), the random
+    control draws as many heads and MLPs as the ranked set, and its spread is the sample sd (ddof 1)."""
+    import csv
+    import statistics
+
+    model_dir, folder = run
+    out = tmp_path / "k"
+    assert main(["knockout", "--from", str(folder), "--model", str(model_dir), "--components", "1.2,0.1,mlp.1",
+                 "--ablation", "zero", "--end-only", "--n-random", "3", "--out", str(out), "--quiet"]) == 0  # fmt: skip
+    capsys.readouterr()
+    rows = list(csv.DictReader((out / "knockout.csv").open()))
+    assert sorted({int(r["k"]) for r in rows}) == [0, 1, 2, 3]
+    for row in rows:
+        if row["ranking"] == "random":
+            names = row["components"].split()
+            assert sum(n.startswith("mlp.") for n in names) == (1 if row["k"] == "3" else 0), row
+    summary = {r["k"]: r for r in csv.DictReader((out / "knockout_summary.csv").open())}
+    for k, row in summary.items():
+        accuracy = [float(r["accuracy"]) for r in rows if r["k"] == k and r["ranking"] == "random"]
+        assert float(row["random_accuracy_std"]) == pytest.approx(statistics.stdev(accuracy), abs=1e-6)
+    one = tmp_path / "k1"
+    assert main(["knockout", "--from", str(folder), "--model", str(model_dir), "--components", "1.2",
+                 "--n-random", "1", "--out", str(one), "--quiet"]) == 0  # fmt: skip
+    assert "± n/a (one draw)" in capsys.readouterr().out
+    assert [r["random_accuracy_std"] for r in csv.DictReader((one / "knockout_summary.csv").open())] == [""]
+
+
+def test_identify_of_one_prompt_and_unfiltered_counts(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    """effect_std of one prompt is undefined (an empty cell, not 0); --keep-incorrect says the prompts were not
+    filtered instead of "N prompts (of 0 answered correctly)"."""
+    import csv
+
+    out = tmp_path / "i"
+    assert main(["identify", "--model", str(tiny_model_dir("llama")), *IDENTIFY, "--max-prompts", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("reference set"))
+    counts = json.loads((out / "metadata.json").read_text())["counts"]
+    checked = counts["pairs"] - counts["rejected_length_mismatch"]
+    assert line.startswith(f"reference set: 1 prompts of {checked}, answered or not (--keep-incorrect); "
+                           f"{counts['answered_correctly']} of the {checked} answered correctly"), line  # fmt: skip
+    assert {r["effect_std"] for r in csv.DictReader((out / "effects.csv").open())} == {""}

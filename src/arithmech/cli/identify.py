@@ -104,15 +104,15 @@ def identify(
 
 
 def _print_identify_summary(result: object) -> None:
+    from arithmech.stages.identify import reference_counts
+
     key = result.key  # type: ignore[attr-defined]
     heads = [r for r in key.ranked if r.component.head is not None][:10]
     mlps = [r for r in key.ranked if r.component.head is None][:5]
     counts = result.metadata["counts"]  # type: ignore[attr-defined]
-    typer.echo(
-        f"reference set: {counts['used']} prompts ({counts['answered_correctly']} of "
-        f"{counts['pairs'] - counts['rejected_length_mismatch']} answered correctly); "
-        f"whole-prompt counterfactual effect {key.total_effect:+.1%}"
-    )
+    filtered = result.metadata["config"].get("filter_correct", True)  # type: ignore[attr-defined]
+    typer.echo(f"reference set: {reference_counts(counts, filtered)}; "
+               f"whole-prompt counterfactual effect {key.total_effect:+.1%}")  # fmt: skip
     typer.echo("top heads:  " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in heads))
     typer.echo("top MLPs:   " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in mlps))
     typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")

@@ -26,7 +26,10 @@ def knockout(
     ] = None,
     ablation: Annotated[str, typer.Option(help="mean (over the counterfactual set), zero or resample.")] = "mean",
     end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
-    max_k: Annotated[int, typer.Option(help="Largest number of components knocked out (k = 1, 2, 4, ...).")] = 16,
+    max_k: Annotated[
+        int | None,
+        typer.Option(help="Largest number of components knocked out (k = 1, 2, ...); default 16, or all --components."),
+    ] = None,
     n_random: Annotated[int, typer.Option(help="Random-rank draws (seeds) per k.")] = 5,
     include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs as well as heads.")] = False,
     max_prompts: Annotated[
@@ -79,8 +82,9 @@ def knockout(
     typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}{whole}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")
     for row in summarize(result.rows):
-        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no random draws
-        random_rank = f"{mean:10.1%} ± {sd:.1%}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
+        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no draws; sd with one
+        spread = f"{sd:.1%}" if sd == sd else "n/a (one draw)"
+        random_rank = f"{mean:10.1%} ± {spread}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
         typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
     if base.by_position:
         top = max(r.k for r in result.rows)
