@@ -94,3 +94,56 @@ def test_identify_of_one_prompt_and_unfiltered_counts(tiny_model_dir, tmp_path: 
     assert line.startswith(f"reference set: 1 prompts of {checked}, answered or not (--keep-incorrect); "
                            f"{counts['answered_correctly']} of the {checked} answered correctly"), line  # fmt: skip
     assert {r["effect_std"] for r in csv.DictReader((out / "effects.csv").open())} == {""}
+
+
+def test_report_of_a_read_only_folder_or_a_file(run: tuple[Path, Path], tmp_path: Path, monkeypatch, capsys) -> None:
+    import errno
+
+    import arithmech.report.html as html
+
+    _, folder = run
+    assert main(["report", str(folder / "effects.csv")]) == 2
+    said = capsys.readouterr().err
+    assert "is a file, not a run folder" in said and f"arithmech report {folder}" in said, said
+
+    def read_only(path: object, text: str) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(html, "atomic_write_text", read_only)
+    assert main(["report", str(folder)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("error: the report cannot be written") and "--out" in said and said.count("\n") == 1
+
+
+def test_one_name_per_concept_and_names_in_messages(run: tuple[Path, Path], tiny_model_dir, capsys) -> None:
+    """finetune takes --heads as attention does; a model mismatch names both models, not a checksum alone."""
+    from arithmech.errors import ConfigError
+    from arithmech.models.archs import spec_for_model_type
+    from arithmech.models.load import ModelHandle
+    from arithmech.models.view import ModelView
+    from arithmech.stages.identify_run import read_identify_run
+
+    from tiny_models import make_tiny_model, make_tiny_tokenizer
+
+    _, folder = run
+    assert main(["finetune", "--model", str(tiny_model_dir("llama")), "--heads", "99.0", "--quiet"]) == 2
+    said = capsys.readouterr().err
+    assert "No such option" not in said and "99" in said, said
+    model = make_tiny_model("llama")
+    source = {"model": "SmolLM2-135M-Instruct", "gguf_file": "x.gguf", "gguf_sha256": "ab" * 32}
+    handle = ModelHandle(model, make_tiny_tokenizer(), ModelView(model, spec_for_model_type("llama")), source)
+    mismatch = r"made with model \S*llama\d*, not the loaded SmolLM2-135M-Instruct \(GGUF sha256 abab"
+    with pytest.raises(ConfigError, match=mismatch):
+        read_identify_run(folder, handle)
+
+
+def test_prompt_file_never_answered_advises_keep_incorrect(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    rows = [("3 + 4 = ", "7"), ("2 + 5 = ", "7"), ("1 + 1 = ", "2"), ("4 + 4 = ", "8")]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"reference": r, "counterfactual": r.replace("+", "@"), "answer": a}) + "\n"
+                               for r, a in rows))  # fmt: skip
+    args = ["identify", "--model", str(tiny_model_dir("llama")), "--prompts", str(prompts), "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "i")]) == 2
+    said = capsys.readouterr().err
+    assert "answered none" in said and "--keep-incorrect" in said and "--few-shot" not in said, said
+    assert main([*args, "--keep-incorrect", "--out", str(tmp_path / "j")]) == 0

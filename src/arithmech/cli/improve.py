@@ -21,7 +21,7 @@ from arithmech.stages.finetune_config import FinetuneConfig
 
 @app.command()
 @model_options
-@config_command(FinetuneConfig, flags={"from_run": "--from"})
+@config_command(FinetuneConfig, flags={"from_run": "--from", "components": ("--components", "--heads")})
 def finetune(
     cfg: Any = None,
     out: Annotated[Path | None, typer.Option(help="Output folder; default runs/finetune-<method>-<time>.")] = None,

@@ -101,10 +101,12 @@ def _kept_prompts(
     accuracy = _template_accuracy(tokenized.unique_pairs(), correct, report.per_template)
     keep = correct if cfg.filter_correct else torch.ones_like(correct)
     if not bool(keep.any()):
+        advice = ("check the file's answers, or patch the prompts anyway with --keep-incorrect" if cfg.prompts_file
+                  else "add solved examples before each query (--few-shot 3), use easier operands, or patch the "
+                  "prompts anyway with --keep-incorrect")  # fmt: skip
         raise DataError(
-            f"the model answered none of the {tokenized.n_pairs} prompts correctly, "
-            "so there is no reference set; "
-            "add solved examples before each query (--few-shot 3) or use easier operands"
+            f"the model answered none of the {tokenized.n_pairs} prompts correctly, so there is no reference set; "
+            + advice
         )
     counts = {
         "pairs": len(pairs),

@@ -105,6 +105,9 @@ def _status(path: Path) -> str:
 def open_run(run_dir: str | Path) -> RunFolder:
     """Read which stages a run folder holds; ConfigError when it is missing or holds none."""
     path = Path(run_dir)
+    if path.is_file():
+        raise ConfigError(f"{str(path)!r} is a file, not a run folder; give the folder that holds it, "
+                          f"e.g. `arithmech report {path.parent}`")  # fmt: skip
     if not path.is_dir():
         raise ConfigError(f"run folder {str(path)!r} does not exist; give the --out folder of `arithmech run`")
     pipeline: dict[str, Any] = {}
