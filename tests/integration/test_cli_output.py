@@ -147,3 +147,21 @@ def test_prompt_file_never_answered_advises_keep_incorrect(tiny_model_dir, tmp_p
     said = capsys.readouterr().err
     assert "answered none" in said and "--keep-incorrect" in said and "--few-shot" not in said, said
     assert main([*args, "--keep-incorrect", "--out", str(tmp_path / "j")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("stage", "few_shot"),
+    [
+        (["identify"], ["--few-shot", "12"]),
+        (["analyze", "heuristics", "--operations", "addition"], ["--few-shot", "40"]),
+    ],
+)
+def test_prompts_longer_than_the_context(
+    tiny_model_dir, tmp_path: Path, capsys, stage: list[str], few_shot: list[str]
+) -> None:
+    """The tiny GPT-2 takes 128 positions (learned embeddings: a longer prompt would raise IndexError)."""
+    assert main([*stage, "--model", str(tiny_model_dir("gpt2")), *few_shot, "--quiet",
+                 "--out", str(tmp_path / "x")]) == 2  # fmt: skip
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert said.startswith("error: the longest prompt has") and "more than the 128 positions" in said, said
+    assert "--few-shot" in said

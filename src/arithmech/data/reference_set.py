@@ -42,6 +42,7 @@ from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
 from arithmech.data.sampling import stratified_sample
 from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
 from arithmech.errors import DataError
+from arithmech.models.context import SHORTER, check_fits_context
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
 
@@ -91,6 +92,8 @@ def _kept_prompts(
     accuracy per carry group."""
     pairs = reference_pairs(cfg)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs, answer_digits=cfg.answer_digits)
+    fix = "shorter prompts in the --prompts file, or a model with a longer context" if cfg.prompts_file else SHORTER
+    check_fits_context(handle.model, tokenized.ref_ids.shape[1], fix)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
     )

@@ -32,7 +32,6 @@ from typing import Any
 from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
-from arithmech.evaluate.generation import context_length
 from arithmech.finetune.arithmetic_data import arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
 from arithmech.finetune.data import TokenizedExample, tokenize_examples
@@ -41,6 +40,7 @@ from arithmech.finetune.methods import make_trainable, requires_grad_state, rest
 from arithmech.finetune.sft_rows import ARITHMETIC, read_sft_examples, resolve_sft_data
 from arithmech.finetune.train import TrainResult, accelerator_for, train
 from arithmech.lineage import identify_folder, identify_record
+from arithmech.models.context import context_length
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
