@@ -165,3 +165,25 @@ def test_prompts_longer_than_the_context(
     said = capsys.readouterr().err.splitlines()[-1]
     assert said.startswith("error: the longest prompt has") and "more than the 128 positions" in said, said
     assert "--few-shot" in said
+
+
+def test_warnings_of_slow_or_diverging_settings(tiny_model_dir, tmp_path: Path, caplog) -> None:
+    """float16 on a CPU, a learning rate far out of range, and a training loss that rose are each warned about."""
+    import logging
+
+    from arithmech.finetune.train import diverged
+    from arithmech.models.load import ModelConfig, load_model
+
+    model_dir = str(tiny_model_dir("llama"))
+    with caplog.at_level(logging.WARNING, logger="arithmech"):
+        load_model(ModelConfig(model=model_dir, dtype="float16"))
+    assert any("float16 on a CPU" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    args = ["finetune", "--model", model_dir, "--heads", "1.0", "--data", "arithmetic", "--max-samples", "4",
+            "--batch-size", "2", "--micro-batch-size", "2", "--max-steps", "2", "--out", str(tmp_path / "f"),
+            "--quiet"]  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="arithmech"):
+        main([*args, "--lr", "1e6"])
+    assert any("--lr 1e+06 is above 0.001" in r.getMessage() for r in caplog.records), caplog.text
+    assert diverged([{"step": 1, "loss": 0.8}, {"step": 2, "loss": 10.8}])
+    assert not diverged([{"step": 1, "loss": 0.8}, {"step": 2, "loss": 1.2}]) and not diverged([{"loss": 9.0}])
