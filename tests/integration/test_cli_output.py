@@ -187,3 +187,66 @@ def test_warnings_of_slow_or_diverging_settings(tiny_model_dir, tmp_path: Path, 
     assert any("--lr 1e+06 is above 0.001" in r.getMessage() for r in caplog.records), caplog.text
     assert diverged([{"step": 1, "loss": 0.8}, {"step": 2, "loss": 10.8}])
     assert not diverged([{"step": 1, "loss": 0.8}, {"step": 2, "loss": 1.2}]) and not diverged([{"loss": 9.0}])
+
+
+def test_default_folders_and_stand_alone_report(run: tuple[Path, Path], tmp_path: Path, monkeypatch, capsys) -> None:
+    """knockout --from a run writes into the run (as attention does), so its report shows it done; a stage run
+    without one writes runs/<stage>-<time>, and `report` reads that folder alone."""
+    from arithmech.report.run_folder import DONE, open_run
+
+    model_dir, folder = run
+    monkeypatch.chdir(tmp_path)
+    assert main(["knockout", "--from", str(folder), "--model", str(model_dir), "--components", "1.2",
+                 "--n-random", "0", "--quiet"]) == 0  # fmt: skip
+    assert (folder / "knockout" / "metadata.json").is_file()
+    assert open_run(folder).stage("knockout").status == DONE
+    assert main(["analyze", "heuristics", "--model", str(model_dir), "--operations", "addition", "--grid-size", "4",
+                 "--few-shot", "0", "--no-filter-correct", "--ks", "1", "--n-random", "1", "--quiet"]) == 0  # fmt: skip
+    (alone,) = (tmp_path / "runs").iterdir()
+    assert alone.name.startswith("heuristics-")
+    capsys.readouterr()
+    assert main(["report", str(alone)]) == 0
+    assert (alone / "report.html").is_file()
+    opened = open_run(alone)
+    assert opened.layout == "stage" and [s.name for s in opened.present()] == ["heuristics"]
+
+
+def test_run_help_names_every_stage(capsys) -> None:
+    from arithmech.pipeline import STAGES
+
+    assert main(["run", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    missing = [s.name for s in STAGES if f" {s.name}," not in text and f" {s.name}." not in text]
+    assert not missing, text
+
+
+def test_evaluate_records_the_delta_it_applied(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    model_dir = str(tiny_model_dir("llama"))
+    tuned = tmp_path / "f"
+    assert main(["finetune", "--model", model_dir, "--heads", "1.0", "--data", "arithmetic", "--max-samples", "4",
+                 "--batch-size", "2", "--micro-batch-size", "2", "--max-steps", "1", "--out", str(tuned),
+                 "--quiet"]) == 0  # fmt: skip
+    out = tmp_path / "e"
+    assert main(["evaluate", "--model", model_dir, "--delta", str(tuned), "--benchmarks", "arithmetic-addition",
+                 "--limit", "4", "--out", str(out), "--quiet"]) == 0  # fmt: skip
+    assert f"finetune delta of {tuned} applied" in capsys.readouterr().out
+    delta = json.loads((out / "metadata.json").read_text())["delta"]
+    assert delta["path"] == str(tuned.resolve()) and delta["method"] == "precise" and delta["tensors"] > 0
+
+
+def test_rotary_positions_past_the_context_are_warned_about(caplog) -> None:
+    """Rotary positions compute past the context (so they are not refused), but those positions are extrapolation."""
+    import logging
+
+    from arithmech.errors import ConfigError
+    from arithmech.models.context import check_fits_context
+
+    from tiny_models import make_tiny_model
+
+    with caplog.at_level(logging.WARNING, logger="arithmech"):
+        check_fits_context(make_tiny_model("llama"), 128)
+        assert not caplog.records
+        check_fits_context(make_tiny_model("llama"), 200)
+    assert "200 tokens, more than the 128 positions the model was built for" in caplog.text
+    with pytest.raises(ConfigError, match="200 tokens, more than the 128 positions the model takes"):
+        check_fits_context(make_tiny_model("gpt2"), 200)

@@ -11,7 +11,7 @@ import typer
 
 from arithmech.cli.app import analyze_app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, ints, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, ints, model_options, setup_logging, split
 from arithmech.stages.fourier_config import FourierConfig
 from arithmech.stages.heuristics_config import HeuristicsConfig
 
@@ -46,7 +46,7 @@ def analyze_attention(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(
-        from_run, out or from_run / "attention", "analyze_attention", one_answer_token=False
+        from_run, out or default_out("attention", from_run), "analyze_attention", one_answer_token=False
     )
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
@@ -87,7 +87,7 @@ def analyze_mlp(
         max_number=max_number,
         seed=seed,
     )
-    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "mlp", "analyze-mlp")
+    run_dir, out_dir = preflight.check_reading(from_run, out or default_out("mlp", from_run), "analyze-mlp")
     from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
 
     handle = load()
@@ -117,7 +117,7 @@ def analyze_fourier(
     from arithmech import preflight
     from arithmech.stages.fourier import analyze_fourier as run_fourier
 
-    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "fourier", "analyze-fourier")
+    run_dir, out_dir = preflight.check_reading(from_run, out or default_out("fourier", from_run), "analyze-fourier")
     handle = load()
     result = run_fourier(handle, cfg, run_dir, out_dir, quiet=quiet)
     numbers = result.metadata["numbers"]
@@ -162,7 +162,7 @@ def analyze_agreement(
     cfg, out_dir = preflight.check(AgreementConfig(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
         batch_size=batch_size, seed=seed,
-    ), out or from_run / "agreement", "agreement")  # fmt: skip
+    ), out or default_out("agreement", from_run), "agreement")  # fmt: skip
     from arithmech.stages.agreement import method_agreement
 
     handle = load()
@@ -187,12 +187,11 @@ def analyze_heuristics(
 ) -> None:
     """Heuristic neurons (Nikankin et al. 2025): every MLP neuron's pattern over an operand grid, and ablation."""
     setup_logging(quiet)
-    import time
 
     from arithmech import preflight
     from arithmech.stages.heuristics import heuristics
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("heuristics-%Y%m%d-%H%M%S"), "heuristics")
+    cfg, out_dir = preflight.check(cfg, out or default_out("heuristics"), "heuristics")
     handle = load()
     result = heuristics(handle, cfg, out_dir, quiet=quiet)
     one = result.metadata["one_percent_k"]

@@ -6,14 +6,13 @@ processes (each on its own GPU with --device cuda) and rank 0 writes the run fol
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
 from arithmech.report.page import SMALL_SAMPLE
 
 
@@ -94,7 +93,7 @@ def identify(
         top_k=top_k,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S"), "identify")
+    ), out or default_out("identify"), "identify")
     from arithmech.stages.identify import identify as run_identify
 
     handle = distributed.local_device(load)()

@@ -5,14 +5,13 @@ knockout splits its prompts over the processes of `accelerate launch`; rank 0 wr
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
 
 
 @app.command()
@@ -48,7 +47,9 @@ def knockout(
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the random-rank draws.")] = 0,
     load: Any = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/knockout-<time>.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder; default <run>/knockout (runs/knockout-<time> without --from).")
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
@@ -69,7 +70,7 @@ def knockout(
         answer_digits=answer_digits,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S"), "knockout")
+    ), out or default_out("knockout", from_run), "knockout")
     from arithmech.stages.knockout import knockout as run_knockout
     from arithmech.stages.knockout import summarize
 
@@ -126,7 +127,7 @@ def transfer(
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of generation, sampling and random draws.")] = 0,
     load: Any = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/transfer-<time>.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <first --from run>/transfer.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
@@ -148,7 +149,7 @@ def transfer(
         data_dir=str(data_dir) if data_dir else None,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S"), "transfer")
+    ), out or default_out("transfer", from_runs[0]), "transfer")
     from arithmech.stages.transfer import transfer as run_transfer
 
     handle = load()
