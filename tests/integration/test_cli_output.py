@@ -91,7 +91,7 @@ def test_identify_of_one_prompt_and_unfiltered_counts(tiny_model_dir, tmp_path: 
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("reference set"))
     counts = json.loads((out / "metadata.json").read_text())["counts"]
     checked = counts["pairs"] - counts["rejected_length_mismatch"]
-    assert line.startswith(f"reference set: 1 prompts of {checked}, answered or not (--keep-incorrect); "
+    assert line.startswith(f"reference set: 1 prompt of {checked}, answered or not (--keep-incorrect); "
                            f"{counts['answered_correctly']} of the {checked} answered correctly"), line  # fmt: skip
     assert {r["effect_std"] for r in csv.DictReader((out / "effects.csv").open())} == {""}
 

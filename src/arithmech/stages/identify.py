@@ -217,12 +217,13 @@ def check_finite(patch: PatchResult, pairs: list[PromptPair], pair_index: torch.
 
 
 def reference_counts(counts: dict[str, int], filtered: bool) -> str:
-    """'16 prompts (of 40 answered correctly)': how many prompts the reference set holds, and of which; with
-    --keep-incorrect the prompts are drawn from all the checked ones, whether answered or not."""
-    checked = counts["pairs"] - counts["rejected_length_mismatch"]
+    """'16 prompts (drawn from the 40 of 48 answered correctly)': how many prompts the reference set holds, and
+    from which; with --keep-incorrect they are drawn from all the checked ones, whether answered or not."""
+    checked, used = counts["pairs"] - counts["rejected_length_mismatch"], counts["used"]
+    prompts = f"{used} prompt{'' if used == 1 else 's'}"
     if filtered:
-        return f"{counts['used']} prompts (of the {counts['answered_correctly']} of {checked} answered correctly)"
-    return (f"{counts['used']} prompts of {checked}, answered or not (--keep-incorrect); "
+        return f"{prompts} (drawn from the {counts['answered_correctly']} of {checked} answered correctly)"
+    return (f"{prompts} of {checked}, answered or not (--keep-incorrect); "
             f"{counts['answered_correctly']} of the {checked} answered correctly")  # fmt: skip
 
 
