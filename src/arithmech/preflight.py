@@ -50,8 +50,10 @@ FOLDER_FIELDS = {"data_dir": (), "harness_include_path": (), "adapter": ("adapte
 RUN_FIELDS = ("from_run", "sources")
 FLAGS = {"from_run": "--from", "sources": "--from", "prompts_file": "--prompts", "templates_file": "--templates"}
 """CLI option of a setting whose name differs from --field-name."""
-SUBFOLDERS = {"analyze_attention": "attention", "analyze-mlp": "mlp", "analyze-fourier": "fourier", "pipeline": "run"}
-"""The folder name suggested for a stage's results, where it differs from the stage's name."""
+SUBFOLDERS = {"analyze_attention": "attention", "analyze-mlp": "mlp", "analyze-fourier": "fourier",
+              "mediate": "mediation", "pipeline": "run"}  # fmt: skip
+"""The folder name of a stage's results (its name in a run folder and the report), where it differs from the
+stage's name in metadata.json."""
 DELTA_FILES = ("delta.json", "delta.safetensors")
 """What a finetune output folder holds for `evaluate --delta` (finetune/delta.py writes them)."""
 

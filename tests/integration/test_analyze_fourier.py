@@ -159,7 +159,7 @@ def test_multidigit_number_tokens(tmp_path: Path) -> None:
         analyze_fourier(handle, FourierConfig(numbers=101), run, tmp_path / "g", quiet=True)
     small = analyze_fourier(handle, FourierConfig(numbers=20, cutoffs=(3,), groups=("mlp",)), run, tmp_path / "h",
                             quiet=True)  # fmt: skip
-    assert small.magnitude["attention"].shape[1] == 11 and small.metadata["numbers"]["single_token_numbers"] == 20
+    assert small.magnitude["attention"].shape[1] == 11 and small.metadata["numbers"]["single_token_numbers"] == 100
 
 
 def test_bad_input_is_one_clear_error(tiny: tuple[ModelHandle, Path, Path], tmp_path: Path) -> None:

@@ -205,7 +205,7 @@ def _bad_prompt_files(tmp: Path, llama_dir: Path, queries: list[str]) -> dict[st
                     for q, w in zip(queries, wrong, strict=True)
                 ],
             ),
-            "few-shot",
+            "--keep-incorrect",  # not --few-shot, which a prompt file does not use
         ),
     }
 

@@ -10,8 +10,8 @@ Background
 
 Formulas (per_prompt: the scan's relative change [component, row], METHODS.md sec. 2)
     effect(c, j, g)     = mean over the rows at position j whose pair is in group g (all, carry, no carry,
-                          borrow, no borrow) of per_prompt[c, row]; effect_std their standard deviation (0 for
-                          one row); groups with no row are left out.
+                          borrow, no borrow) of per_prompt[c, row]; effect_std their sample standard deviation
+                          (empty for one row: undefined); groups with no row are left out.
     overlap(i, j, k)    = top_k_overlap(effect(., i, all), effect(., j, all), k) (`analysis/agreement.py`), with
                           the Spearman correlation of the two effect vectors.
 
@@ -52,8 +52,8 @@ def position_effects(patch: PatchResult, tokenized: TokenizedPairs) -> list[dict
     for (position, group), mask in position_masks(tokenized).items():
         values = patch.per_prompt[:, mask]
         mean = values.mean(1)
-        std = values.std(1) if values.shape[1] > 1 else torch.zeros_like(mean)
-        for component, effect, spread in zip(patch.components, mean.tolist(), std.tolist(), strict=True):
+        std = values.std(1).tolist() if values.shape[1] > 1 else [None] * len(patch.components)
+        for component, effect, spread in zip(patch.components, mean.tolist(), std, strict=True):
             rows.append({
                 "component": component.name,
                 "layer": component.layer,

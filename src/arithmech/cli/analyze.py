@@ -11,7 +11,7 @@ import typer
 
 from arithmech.cli.app import analyze_app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, ints, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, ints, model_options, setup_logging, split
 from arithmech.stages.fourier_config import FourierConfig
 from arithmech.stages.heuristics_config import HeuristicsConfig
 
@@ -46,7 +46,7 @@ def analyze_attention(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(
-        from_run, out or from_run / "attention", "analyze_attention", one_answer_token=False
+        from_run, out or default_out("attention", from_run), "analyze_attention", one_answer_token=False
     )
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
@@ -87,7 +87,7 @@ def analyze_mlp(
         max_number=max_number,
         seed=seed,
     )
-    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "mlp", "analyze-mlp")
+    run_dir, out_dir = preflight.check_reading(from_run, out or default_out("mlp", from_run), "analyze-mlp")
     from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
 
     handle = load()
@@ -117,19 +117,27 @@ def analyze_fourier(
     from arithmech import preflight
     from arithmech.stages.fourier import analyze_fourier as run_fourier
 
-    run_dir, out_dir = preflight.check_reading(from_run, out or from_run / "fourier", "analyze-fourier")
+    run_dir, out_dir = preflight.check_reading(from_run, out or default_out("fourier", from_run), "analyze-fourier")
     handle = load()
     result = run_fourier(handle, cfg, run_dir, out_dir, quiet=quiet)
     numbers = result.metadata["numbers"]
-    note = " (a digit-splitting tokenizer: frequencies 0..5 only)" if numbers["digit_splitting"] else ""
-    typer.echo(f"number index 0..{result.n_numbers - 1}{note}")
+    available = numbers["single_token_numbers"]
+    note = " (a digit-splitting tokenizer)" if numbers["digit_splitting"] else ""
+    typer.echo(f"number index 0..{result.n_numbers - 1}: {result.n_numbers} of the {available} single-token "
+               f"numbers{note}; frequencies 0..{numbers['max_frequency']}")  # fmt: skip
     for row in result.shares:
         share, mean, sd = (row[k] for k in ("high_share", "random_mean", "random_std"))
         reading = "undefined (no non-constant power)" if share is None or mean is None or sd is None else (
             f"{share:.1%} (flat spectrum {row['flat_share']:.1%}; random directions of the same norms {mean:.1%} "
             f"+- {sd:.1%})")  # fmt: skip
-        typer.echo(f"{row['component']:9s} power on f = {row['high_frequencies']}: {reading}; strongest frequency "
-                   f"per dimension f = {row['strongest_frequency']}")  # fmt: skip
+        typer.echo(f"{row['component']:9s} power on f = {row['high_frequencies']}: {reading}")
+    for kind, values in result.magnitude.items():
+        if values.shape[1] > 1:
+            total = values.sum(0)  # [F + 1], summed over layers
+            best = int(total[1:].argmax()) + 1  # frequency 0 (the mean over the numbers) left out
+            ratio = f"{float(total[0] / total[best]):.1f}x as large" if total[best] > 0 else "the only one"
+            typer.echo(f"{kind:9s} strongest frequency over the layers: f = {best} (f = 0, the mean over the "
+                       f"numbers, left out: {ratio})")  # fmt: skip
     typer.echo(f"no filter: accuracy {result.baseline['accuracy']:.0%}, P(answer) {result.baseline['answer_prob']:.3f}")
     for row in sorted(result.filters, key=lambda r: (r["accuracy_change"], r["answer_prob_change"]))[:4]:
         typer.echo(f"{row['component']:9s} {row['filter']:9s} cutoff {row['cutoff']}: accuracy {row['accuracy']:.0%} "
@@ -160,7 +168,7 @@ def analyze_agreement(
     cfg, out_dir = preflight.check(AgreementConfig(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
         batch_size=batch_size, seed=seed,
-    ), out or from_run / "agreement", "agreement")  # fmt: skip
+    ), out or default_out("agreement", from_run), "agreement")  # fmt: skip
     from arithmech.stages.agreement import method_agreement
 
     handle = load()
@@ -185,22 +193,22 @@ def analyze_heuristics(
 ) -> None:
     """Heuristic neurons (Nikankin et al. 2025): every MLP neuron's pattern over an operand grid, and ablation."""
     setup_logging(quiet)
-    import time
 
     from arithmech import preflight
     from arithmech.stages.heuristics import heuristics
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("heuristics-%Y%m%d-%H%M%S"), "heuristics")
+    cfg, out_dir = preflight.check(cfg, out or default_out("heuristics"), "heuristics")
     handle = load()
     result = heuristics(handle, cfg, out_dir, quiet=quiet)
     one = result.metadata["one_percent_k"]
     k = one if one in result.ks else result.ks[0]
     for op, res in result.operations.items():
         s = res.summary(k)
+        ablated = "; ".join(f"{k} top neurons per layer {a}-ablated {s[f'top_{a}']:.0%}, {k} random "
+                            f"{s[f'random_{a}']:.0%}" for a in cfg.ablations)  # fmt: skip
         typer.echo(f"{op:15s} {len(res.kept)} pairs; neurons classified: operand templates {s['operand']:.1%} "
                    f"(null {s['operand_null']:.1%}), result templates {s['result']:.1%} (null "
-                   f"{s['result_null']:.1%}); accuracy {s['base']:.0%} -> {k} top neurons per layer mean-ablated "
-                   f"{s['top_mean']:.0%}, {k} random {s['random_mean']:.0%}")  # fmt: skip
+                   f"{s['result_null']:.1%}); accuracy {s['base']:.0%} -> {ablated}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")
     typer.echo(f"results in {result.out_dir}")

@@ -21,15 +21,20 @@ from arithmech.cli.options import ints, split
 from arithmech.config_values import optional_base
 
 
-def _option(field: dataclasses.Field, hint: Any, flag: str) -> tuple[Any, Any, Callable[[Any], Any]]:
-    """(annotation, default, converter from the CLI value to the config value) of one field."""
+def _option(
+    field: dataclasses.Field, hint: Any, flags: str | tuple[str, ...]
+) -> tuple[Any, Any, Callable[[Any], Any]]:
+    """(annotation, default, converter from the CLI value to the config value) of one field; `flags` is its option
+    name, or its names (the first shown first, e.g. ("--components", "--heads"))."""
+    names = (flags,) if isinstance(flags, str) else flags
+    flag = names[0]
     base, optional = optional_base(hint)
     help_text = field.metadata.get("help", "")
     default = field.default if field.default is not dataclasses.MISSING else None
     if typing.get_origin(base) is tuple:
         of_ints = typing.get_args(base)[:1] == (int,)
         text = None if default is None else ",".join(str(v) for v in default)
-        annotation = Annotated[str | None, typer.Option(flag, help=f"{help_text} (comma list)")]
+        annotation = Annotated[str | None, typer.Option(*names, help=f"{help_text} (comma list)")]
 
         def convert(value: Any, name: str = flag, of_ints: bool = of_ints) -> Any:
             if value is None:
@@ -41,16 +46,17 @@ def _option(field: dataclasses.Field, hint: Any, flag: str) -> tuple[Any, Any, C
         annotation = Annotated[bool, typer.Option(f"{flag}/--no-{flag[2:]}", help=help_text)]
         return annotation, bool(default), lambda value: value
     kind = base if base in (int, float, str) else str
-    annotation = Annotated[kind | None if optional or default is None else kind, typer.Option(flag, help=help_text)]
+    annotation = Annotated[kind | None if optional or default is None else kind, typer.Option(*names, help=help_text)]
     return annotation, default, lambda value: value
 
 
 def config_command(
-    config_cls: type, exclude: tuple[str, ...] = (), flags: dict[str, str] | None = None
+    config_cls: type, exclude: tuple[str, ...] = (), flags: dict[str, str | tuple[str, ...]] | None = None
 ) -> Callable[[Callable[..., Any]], Callable]:
     """Decorate `command(cfg, **other options)`: the config's fields become its options, built into `cfg`.
 
-    `flags` renames options (e.g. {"from_run": "--from"}); the default is --field-name.
+    `flags` renames options (e.g. {"from_run": "--from"}) or gives one several names (a tuple); the default is
+    --field-name.
     """
     hints = typing.get_type_hints(config_cls, include_extras=True)
     fields = [f for f in dataclasses.fields(config_cls) if f.init and f.name not in exclude]

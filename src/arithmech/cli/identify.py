@@ -6,14 +6,13 @@ processes (each on its own GPU with --device cuda) and rank 0 writes the run fol
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
 from arithmech.report.page import SMALL_SAMPLE
 
 
@@ -94,7 +93,7 @@ def identify(
         top_k=top_k,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("identify-%Y%m%d-%H%M%S"), "identify")
+    ), out or default_out("identify"), "identify")
     from arithmech.stages.identify import identify as run_identify
 
     handle = distributed.local_device(load)()
@@ -104,15 +103,15 @@ def identify(
 
 
 def _print_identify_summary(result: object) -> None:
+    from arithmech.stages.identify import reference_counts
+
     key = result.key  # type: ignore[attr-defined]
     heads = [r for r in key.ranked if r.component.head is not None][:10]
     mlps = [r for r in key.ranked if r.component.head is None][:5]
     counts = result.metadata["counts"]  # type: ignore[attr-defined]
-    typer.echo(
-        f"reference set: {counts['used']} prompts ({counts['answered_correctly']} of "
-        f"{counts['pairs'] - counts['rejected_length_mismatch']} answered correctly); "
-        f"whole-prompt counterfactual effect {key.total_effect:+.1%}"
-    )
+    filtered = result.metadata["config"].get("filter_correct", True)  # type: ignore[attr-defined]
+    typer.echo(f"reference set: {reference_counts(counts, filtered)}; "
+               f"whole-prompt counterfactual effect {key.total_effect:+.1%}")  # fmt: skip
     typer.echo("top heads:  " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in heads))
     typer.echo("top MLPs:   " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in mlps))
     typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")

@@ -6,7 +6,6 @@ Their options are generated from FinetuneConfig and EvaluateConfig (cli/config_o
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,17 +13,20 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, model_options, setup_logging
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging
 from arithmech.stages.evaluate_config import EvaluateConfig
 from arithmech.stages.finetune_config import FinetuneConfig
 
 
 @app.command()
 @model_options
-@config_command(FinetuneConfig, flags={"from_run": "--from"})
+@config_command(FinetuneConfig, flags={"from_run": "--from", "components": ("--components", "--heads")})
 def finetune(
     cfg: Any = None,
-    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/finetune-<method>-<time>.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Output folder; default <run>/finetune (runs/finetune-<method>-<time> without --from)."),
+    ] = None,
     quiet: QuietOpt = False,
     load: Any = None,
 ) -> None:
@@ -36,7 +38,7 @@ def finetune(
     from arithmech import preflight
     from arithmech.distributed import local_device
 
-    default = Path("runs") / time.strftime(f"finetune-{cfg.method}-%Y%m%d-%H%M%S")
+    default = default_out("finetune", cfg.from_run) if cfg.from_run else default_out(f"finetune-{cfg.method}")
     cfg, out_dir = preflight.check(cfg, out or default, "finetune")
     from arithmech.stages.finetune import finetune as run_finetune
 
@@ -68,16 +70,20 @@ def evaluate(
     setup_logging(quiet)
     from arithmech import preflight
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S"), "evaluate")
+    cfg, out_dir = preflight.check(cfg, out or default_out("evaluate"), "evaluate")
     delta_dir = preflight.delta_folder(delta) if delta is not None else None
     from arithmech.stages.evaluate import evaluate_stage
 
     handle = load()
+    record = None
     if delta_dir is not None:
-        from arithmech.finetune.delta import apply_delta
+        from arithmech.finetune.delta import apply_delta, delta_record
 
         apply_delta(handle.model, delta_dir)
-    result = evaluate_stage(handle, cfg, out_dir, quiet=quiet)
+        record = delta_record(delta_dir)
+        typer.echo(f"evaluating with the {record['method']} finetune delta of {delta_dir} applied "
+                   f"({record['tensors']} weight tensors set; recorded in metadata.json)")  # fmt: skip
+    result = evaluate_stage(handle, cfg, out_dir, quiet=quiet, delta=record)
     for name, bench in result.benchmarks.items():
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
         counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"

@@ -6,7 +6,6 @@ over the processes of `accelerate launch`; rank 0 writes and prints.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +13,7 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, model_options, setup_logging
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging
 from arithmech.report.page import SMALL_SAMPLE
 from arithmech.report.sections import plural
 from arithmech.stages.mediate_config import MediateConfig
@@ -34,7 +33,7 @@ def mediate_command(
     setup_logging(quiet)
     from arithmech import distributed, preflight
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("mediate-%Y%m%d-%H%M%S"), "mediate")
+    cfg, out_dir = preflight.check(cfg, out or default_out("mediate"), "mediate")
     from arithmech.data.mediation_tokens import POSITION_CLASSES
     from arithmech.stages.mediate import mediate
 
@@ -74,7 +73,7 @@ def neurons_command(
     setup_logging(quiet)
     from arithmech import preflight
 
-    cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("neurons-%Y%m%d-%H%M%S"), "neurons")
+    cfg, out_dir = preflight.check(cfg, out or default_out("neurons"), "neurons")
     from arithmech.stages.neurons import neurons
 
     handle = load()

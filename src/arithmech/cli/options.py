@@ -14,6 +14,7 @@ import sys
 import time
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -117,3 +118,12 @@ def setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     for noisy in ("transformers", "accelerate", "huggingface_hub", "urllib3", "httpx", "lm_eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def default_out(stage: str, from_run: str | Path | None = None) -> Path:
+    """Where a command writes when --out is not given: an analysis of a run (--from) into <run>/<stage>, as
+    attention, mlp and fourier do, so that `arithmech report <run>` shows it; anything else into
+    runs/<stage>-<time>."""
+    if from_run is not None:
+        return Path(from_run) / stage
+    return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")

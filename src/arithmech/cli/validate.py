@@ -5,14 +5,13 @@ knockout splits its prompts over the processes of `accelerate launch`; rank 0 wr
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
 
 
 @app.command()
@@ -26,7 +25,10 @@ def knockout(
     ] = None,
     ablation: Annotated[str, typer.Option(help="mean (over the counterfactual set), zero or resample.")] = "mean",
     end_only: Annotated[bool, typer.Option("--end-only", help="Ablate at the last token only.")] = False,
-    max_k: Annotated[int, typer.Option(help="Largest number of components knocked out (k = 1, 2, 4, ...).")] = 16,
+    max_k: Annotated[
+        int | None,
+        typer.Option(help="Largest number of components knocked out (k = 1, 2, ...); default 16, or all --components."),
+    ] = None,
     n_random: Annotated[int, typer.Option(help="Random-rank draws (seeds) per k.")] = 5,
     include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs as well as heads.")] = False,
     max_prompts: Annotated[
@@ -45,7 +47,9 @@ def knockout(
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 64,
     seed: Annotated[int, typer.Option(help="Seed of the random-rank draws.")] = 0,
     load: Any = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/knockout-<time>.")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder; default <run>/knockout (runs/knockout-<time> without --from).")
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Knock out the top-k components by effect vs k random ones and record accuracy (paper Figure 3)."""
@@ -66,7 +70,7 @@ def knockout(
         answer_digits=answer_digits,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("knockout-%Y%m%d-%H%M%S"), "knockout")
+    ), out or default_out("knockout", from_run), "knockout")
     from arithmech.stages.knockout import knockout as run_knockout
     from arithmech.stages.knockout import summarize
 
@@ -79,8 +83,9 @@ def knockout(
     typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}{whole}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")
     for row in summarize(result.rows):
-        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no random draws
-        random_rank = f"{mean:10.1%} ± {sd:.1%}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
+        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no draws; sd with one
+        spread = f"{sd:.1%}" if sd == sd else "n/a (one draw)"
+        random_rank = f"{mean:10.1%} ± {spread}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
         typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
     if base.by_position:
         top = max(r.k for r in result.rows)
@@ -122,7 +127,7 @@ def transfer(
     batch_size: Annotated[int, typer.Option(help="Rows (configuration x prompt) per forward pass.")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of generation, sampling and random draws.")] = 0,
     load: Any = None,
-    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/transfer-<time>.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default <first --from run>/transfer.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Knock out components found on one prompt set on other sets: formations, operations, word problems."""
@@ -144,7 +149,7 @@ def transfer(
         data_dir=str(data_dir) if data_dir else None,
         batch_size=batch_size,
         seed=seed,
-    ), out or Path("runs") / time.strftime("transfer-%Y%m%d-%H%M%S"), "transfer")
+    ), out or default_out("transfer", from_runs[0]), "transfer")
     from arithmech.stages.transfer import transfer as run_transfer
 
     handle = load()

@@ -42,6 +42,7 @@ from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
 from arithmech.data.sampling import stratified_sample
 from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
 from arithmech.errors import DataError
+from arithmech.models.context import SHORTER, check_fits_context
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
 
@@ -91,6 +92,8 @@ def _kept_prompts(
     accuracy per carry group."""
     pairs = reference_pairs(cfg)
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs, answer_digits=cfg.answer_digits)
+    fix = "shorter prompts in the --prompts file, or a model with a longer context" if cfg.prompts_file else SHORTER
+    check_fits_context(handle.model, tokenized.ref_ids.shape[1], fix)
     predictions = predict_at_end(
         handle.view, tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids, cfg.batch_size
     )
@@ -101,10 +104,12 @@ def _kept_prompts(
     accuracy = _template_accuracy(tokenized.unique_pairs(), correct, report.per_template)
     keep = correct if cfg.filter_correct else torch.ones_like(correct)
     if not bool(keep.any()):
+        advice = ("check the file's answers, or patch the prompts anyway with --keep-incorrect" if cfg.prompts_file
+                  else "add solved examples before each query (--few-shot 3), use easier operands, or patch the "
+                  "prompts anyway with --keep-incorrect")  # fmt: skip
         raise DataError(
-            f"the model answered none of the {tokenized.n_pairs} prompts correctly, "
-            "so there is no reference set; "
-            "add solved examples before each query (--few-shot 3) or use easier operands"
+            f"the model answered none of the {tokenized.n_pairs} prompts correctly, so there is no reference set; "
+            + advice
         )
     counts = {
         "pairs": len(pairs),

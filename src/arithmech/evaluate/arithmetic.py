@@ -59,7 +59,7 @@ from arithmech.data.tokens import continuation_span, pad_id_of
 from arithmech.errors import ConfigError
 from arithmech.evaluate.choice import ScoredRow, log_prob_batches, truncate_row
 from arithmech.evaluate.clustered_interval import clustered_wilson
-from arithmech.evaluate.generation import context_length
+from arithmech.models.context import context_length
 from arithmech.models.view import ModelView
 
 ARITHMETIC_SETS: tuple[str, ...] = ("split", "multidigit")

@@ -39,7 +39,7 @@ import torch
 
 from arithmech.data.tokens import continuation_span, pad_id_of
 from arithmech.errors import DataError
-from arithmech.evaluate.generation import context_length
+from arithmech.models.context import context_length
 from arithmech.models.view import ModelView
 
 

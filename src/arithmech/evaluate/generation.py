@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from arithmech.data.tokens import pad_id_of
+from arithmech.models.context import context_length
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,6 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """The text before the earliest stop string, and whether one was found."""
     cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
     return (text[: min(cuts)], True) if cuts else (text, False)
-
-
-def context_length(model: Any) -> int | None:
-    """The longest sequence the model takes (max_position_embeddings / n_positions), if its config says."""
-    config = model.config
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if value:
-            return int(value)
-    return None
 
 
 class _StopOnStrings:

@@ -91,6 +91,17 @@ def read_delta(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, 
     return manifest, load_file(str(tensors_path))
 
 
+def delta_record(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What evaluate's metadata.json records of the delta it applied: its folder, method, the model it was trained
+    on and how many weight tensors (or slices of one) it sets."""
+    folder = Path(path)
+    folder = folder.parent if folder.is_file() else folder
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    trained_on = manifest.get("base_model", {}).get("model")
+    return {"path": str(folder.resolve()), "method": manifest.get("method"), "trained_on": trained_on,
+            "tensors": len(manifest["entries"])}  # fmt: skip
+
+
 @torch.no_grad()
 def apply_delta(model: nn.Module, path: str | os.PathLike[str]) -> nn.Module:
     """Overwrite the entries a delta names with its trained values, in place; return `model`."""

@@ -22,6 +22,11 @@ TARGETS: tuple[str, ...] = ("rationale", "answer")
 """What the loss is taken on: the worked solution or the final answer only (finetune/data.py)."""
 
 
+LR_RANGE = (1e-7, 1e-3)
+"""Learning rates outside this range are warned about: the paper trains at 2e-5, rates above 1e-3 (50x that)
+usually make AdamW fine-tuning of a pretrained model diverge, and below 1e-7 it barely moves the weights."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation settings shared by every method (paper defaults)."""
@@ -46,6 +51,16 @@ class TrainConfig:
     stop_after: int | None = field(
         default=None, metadata={"help": "end this invocation after this many steps, with a checkpoint (use --resume)"}
     )
+
+    def lr_warning(self) -> str | None:
+        """Why `lr` is out of the usual range (LR_RANGE), or None."""
+        low, high = LR_RANGE
+        if self.lr > high:
+            return (f"--lr {self.lr:g} is above {high:g} (the paper trains at 2e-5), where fine-tuning a pretrained "
+                    "model with AdamW usually diverges; try 1e-5 to 1e-4")  # fmt: skip
+        if self.lr < low:
+            return f"--lr {self.lr:g} is below {low:g}: training will barely change the weights; try 1e-5 to 1e-4"
+        return None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "micro_batch_size", "epochs"):

@@ -82,6 +82,17 @@ class TrainResult:
     resumed_from: int | None = None
 
 
+DIVERGED = 2.0
+"""A run whose last step's loss is more than this many times its first's diverged (a rate too high): training
+lowers the loss of a pretrained model, and step-to-step noise does not double it."""
+
+
+def diverged(log: list[dict[str, Any]]) -> bool:
+    """Whether the training loss of `log` (rows of TrainResult.log) rose DIVERGED-fold from the first step."""
+    losses = [row["loss"] for row in log if row.get("loss") is not None]
+    return len(losses) > 1 and losses[-1] > DIVERGED * losses[0]
+
+
 def accelerator_for(device: torch.device) -> Any:
     """The Accelerator for a model loaded on `device` (CPU-only when the model is on the CPU).
 

@@ -1,7 +1,8 @@
 """Effect-rank vs random-rank knockout curves (Zhang et al. 2024, section 4.1, Figure 3).
 
 Knock out the top-k components by path-patching effect (most negative first) and, as the control, k
-components drawn at random from the same pool with several seeds, for k = 1, 2, 4, ... up to `max_k`;
+components drawn at random from the same pool with several seeds, for k = 1, 2, 4, ... up to `max_k`: as many
+heads and as many MLPs as the top k hold (`draw_like`), so that the control removes the same kinds;
 record accuracy (answer still the top token) and mean answer probability on the reference set. If the
 ranking is faithful, effect-ranked knockouts hurt far more than random ones (the paper: ~70% accuracy drop vs
 within 2%). All configurations run through `batched.knockout_scores`.
@@ -9,8 +10,10 @@ within 2%). All configurations run through `batched.knockout_scores`.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +34,24 @@ def k_values(max_k: int) -> list[int]:
         ks.append(k)
         k *= 2
     return [*ks, max_k]
+
+
+def draw_like(chosen: Sequence[Component], pool: Sequence[Component], seed: str) -> list[Component]:
+    """A random control for `chosen`: as many heads and as many MLPs as it holds, drawn from those of `pool`
+    (a seeded `random.Random(seed)`; heads only draw as `sample(pool, k)` did from a pool of heads)."""
+    rng = random.Random(seed)
+    n_mlps = sum(c.head is None for c in chosen)
+    heads, mlps = [c for c in pool if c.head is not None], [c for c in pool if c.head is None]
+    if len(chosen) - n_mlps > len(heads) or n_mlps > len(mlps):
+        raise ConfigError(f"{len(chosen) - n_mlps} heads and {n_mlps} MLPs are more than the {len(heads)} heads and "
+                          f"{len(mlps)} MLPs to draw from; choose fewer components")  # fmt: skip
+    drawn = rng.sample(heads, len(chosen) - n_mlps) if n_mlps < len(chosen) else []
+    return drawn + (rng.sample(mlps, n_mlps) if n_mlps else [])
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """The sample standard deviation (ddof 1) of the random draws' scores; NaN for fewer than two draws."""
+    return statistics.stdev(values) if len(values) > 1 else math.nan
 
 
 @dataclass(frozen=True)
@@ -88,7 +109,8 @@ def knockout_sweep(
     progress: Callable[[int], None] | None = None,
     answer_rows: AnswerRows | None = None,
 ) -> list[SweepRow]:
-    """The baseline, then for each k the effect-ranked top-k and `n_random` random k-subsets of `pool`.
+    """The baseline, then for each k the effect-ranked top-k and `n_random` random k-subsets of `pool` with as
+    many heads and MLPs as the top k (`draw_like`).
 
     answer_rows: for prompts that score an answer token by token, which answer and position each scores; the
     rows are then scored per answer position and carry group, and as whole answers.
@@ -104,7 +126,7 @@ def knockout_sweep(
         configs.append(ranked[:k])
         for s in range(n_random):
             labels.append((k, "random", s))
-            configs.append(random.Random(f"{seed}-{k}-{s}").sample(pool, k))
+            configs.append(draw_like(ranked[:k], pool, f"{seed}-{k}-{s}"))
     scores = knockout_scores(view, batch, sources, configs, batch_size, progress)
     by_position: list[tuple[tuple[int, str, int, float, float], ...]] = [()] * len(configs)
     if answer_rows is not None:

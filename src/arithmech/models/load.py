@@ -217,6 +217,9 @@ def load_model(cfg: ModelConfig | None = None, quiet: bool = False) -> ModelHand
         handle = _load_model(cfg or ModelConfig())
     if handle.device.type == "cpu":
         logger.info("CPU threads for torch: %d (--threads N to change)", torch.get_num_threads())
+        if handle.source.get("dtype") == "float16":
+            logger.warning("the model runs in float16 on a CPU, which is many times slower there than float32 "
+                           "(CPUs have little float16 arithmetic); use --dtype float32 or bfloat16")  # fmt: skip
     return handle
 
 

@@ -27,12 +27,14 @@ Usage
 from __future__ import annotations
 
 import csv
+import errno
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from arithmech.errors import ConfigError
 from arithmech.report.fourier_section import fourier_body
 from arithmech.report.heuristics_section import heuristics_body
 from arithmech.report.page import Body, Section, Table, num, render_page
@@ -173,6 +175,14 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     sections = [build_section(run.stage(name), title, builder) for name, title, builder in SECTIONS]
     page = render_page(f"arithmech report: {_model_name(run)}", header_facts(run), sections, timings_table(run),
                        target.parent)  # fmt: skip
-    atomic_write_text(target, page)
+    try:
+        atomic_write_text(target, page)
+    except OSError as err:
+        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise  # a full disk says so itself (cli.main)
+        raise ConfigError(
+            f"the report cannot be written to {str(target)!r} ({err.strerror or err}); write it elsewhere with "
+            "--out, e.g. --out ~/report.html"
+        ) from None
     logger.debug("report written to %s", target)
     return target

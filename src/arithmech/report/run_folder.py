@@ -1,11 +1,12 @@
 """Finding a run's stage folders on disk, for reports that only read files.
 
-Two layouts exist:
+Three layouts exist:
 
     pipeline   `arithmech run --out R`: R/pipeline.json and one subfolder per stage (R/identify, R/knockout, ...,
                R/evaluate/{base,tuned}).
     flat       separate commands: `arithmech identify --out R` writes identify's files into R itself, and
                `--from R` commands (knockout, attention, mlp, agreement, ...) write R/<stage> subfolders.
+    stage      one stage's own folder, e.g. runs/heuristics-<time> of `arithmech analyze heuristics`.
 
 A stage's folder is finished when its metadata.json exists (every stage writes it last): no folder means the
 stage was not run, a folder without metadata.json means it did not finish. A finished analysis that records
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.errors import ConfigError
-from arithmech.lineage import identify_fingerprint, stale_reason
+from arithmech.lineage import identify_fingerprint, read_metadata, stale_reason
 from arithmech.pipeline import STAGES
+from arithmech.preflight import SUBFOLDERS
 
 STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
 """Every stage a report has a section for, in pipeline order."""
@@ -98,6 +100,17 @@ def _is_identify_folder(path: Path) -> bool:
     return (path / "effects.csv").is_file() and (path / "key_components.json").is_file()
 
 
+def _stage_alone(path: Path) -> str | None:
+    """The report stage whose own finished folder `path` is (its metadata.json names it), else None."""
+    try:
+        metadata = read_metadata(path)
+    except ConfigError:
+        return None
+    stage = str((metadata or {}).get("stage"))
+    name = SUBFOLDERS.get(stage, stage)
+    return name if name in STAGE_NAMES and name != "identify" else None
+
+
 def _status(path: Path) -> str:
     return DONE if (path / "metadata.json").is_file() else UNFINISHED
 
@@ -105,6 +118,9 @@ def _status(path: Path) -> str:
 def open_run(run_dir: str | Path) -> RunFolder:
     """Read which stages a run folder holds; ConfigError when it is missing or holds none."""
     path = Path(run_dir)
+    if path.is_file():
+        raise ConfigError(f"{str(path)!r} is a file, not a run folder; give the folder that holds it, "
+                          f"e.g. `arithmech report {path.parent}`")  # fmt: skip
     if not path.is_dir():
         raise ConfigError(f"run folder {str(path)!r} does not exist; give the --out folder of `arithmech run`")
     pipeline: dict[str, Any] = {}
@@ -115,10 +131,11 @@ def open_run(run_dir: str | Path) -> RunFolder:
             raise ConfigError(f"{str(path / 'pipeline.json')!r} is not valid JSON; rerun `arithmech run`") from None
     records = pipeline.get("stages", {}) if isinstance(pipeline, dict) else {}
     flat = not (path / "identify").is_dir() and _is_identify_folder(path)
+    alone = None if flat else _stage_alone(path)
     stages: dict[str, StageFolder] = {}
     for name in STAGE_NAMES:
-        folder = path if name == "identify" and flat else path / name
-        if name == "identify" and flat:
+        folder = path if (name == "identify" and flat) or name == alone else path / name
+        if (name == "identify" and flat) or name == alone:
             status = _status(path)
         elif folder.is_dir():
             status = _status(folder)
@@ -127,11 +144,11 @@ def open_run(run_dir: str | Path) -> RunFolder:
             continue
         stages[name] = StageFolder(name, folder, status, records.get(name, {}))
     _mark_stale(stages)
-    run = RunFolder(path, "flat" if flat else "pipeline", pipeline, stages)
+    run = RunFolder(path, "flat" if flat else "stage" if alone else "pipeline", pipeline, stages)
     if not run.present():
         raise ConfigError(
             f"run folder {str(path)!r} holds no stage folders ({', '.join(STAGE_NAMES)}); "
-            "give the --out folder of `arithmech run` or of `arithmech identify`"
+            "give the --out folder of `arithmech run`, of `arithmech identify` or of one stage"
         )
     return run
 

@@ -15,7 +15,8 @@ Runs `evaluate.runner.evaluate_benchmark` for each benchmark and writes, atomica
                                        (data/arithmetic_split.py)
     harness/                           lm-evaluation-harness tasks (--harness-tasks): results.json and
                                        samples/<task>.jsonl -- see evaluate/harness.py
-    metadata.json                      model(s), dims, config, per-benchmark summaries, timings, versions, git sha;
+    metadata.json                      model(s), the finetune delta applied (if any), dims, config, per-benchmark
+                                       summaries, timings, versions, git sha;
                                        written last
 
 results.csv also has one row per harness task (and group): benchmark "harness:<task>", kind "harness", the
@@ -141,8 +142,10 @@ def evaluate_stage(
     out_dir: str | Path,
     quiet: bool = False,
     base_handle: ModelHandle | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """Score every benchmark of `cfg` and write the run folder (see the module docstring)."""
+    """Score every benchmark of `cfg` and write the run folder (see the module docstring); `delta` is the
+    record (`finetune.delta.delta_record`) of a finetune delta applied to the model, kept in metadata.json."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
@@ -182,6 +185,7 @@ def evaluate_stage(
         "model": handle.source,
         "model_weights_sha256": identity["weights"],
         "base_model": base_handle.source if base_handle is not None else None,
+        "delta": delta,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
         "seed": cfg.seed,

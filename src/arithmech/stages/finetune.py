@@ -32,15 +32,15 @@ from typing import Any
 from arithmech.data.locate import data_sha256
 from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError
-from arithmech.evaluate.generation import context_length
 from arithmech.finetune.arithmetic_data import arithmetic_examples
 from arithmech.finetune.checkpoint import remove_checkpoints
 from arithmech.finetune.data import TokenizedExample, tokenize_examples
 from arithmech.finetune.delta import atomic_folder, save_delta, save_merged
 from arithmech.finetune.methods import make_trainable, requires_grad_state, restore_requires_grad, total_parameters
 from arithmech.finetune.sft_rows import ARITHMETIC, read_sft_examples, resolve_sft_data
-from arithmech.finetune.train import TrainResult, accelerator_for, train
+from arithmech.finetune.train import TrainResult, accelerator_for, diverged, train
 from arithmech.lineage import identify_folder, identify_record
+from arithmech.models.context import context_length
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
@@ -93,6 +93,8 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
     start = time.perf_counter()
     if handle.source.get("device") == "auto":
         raise ConfigError("finetune needs the whole model on one device per process; use --device cpu or cuda")
+    if cfg.lr_warning():
+        logger.warning("%s", cfg.lr_warning())
     precise = cfg.method == "precise"
     identify_run = identify_record(identify_folder(cfg.from_run)) if precise and cfg.from_run else None
     heads, mlps = select_components(handle, cfg) if precise else ([], [])
@@ -113,6 +115,10 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
         remove_checkpoints(out)
     accelerator.wait_for_everyone()
     result = train(accelerator, trainable, data, pad_id_of(handle.tokenizer), cfg, out, fingerprint, quiet)
+    if diverged(result.log):
+        first, last = result.log[0], result.log[-1]
+        logger.warning("the training loss rose from %.3g (step 1) to %.3g (step %d): training diverged; lower --lr "
+                       "(now %g) and train again", first["loss"], last["loss"], last["step"], cfg.lr)  # fmt: skip
     metadata: dict[str, Any] = {}
     if result.finished:
         if accelerator.is_main_process and cfg.method == "lora":

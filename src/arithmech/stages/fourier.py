@@ -116,9 +116,11 @@ def number_tokens_of(
 ) -> tuple[NumberTokens, list[int]]:
     """(the number tokens most prompts share, the indices of those prompts); step 1 of the module docstring.
 
-    ConfigError when `numbers` asks for more numbers than the tokenizer writes as one token there.
+    The tokens are all the single-token numbers there (metadata.json records how many), of which the first
+    `numbers` are used; prompts are kept when those agree. ConfigError when `numbers` asks for more numbers than
+    the tokenizer writes as one token there.
     """
-    limit = numbers if numbers is not None else DEFAULT_LIMIT
+    limit = max(numbers or 0, DEFAULT_LIMIT)
     found: dict[str, NumberTokens] = {}
     per_prompt = []
     for pair in pairs:
@@ -126,8 +128,9 @@ def number_tokens_of(
         if ending not in found:
             found[ending] = single_token_numbers(tokenizer, pair.reference, limit)
         per_prompt.append(found[ending])
-    shared = Counter(n.ids for n in per_prompt).most_common(1)[0][0]
-    chosen = next(n for n in per_prompt if n.ids == shared)
+    used = [n.ids[:numbers] if numbers is not None else n.ids for n in per_prompt]
+    shared = Counter(used).most_common(1)[0][0]
+    chosen = per_prompt[used.index(shared)]
     if numbers is not None and chosen.count < numbers:
         split = " (it splits longer numbers into digits)" if chosen.digit_splitting else ""
         raise ConfigError(
@@ -139,7 +142,7 @@ def number_tokens_of(
             "after these prompts only the number 0 is a single token, so there is no number index to transform; "
             "use prompts that end where a number token starts (e.g. with a space)"
         )
-    return chosen, [i for i, n in enumerate(per_prompt) if n.ids == shared]
+    return chosen, [i for i, ids in enumerate(used) if ids == shared]
 
 
 def _check_cutoffs(cfg: FourierConfig, n_numbers: int) -> None:

@@ -41,6 +41,7 @@ from arithmech.data.operand_grid import OperandGrid, operand_grid
 from arithmech.data.templates import load_templates, select_templates
 from arithmech.data.tokens import tokenize_pairs
 from arithmech.errors import ConfigError, DataError
+from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
 from arithmech.neurons.heuristic_scan import NeuronScan, ablation_sweep, check_width, default_ks, scan_neurons
 from arithmech.neurons.heuristic_templates import (
@@ -137,6 +138,7 @@ def heuristics(
             raise DataError(f"no {cfg.formation} template for {operation}; choose another formation")
         grid = operand_grid(chosen[0], size, numbers.count, cfg.few_shot, cfg.max_pairs, cfg.seed)
         tokenized, _ = tokenize_pairs(handle.tokenizer, grid.pairs, counterfactual_required=False)
+        check_fits_context(handle.model, tokenized.ref_ids.shape[1])
         if len(tokenized.pairs) != len(grid.pairs):
             raise DataError(f"{len(grid.pairs) - len(tokenized.pairs)} {operation} grid prompts could not be tokenized")
         with tqdm(total=len(grid.pairs), desc=f"scan {operation}", unit="prompt", disable=quiet) as bar:

@@ -76,7 +76,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     reference = build_reference_set(handle, cfg)
     tokenized, accuracy, counts = reference.tokenized, reference.template_accuracy, reference.counts
     timings["reference_set_s"] = time.perf_counter() - start
-    logger.info("reference set: %d prompts (of %d answered correctly)", counts["used"], counts["answered_correctly"])
+    logger.info("reference set: %s", reference_counts(counts, cfg.filter_correct))
 
     batch = PatchingBatch(
         tokenized.ref_ids, tokenized.ref_mask, tokenized.cf_ids, tokenized.cf_mask, tokenized.end, tokenized.answer_ids
@@ -216,13 +216,24 @@ def check_finite(patch: PatchResult, pairs: list[PromptPair], pair_index: torch.
         )
 
 
+def reference_counts(counts: dict[str, int], filtered: bool) -> str:
+    """'16 prompts (drawn from the 40 of 48 answered correctly)': how many prompts the reference set holds, and
+    from which; with --keep-incorrect they are drawn from all the checked ones, whether answered or not."""
+    checked, used = counts["pairs"] - counts["rejected_length_mismatch"], counts["used"]
+    prompts = f"{used} prompt{'' if used == 1 else 's'}"
+    if filtered:
+        return f"{prompts} (drawn from the {counts['answered_correctly']} of {checked} answered correctly)"
+    return (f"{prompts} of {checked}, answered or not (--keep-incorrect); "
+            f"{counts['answered_correctly']} of the {checked} answered correctly")  # fmt: skip
+
+
 def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
     """One row per component: component, layer, head, kind, effect, effect_std, fraction_of_total.
 
-    fraction_of_total is empty when the whole-prompt effect is 0 (a share of it is undefined); effect_std is
-    0 for a single prompt.
+    fraction_of_total is empty when the whole-prompt effect is 0 (a share of it is undefined); effect_std (the
+    sample sd over prompts) is empty for a single prompt, where it is undefined.
     """
-    std = patch.per_prompt.std(dim=1) if patch.per_prompt.shape[1] > 1 else torch.zeros(len(patch.components))
+    std = patch.per_prompt.std(dim=1).tolist() if patch.per_prompt.shape[1] > 1 else [None] * len(patch.components)
     total = key.total_effect
     rows = [
         {
@@ -234,7 +245,7 @@ def effects_csv(patch: PatchResult, key: KeyComponents) -> str:
             "effect_std": cell(spread, ".8g"),
             "fraction_of_total": cell(effect / total if total else None, ".8g"),
         }
-        for component, effect, spread in zip(patch.components, patch.effects.tolist(), std.tolist(), strict=True)
+        for component, effect, spread in zip(patch.components, patch.effects.tolist(), std, strict=True)
     ]
     return csv_text(rows, EFFECT_COLUMNS)
 

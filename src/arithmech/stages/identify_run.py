@@ -53,6 +53,13 @@ def model_identity(source: dict[str, Any]) -> str:
     return str(source.get("gguf_sha256") or source.get("model"))
 
 
+def model_label(source: dict[str, Any]) -> str:
+    """The model's name as the user gave it, with its GGUF file's checksum where it has one (two GGUF files of
+    one name differ only there)."""
+    name, sha = str(source.get("model") or source.get("loaded_from") or "unknown model"), source.get("gguf_sha256")
+    return f"{name} (GGUF sha256 {str(sha)[:12]})" if sha else name
+
+
 def read_identify_run(run_dir: str | Path, handle: ModelHandle, one_answer_token: str | None = None) -> IdentifyRun:
     """Read an identify run folder made with the same model as `handle`; `run_dir` may also be the top of an
     `arithmech run` folder (its identify/ is read; `lineage.identify_folder` says which folders are accepted).
@@ -63,11 +70,13 @@ def read_identify_run(run_dir: str | Path, handle: ModelHandle, one_answer_token
     if one_answer_token is not None:
         refuse_answer_digits(path, one_answer_token)
     metadata = json.loads((path / "metadata.json").read_text())
-    made_with, loaded = model_identity(metadata.get("model", {})), model_identity(handle.source)
-    if made_with != loaded or metadata.get("dims", {}).get("n_heads") != handle.dims.n_heads:
+    made_with = metadata.get("model", {})
+    if model_identity(made_with) != model_identity(handle.source) or (
+        metadata.get("dims", {}).get("n_heads") != handle.dims.n_heads
+    ):
         raise ConfigError(
-            f"run folder {str(path)!r} was made with model {made_with!r}, not the loaded {loaded!r}; "
-            "pass the same --model, or identify again with this model"
+            f"run folder {str(path)!r} was made with model {model_label(made_with)}, not the loaded "
+            f"{model_label(handle.source)}; pass the same --model, or identify again with this model"
         )
     with (path / "effects.csv").open() as handle_csv:
         effects = {

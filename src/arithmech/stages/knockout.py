@@ -38,13 +38,13 @@ from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.data.reference_set import build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.knockout.ablation import ablation_sources, alignment_groups
-from arithmech.knockout.sweep import AnswerRows, SweepRow, k_values, knockout_sweep
+from arithmech.knockout.sweep import AnswerRows, SweepRow, k_values, knockout_sweep, sample_std
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
 from arithmech.stages.identify_run import read_identify_run
-from arithmech.stages.knockout_config import KnockoutConfig
+from arithmech.stages.knockout_config import DEFAULT_MAX_K, KnockoutConfig
 
 
 @dataclass
@@ -82,7 +82,9 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     out = Path(out_dir)
     start = time.perf_counter()
     ranked, pairs, identify_run, digits = _ranking_and_prompts(handle, cfg)
-    pool = [c for c in all_components(handle.dims) if cfg.include_mlps or c.head is not None]
+    mlps = cfg.include_mlps or any(c.head is None for c in ranked)  # the control draws the kinds ranked holds
+    pool = [c for c in all_components(handle.dims) if mlps or c.head is not None]
+    max_k = _max_k(cfg, ranked)
     t, _ = tokenize_pairs(handle.tokenizer, pairs, answer_digits=digits)
     whole = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     keys = [f"{p.template_id or 'custom'}#{j}" for p, j in zip(t.pairs, t.answer_position.tolist(), strict=True)]
@@ -96,7 +98,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     chosen_t = t.take(rows)
     groups = tuple(carry_group(p) for p in chosen_t.pairs)
     answer_rows = AnswerRows(chosen_t.pair_index, chosen_t.answer_position, groups) if digits else None
-    n_configs = 1 + len(k_values(cfg.max_k)) * (1 + cfg.n_random)
+    n_configs = 1 + len(k_values(max_k)) * (1 + cfg.n_random)
     pair_lo, pair_hi = distributed.shard_bounds(len(chosen))  # a pair's answer tokens stay in one process
     lo, hi = int((chosen_t.pair_index < pair_lo).sum()), int((chosen_t.pair_index < pair_hi).sum())
     show = not quiet and distributed.is_main()
@@ -105,7 +107,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         def sweep(lo: int, hi: int) -> list[SweepRow]:
             mine = None if answer_rows is None else answer_rows.rows(lo, hi)
             return knockout_sweep(
-                handle.view, batch.select(slice(lo, hi)), sources.take(slice(lo, hi)), ranked, pool, cfg.max_k,
+                handle.view, batch.select(slice(lo, hi)), sources.take(slice(lo, hi)), ranked, pool, max_k,
                 cfg.n_random, cfg.seed, cfg.batch_size, bar.update, mine,
             )  # fmt: skip
 
@@ -121,6 +123,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "config": asdict(cfg),
         "identify_run": identify_run,
         "seed": cfg.seed,
+        "max_k": max_k,
         "counts": {"prompts": len(chosen), "configurations": n_configs,
                    **({"scored_tokens": len(batch)} if digits else {})},  # fmt: skip
         "answer_digits": digits,
@@ -136,6 +139,13 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         write_knockout_outputs(out, sweep_rows, metadata, handle.source.get("model", "?"), cfg)
     distributed.barrier()  # the other processes return only once the folder is complete
     return KnockoutResult(sweep_rows, ranked, out, metadata)
+
+
+def _max_k(cfg: KnockoutConfig, ranked: list[Component]) -> int:
+    """The largest k: cfg.max_k when set, else all the --components given, or DEFAULT_MAX_K of a run's ranking."""
+    if cfg.max_k is not None:
+        return cfg.max_k
+    return len(ranked) if cfg.components else DEFAULT_MAX_K
 
 
 def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], list[SweepRow]]) -> list[SweepRow]:
@@ -170,8 +180,9 @@ def _merge(shares: list[tuple[int, float, float]]) -> tuple[float, float]:
 
 
 def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
-    """Per k: effect-rank accuracy and probability, and the random-rank mean and standard deviation (NaN with
-    no random draws; knockout_summary.csv holds an empty cell there)."""
+    """Per k: effect-rank accuracy and probability, and the random-rank mean and sample standard deviation
+    (ddof 1; NaN with no random draws, and the deviation NaN with one: knockout_summary.csv holds an empty cell
+    there)."""
     out = []
     for k in sorted({r.k for r in rows if r.k > 0}):
         effect = next(r for r in rows if r.k == k and r.ranking == "effect")
@@ -183,10 +194,10 @@ def summarize(rows: list[SweepRow]) -> list[dict[str, float]]:
                 "k": k,
                 "effect_accuracy": effect.accuracy,
                 "random_accuracy_mean": statistics.fmean(acc) if acc else math.nan,
-                "random_accuracy_std": statistics.pstdev(acc) if acc else math.nan,
+                "random_accuracy_std": sample_std(acc),
                 "effect_prob": effect.mean_prob,
                 "random_prob_mean": statistics.fmean(prob) if prob else math.nan,
-                "random_prob_std": statistics.pstdev(prob) if prob else math.nan,
+                "random_prob_std": sample_std(prob),
             }
         )
     return out

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from arithmech.errors import ConfigError
 from arithmech.knockout.modes import ABLATION_MODES, MIN_GROUP_SIZE
 
+DEFAULT_MAX_K = 16
+"""The largest k of a ranking read from an identify run, unless max_k says otherwise."""
+
 
 @dataclass(frozen=True)
 class KnockoutConfig:
@@ -21,7 +24,11 @@ class KnockoutConfig:
     )
     ablation: str = field(default="mean", metadata={"help": "mean, zero or resample"})
     end_only: bool = field(default=False, metadata={"help": "ablate at the last token only"})
-    max_k: int = field(default=16, metadata={"help": "largest number of components knocked out together"})
+    max_k: int | None = field(
+        default=None,
+        metadata={"help": f"largest number of components knocked out together (default {DEFAULT_MAX_K}, or all "
+                  "the components given)"},
+    )
     n_random: int = field(default=5, metadata={"help": "random-rank seeds per k"})
     include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
     max_prompts: int = field(
@@ -48,7 +55,7 @@ class KnockoutConfig:
         if self.min_group_size < 2:
             raise ConfigError(f"min_group_size must be at least 2 (got {self.min_group_size})")
         for name in ("max_k", "max_prompts", "batch_size"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.n_random < 0:
             raise ConfigError(f"n_random must be 0 or more (got {self.n_random})")

@@ -65,6 +65,7 @@ from arithmech.data.mediation_prompts import MediationPair
 from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair, tokenize_mediation_pairs
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError, DataError
+from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
 from arithmech.patching.mediation import (
     MediationResult,
@@ -164,6 +165,7 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
     counts: dict[str, dict[str, int]] = {}
     for task in cfg.tasks:
         items[task], counts[task] = mediation_items(handle.tokenizer, cfg, task)
+        check_fits_context(handle.model, max(len(item.base_ids) for item in items[task]), "fewer or shorter formats")
     timings: dict[str, float] = {"pairs_s": time.perf_counter() - start}
     identity = json.dumps(handle.source, sort_keys=True, default=str)
     shards = {task: distributed.shard_bounds(len(task_items)) for task, task_items in items.items()}

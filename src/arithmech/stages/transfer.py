@@ -10,9 +10,9 @@ Background
 Per target set (the same prompts for every source)
     1-3. Prompts built, filtered and sampled, and their ablation values: `stages/transfer_targets.py`.
     4. Configurations: nothing, each source's effect-rank top-k (its path-patching ranking; heads, or heads
-       and MLPs with include_mlps) and n_random random k-subsets of the same pool (seeded as the knockout
-       stage draws them), deduplicated and scored in one batched call (`knockout_scores`, or its
-       shared-prefix twin `end_knockout_scores`).
+       and MLPs with include_mlps) and n_random random k-subsets of the same pool with as many heads and MLPs
+       as the top k (seeded as the knockout stage draws them, `knockout.sweep.draw_like`), deduplicated and
+       scored in one batched call (`knockout_scores`, or its shared-prefix twin `end_knockout_scores`).
 
 Numbers (per source x target)
     unablated   accuracy of the kept prompts with nothing knocked out (1 after filtering)
@@ -20,7 +20,7 @@ Numbers (per source x target)
                   answered prompts lost (relative to the filtered set's 100%)
     effect_drop_abs = base_accuracy x effect_drop: points of whole-set accuracy lost, assuming prompts the
                   model got wrong stay wrong (without filtering: unablated - effect_accuracy, measured)
-    random_*    the same for the random-rank control: mean and sd over seeds.
+    random_*    the same for the random-rank control: mean and sample sd (ddof 1) over seeds.
     k defaults to the number of key heads of the source run (key heads + key MLPs with include_mlps), at
     least 1 and at most 32. A target with no prompt kept gives rows of undefined numbers with a note, not an
     error. In memory an undefined number is NaN; in transfer.csv it is an empty cell (also a relative drop from
@@ -46,7 +46,6 @@ import csv
 import json
 import logging
 import math
-import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -59,6 +58,7 @@ from arithmech.analysis.shared_prefix import end_knockout_scores
 from arithmech.data.target_sets import resolve_word_problems, target_set
 from arithmech.errors import ConfigError
 from arithmech.knockout.batched import knockout_scores
+from arithmech.knockout.sweep import draw_like, sample_std
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined, git_sha, package_versions
@@ -150,7 +150,7 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
         k = cfg.k if cfg.k is not None else min(max(n_key, 1), K_CAP, len(ranked))
         if k > min(len(pool), len(ranked)):
             raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
-        randoms = [random.Random(f"{cfg.seed}-{k}-{s}").sample(pool, k) for s in range(cfg.n_random)]
+        randoms = [draw_like(ranked[:k], pool, f"{cfg.seed}-{k}-{s}") for s in range(cfg.n_random)]
         plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record))
     return plans
 
@@ -208,7 +208,7 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
         source=plan.label, source_set=plan.source_set, target=target.name, n_prompts=n, n_total=target.n_total,
         n_answered=target.n_answered, base_accuracy=base, k=len(plan.effect), unablated_accuracy=unablated,
         effect_accuracy=effect_acc, effect_drop=effect_drop, effect_drop_abs=effect_abs,
-        random_accuracy_mean=rand_mean, random_accuracy_std=statistics.pstdev(rand) if len(rand) > 1 else nan,
+        random_accuracy_mean=rand_mean, random_accuracy_std=sample_std(rand),
         random_drop=random_drop, random_drop_abs=random_abs, unablated_prob=prob[0] if prob else nan,
         effect_prob=prob[effect] if prob else nan,
         random_prob_mean=statistics.fmean(prob[i] for i in randoms) if prob and randoms else nan,

@@ -35,6 +35,7 @@ from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.target_sets import TargetSpec, build_target_pairs, target_set
 from arithmech.errors import ConfigError, DataError
 from arithmech.knockout.ablation import AblationSources, ablation_sources, alignment_groups
+from arithmech.models.context import context_length
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
 from arithmech.patching.path import PatchingBatch
@@ -80,15 +81,6 @@ def rows_per_pass(width: int, batch_size: int) -> int:
     return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
 
 
-def _context_length(handle: ModelHandle) -> int | None:
-    config = getattr(handle.model, "config", None)
-    for name in ("max_position_embeddings", "n_positions"):
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
 def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> PreparedTarget:
     """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above)."""
     spec = target_set(name)
@@ -100,7 +92,7 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
         )
     except DataError as exc:
         return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
-    limit = _context_length(handle)
+    limit = context_length(handle.model)
     fits = [i for i, end in enumerate(t.end.tolist()) if limit is None or end < limit]
     notes = [f"{len(t.pairs) - len(fits)} prompts longer than the context dropped"] if len(fits) < len(t.pairs) else []
     if not fits:
