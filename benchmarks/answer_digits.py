@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from path_patching import arguments, measure, metrics, print_loop  # noqa: E402
 from record import record  # noqa: E402
 
+from arithmech.data.places import place_name  # noqa: E402
 from arithmech.data.reference_config import ReferenceSetConfig  # noqa: E402
 from arithmech.data.reference_set import build_reference_set  # noqa: E402
 from arithmech.models.load import ModelConfig, load_model  # noqa: E402
@@ -38,18 +39,18 @@ def main() -> None:
     t = build_reference_set(handle, cfg).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     components = all_components(handle.dims)
-    positions = sorted(set(t.answer_position.tolist()))
+    places = [place_name(p) for p in sorted(set(t.answer_place.tolist()))]
     print(f"model {handle.source.get('model')}: {handle.dims.n_layers} layers x {handle.dims.n_heads} heads; "
-          f"{t.n_pairs} prompt pairs, {len(batch)} rows (answer tokens {positions}), "
+          f"{t.n_pairs} prompt pairs, {len(batch)} rows (answer places {', '.join(places)}), "
           f"{int(t.ref_mask.sum()) / len(batch):.1f} tokens per row on average")  # fmt: skip
 
     fast_s, passes, loop_s, worst = measure(handle, batch, args.sample, args.batch_size)
     for variant in ("path", "total"):
-        print(f"{variant}: fast engine, all {len(components)} components x {len(positions)} answer tokens: "
+        print(f"{variant}: fast engine, all {len(components)} components x {len(places)} answer places: "
               f"{fast_s[variant]:.2f} s, {passes[variant]:.2f} plain forward passes of the rows")  # fmt: skip
         print_loop(variant, fast_s, loop_s, worst, args.sample, len(components))
     record("answer_digits", args, {**metrics(fast_s, passes, loop_s, worst), "rows": len(batch),
-                                   "answer_tokens": len(positions)})  # fmt: skip
+                                   "answer_tokens": len(places)})  # fmt: skip
 
 
 if __name__ == "__main__":

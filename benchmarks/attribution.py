@@ -77,7 +77,8 @@ def main() -> None:
         print(f"top-10 {name:>11}: {', '.join(top)}")
     record("attribution", args, {
         "speedup": exact_s / approx_s, "exact_s": exact_s, "attribution_s": approx_s,
-        "spearman_all": agreement["spearman_all"], "top10_overlap": agreement["top10_overlap"],
+        "spearman_all": agreement["spearman_all"], "spearman_heads": agreement["spearman_heads"],
+        "spearman_mlps": agreement["spearman_mlps"], "top10_overlap": agreement["top10_overlap"],
     })  # fmt: skip
 
 

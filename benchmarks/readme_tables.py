@@ -54,6 +54,14 @@ def _passes(m: Metrics, key: str) -> str:
     return f"; {m[key]:.2f} forward passes of the batch (counted)" if key in m else ""
 
 
+def _knockout_check(m: Metrics) -> str:
+    """Entries recorded before the per-prompt probabilities were compared checked the accuracies only."""
+    if "max_prob_diff" not in m:
+        return "accuracies identical" if m["accuracies_agree"] else "accuracies DIFFER"
+    same = "answers right on the same prompts" if m["accuracies_agree"] else "answers DIFFER"
+    return f"{same}, max \\|P(answer) difference\\| {m['max_prob_diff']:.1e}"
+
+
 SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "path_patching": (
         Shown(
@@ -88,7 +96,7 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "knockout": Shown(
         "knockout sweep: batched configurations vs one configuration per forward pass",
         "batched_s", "loop_s", "s",
-        lambda m: "accuracies identical" if m["accuracies_agree"] else "accuracies DIFFER",
+        _knockout_check,
     ),
     "attribution": Shown(
         "attribution patching vs exact (fast) path patching, every head and MLP",
@@ -108,7 +116,8 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
         "component (sampled, scaled)",
-        "fast_s", None, "s", lambda m: f"{m['prompts_per_s']:.0f} prompts/s, peak {m['peak_memory_gib']:.1f} GiB",
+        "fast_s", None, "s", lambda m: f"{m['prompts_per_s']:.0f} prompts/s, peak {m['peak_memory_gib']:.1f} GiB"
+        + (f", max \\|fast - loop\\| {m['max_abs_diff']:.1e}" if "max_abs_diff" in m else ""),
     ),
     "gpu_finetune": Shown(
         "precise SFT (32 heads) vs full SFT on a random-init LLaMA2-7B-shaped model (bf16): seconds per step",

@@ -101,8 +101,10 @@ class IdentifyResults(StageResults):
     """The same columns from attribution patching (method attribution or both)."""
     template_accuracy = Table("template_accuracy.csv")
     """Per template: pairs, kept, correct, accuracy of the model on the reference prompts."""
-    effects_by_position = Table("effects_by_position.csv")
-    """Effects per answer token position (answer_digits runs)."""
+    effects_by_place = Table("effects_by_place.csv")
+    """Effects per answer place: units, tens, ... (answer_digits runs)."""
+    place_overlap = Table("place_overlap.csv")
+    """Spearman and top-k overlap of the effects between two answer places (answer_digits runs)."""
 
     @property
     def key_components(self) -> dict[str, Any]:
@@ -119,8 +121,10 @@ class KnockoutResults(StageResults):
     """Per k: effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std."""
     rows = Table("knockout.csv")
     """Every configuration scored: k, ranking (none, effect or random), seed, accuracy, mean_prob, components."""
-    by_position = Table("knockout_by_position.csv")
-    """Per answer token position (answer_digits runs)."""
+    by_place = Table("knockout_by_place.csv")
+    """Per answer place, units, tens, ..., and carry group (answer_digits runs)."""
+    place_summary = Table("knockout_place_summary.csv")
+    """Per k and answer place: effect-ranked against random (answer_digits runs)."""
 
 
 class TransferResults(StageResults):
@@ -135,8 +139,8 @@ class AttentionResults(StageResults):
 
     roles = Table("attention_roles.csv")
     """Per head: the attention mass on operand A, operand B, the operator, the prefix and the rest, and its label."""
-    by_position = Table("attention_by_position.csv")
-    """Per head and answer position (answer_digits runs)."""
+    by_place = Table("attention_by_place.csv")
+    """Per head and answer place, units, tens, ... (answer_digits runs)."""
 
 
 class MlpResults(StageResults):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
+import hashlib
 import io
 import json
 import math
@@ -198,6 +200,21 @@ def package_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return versions
+
+
+@functools.cache
+def code_version() -> str:
+    """arithmech's version and a hash of its source files, as "0.1.0+<12 hex digits>": the code that computed a
+    result. The keys of saved partial results (identify's chunks, mediate's tasks, neurons' steps) include it, so a
+    rerun under changed code never mixes chunks the old code computed into its numbers; an installed wheel and a
+    git checkout with uncommitted edits are told apart alike, which neither the version nor the git sha does."""
+    from arithmech import __version__
+
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{__version__}+{digest.hexdigest()[:12]}"
 
 
 def git_sha() -> str | None:

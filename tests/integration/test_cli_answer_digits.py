@@ -51,44 +51,46 @@ def digits_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return model, out
 
 
-def test_identify_writes_effects_per_answer_position(digits_run) -> None:
+def test_identify_writes_effects_per_answer_place(digits_run) -> None:
     _, out = digits_run
     metadata = json.loads((out / "metadata.json").read_text())
-    assert metadata["answer_positions"] == {"1": 6, "2": 5, "3": 1}  # 7 has one digit, 112 three
+    assert metadata["answer_places"] == {"units": 6, "tens": 5, "hundreds": 1}  # 7 has one digit, 112 three
     assert metadata["counts"]["used"] == 6 and metadata["counts"]["scored_tokens"] == 12
     carry = metadata["carry_accuracy"]  # --keep-incorrect: every pair kept, whatever the tiny model answers
     assert {g: v["pairs"] for g, v in carry.items()} == {"carry": 3, "no carry": 3}
     assert len((out / "prompts.jsonl").read_text().splitlines()) == 6  # pairs, not rows
-    by_position = read_csv(out / "effects_by_position.csv")
+    by_place = read_csv(out / "effects_by_place.csv")
     overall = {r["component"]: float(r["effect"]) for r in read_csv(out / "effects.csv")}
-    at = {(r["component"], r["position"]): (float(r["effect"]), int(r["prompts"])) for r in by_position
+    at = {(r["component"], r["place"]): (float(r["effect"]), int(r["prompts"])) for r in by_place
           if r["group"] == "all"}  # fmt: skip
     for component, effect in overall.items():  # effects.csv: the mean over every scored token
-        parts = [at[(component, p)] for p in ("1", "2", "3")]
+        parts = [at[(component, p)] for p in ("units", "tens", "hundreds")]
         assert effect == pytest.approx(sum(e * n for e, n in parts) / 12, rel=1e-5, abs=1e-7)
-    groups = {(r["position"], r["group"]): int(r["prompts"]) for r in by_position}
-    assert groups[("1", "carry")] == 3 and groups[("1", "no carry")] == 3  # 27+15, 95+17, 38+45 carry
-    overlap = read_csv(out / "position_overlap.csv")
-    assert [(r["position_a"], r["position_b"]) for r in overlap] == [("1", "2"), ("1", "3"), ("2", "3")]
-    for position in (1, 2, 3):
-        assert (out / f"effects_heatmap_position{position}.png").read_bytes()[:4] == b"\x89PNG"
+    groups = {(r["place"], r["group"]): int(r["prompts"]) for r in by_place}
+    assert groups[("units", "carry")] == 3 and groups[("units", "no carry")] == 3  # 27+15, 95+17, 38+45 carry
+    overlap = read_csv(out / "place_overlap.csv")
+    assert [(r["place_a"], r["place_b"]) for r in overlap] == [("units", "tens"), ("units", "hundreds"),
+                                                               ("tens", "hundreds")]  # fmt: skip
+    for place in ("units", "tens", "hundreds"):
+        assert (out / f"effects_heatmap_{place}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run, tmp_path: Path, capsys) -> None:
+def test_knockout_of_a_digits_run_scores_whole_answers_and_places(digits_run, tmp_path: Path, capsys) -> None:
     model, run = digits_run
     out = tmp_path / "knockout"
     args = ["knockout", "--from", str(run), "--model", str(model), "--max-k", "2", "--n-random", "1",
             "--min-group-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "(whole answers, every token right)" in printed and "per answer token with the top 2 out" in printed
+    assert "(whole answers, every token right)" in printed and "per answer digit with the top 2 out" in printed
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["answer_digits"] is True
     assert metadata["counts"]["prompts"] == 6 and metadata["counts"]["scored_tokens"] == 12
-    rows = read_csv(out / "knockout_by_position.csv")
-    cells = {(r["position"], r["group"], r["prompts"]) for r in rows}
-    assert {(p, n) for p, g, n in cells if g == "all"} == {("answer", "6"), ("1", "6"), ("2", "5"), ("3", "1")}
-    assert ("answer", "carry", "3") in cells and ("1", "no carry", "3") in cells
+    rows = read_csv(out / "knockout_by_place.csv")
+    cells = {(r["place"], r["group"], r["prompts"]) for r in rows}
+    assert {(p, n) for p, g, n in cells if g == "all"} == {("answer", "6"), ("units", "6"), ("tens", "5"),
+                                                            ("hundreds", "1")}  # fmt: skip
+    assert ("answer", "carry", "3") in cells and ("units", "no carry", "3") in cells
     whole = {(r["k"], r["ranking"], r["seed"]): float(r["accuracy"]) for r in read_csv(out / "knockout.csv")}
     forced: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
@@ -97,20 +99,20 @@ def test_knockout_of_a_digits_run_scores_whole_answers_and_positions(digits_run,
     for key, accuracy in whole.items():  # knockout.csv: whole answers, right only if each of their tokens is
         assert accuracy <= min(forced[key]) + 1e-9, key
         assert accuracy in forced[key]  # the "answer" row holds it
-    summary = read_csv(out / "knockout_position_summary.csv")
-    assert {r["position"] for r in summary} == {"answer", "1", "2", "3"}
-    assert (out / "knockout_position2.png").is_file()
+    summary = read_csv(out / "knockout_place_summary.csv")
+    assert [r["place"] for r in summary if r["group"] == "all"][::2] == ["answer", "units", "tens", "hundreds"]
+    assert (out / "knockout_tens.png").is_file()
 
 
-def test_attention_of_a_digits_run_per_answer_position(digits_run, tmp_path: Path) -> None:
+def test_attention_of_a_digits_run_per_answer_place(digits_run, tmp_path: Path) -> None:
     model, run = digits_run
     out = tmp_path / "r" / "attention"
     args = ["analyze", "attention", "--from", str(run), "--model", str(model), "--heads", "0.1,1.2", "--out",
             str(out), "--quiet"]  # fmt: skip
     assert main(args) == 0
-    rows = read_csv(out / "attention_by_position.csv")
-    assert [(r["head"], r["position"], r["prompts"]) for r in rows] == [
-        (head, position, n) for position, n in (("1", "6"), ("2", "5"), ("3", "1")) for head in ("0.1", "1.2")
+    rows = read_csv(out / "attention_by_place.csv")
+    assert [(r["head"], r["place"], r["prompts"]) for r in rows] == [
+        (head, place, n) for place, n in (("units", "6"), ("tens", "5"), ("hundreds", "1")) for head in ("0.1", "1.2")
     ]
     for r in rows:
         masses = [float(r[k]) for k in ("A", "B", "operator", "prefix", "other")]
@@ -122,7 +124,7 @@ def test_attention_of_a_digits_run_per_answer_position(digits_run, tmp_path: Pat
     assert metadata["answer_digits"] is True and metadata["counts"]["scored_tokens"] == 12
     assert main(["report", str(out.parent)]) == 0
     html = (out.parent / "report.html").read_text()
-    assert "END attention on each operand token per answer token" in html and "A[-1]" in html
+    assert "END attention on each operand token per answer place" in html and "A[-1]" in html
 
 
 @pytest.mark.parametrize("command", ["mlp", "fourier"])
@@ -168,15 +170,15 @@ def test_a_pipeline_with_answer_digits_runs_identify_and_knockout(tiny_model_dir
         "knockout": {"max_k": 2, "n_random": 1, "max_prompts": 8, "min_group_size": 2},
     }))  # fmt: skip
     assert main(["run", "--config", str(config), "--quiet"]) == 0
-    positions = json.loads((tmp_path / "r" / "identify" / "metadata.json").read_text())["answer_positions"]
-    assert set(positions) == {"1", "2"}  # 3..9 + 3..9: answers 6..18, of one or two digits
-    assert (tmp_path / "r" / "knockout" / "knockout_by_position.csv").is_file()
+    places = json.loads((tmp_path / "r" / "identify" / "metadata.json").read_text())["answer_places"]
+    assert set(places) == {"units", "tens"}  # 3..9 + 3..9: answers 6..18, of one or two digits
+    assert (tmp_path / "r" / "knockout" / "knockout_by_place.csv").is_file()
     assert main(["report", str(tmp_path / "r")]) == 0
     html = (tmp_path / "r" / "report.html").read_text()
-    assert "the strongest head and MLP per answer token are answer token 1" in html
-    assert "Top 5 components per answer token and carry group" in html
+    assert "the strongest head and MLP per answer place are the units digit" in html
+    assert "Top 5 components per answer place and carry group" in html
     assert "<td>carry</td>" in html and "<td>no carry</td>" in html
-    assert "Accuracy per answer token (teacher forced" in html and "effects_heatmap_position2" in html
+    assert "Accuracy per answer place (teacher forced" in html and "effects_heatmap_tens" in html
     assert "Whole answers by carry group: carry" in html
 
 
@@ -193,10 +195,11 @@ def test_answer_digits_identify_knockout_and_attention_on_every_architecture(tin
     }))  # fmt: skip
     assert main(["run", "--config", str(config), "--quiet"]) == 0
     run = tmp_path / "r"
-    effects = read_csv(run / "identify" / "effects_by_position.csv")
-    assert {r["position"] for r in effects} == {"1", "2"} and all(math.isfinite(float(r["effect"])) for r in effects)
-    knocked = read_csv(run / "knockout" / "knockout_by_position.csv")
-    assert {r["position"] for r in knocked} == {"answer", "1", "2"}
-    looked = read_csv(run / "attention" / "attention_by_position.csv")
+    effects = read_csv(run / "identify" / "effects_by_place.csv")
+    assert {r["place"] for r in effects} == {"units", "tens"}
+    assert all(math.isfinite(float(r["effect"])) for r in effects)
+    knocked = read_csv(run / "knockout" / "knockout_by_place.csv")
+    assert {r["place"] for r in knocked} == {"answer", "units", "tens"}
+    looked = read_csv(run / "attention" / "attention_by_place.csv")
     for r in looked:
         assert sum(float(r[k]) for k in ("A", "B", "operator", "prefix", "other")) == pytest.approx(1.0, abs=1e-4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,56 @@ def test_resume_uses_saved_chunks(llama_dir: Path, good_prompts: Path, tmp_path:
     monkeypatch.setattr(path_module, "_patch_chunk", real_chunk)
     assert run_cli([*args[:-5], "--out", str(fresh), "--batch-size", "2", "--quiet"], capsys)[0] == 0
     assert (out / "effects.csv").read_text() == (fresh / "effects.csv").read_text()
+
+
+def test_resume_does_not_reuse_chunks_of_another_engine_version(
+    llama_dir: Path, good_prompts: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A rerun after the code changed (a fixed engine) computes every chunk anew; the same code reuses them."""
+    import arithmech.patching.path as path_module
+
+    out = tmp_path / "run"
+    args = ["identify", "--model", str(llama_dir), "--prompts", str(good_prompts), "--out", str(out),
+            "--batch-size", "2", "--quiet"]  # fmt: skip
+    real_chunk = path_module._patch_chunk
+    calls = {"n": 0, "stop_at": 2}
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == calls["stop_at"]:
+            raise KeyboardInterrupt
+        return real_chunk(*a, **k)
+
+    monkeypatch.setattr(path_module, "_patch_chunk", counted)
+    monkeypatch.setattr(path_module, "code_version", lambda: "0.1.0+older-engine")
+    assert run_cli(args, capsys)[0] == 130
+    assert len(list(out.glob(".partial/*/chunk-*.pt"))) == 1  # one chunk saved by the older engine
+    monkeypatch.setattr(path_module, "code_version", lambda: "0.1.0+newer-engine")
+    calls.update(n=0, stop_at=-1)
+    assert run_cli(args, capsys)[0] == 0
+    rerun = calls["n"]
+    calls["n"] = 0
+    fresh = tmp_path / "fresh"
+    assert run_cli([*args[:-5], "--out", str(fresh), "--batch-size", "2", "--quiet"], capsys)[0] == 0
+    assert rerun == calls["n"] >= 2  # the rerun computed every chunk, as a fresh run does: the old one was not reused
+    assert (out / "effects.csv").read_text() == (fresh / "effects.csv").read_text()
+
+
+def test_the_code_version_changes_with_the_source(tmp_path: Path, monkeypatch) -> None:
+    from arithmech import runs
+
+    first = runs.code_version()
+    assert re.fullmatch(r".+\+[0-9a-f]{12}", first) and first == runs.code_version()
+    runs.code_version.cache_clear()
+    package = tmp_path / "arithmech"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(runs, "__file__", str(package / "runs.py"))
+    one = runs.code_version()
+    runs.code_version.cache_clear()
+    (package / "a.py").write_text("x = 2\n")
+    assert runs.code_version() != one
+    runs.code_version.cache_clear()
 
 
 def _bad_prompt_files(tmp: Path, llama_dir: Path, queries: list[str]) -> dict[str, tuple[Path, str]]:

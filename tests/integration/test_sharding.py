@@ -191,8 +191,8 @@ def test_knockout_two_processes(model: Path, identify_one: Path, tmp_path: Path)
 
 @pytest.mark.slow
 def test_knockout_of_answer_digits_two_processes(model: Path, tmp_path: Path) -> None:
-    """Answers of 1 to 3 tokens, so the two processes hold different answer positions and carry groups; a pair's
-    tokens stay in one process. Merged per (position, group) in one process's order."""
+    """Answers of 1 to 3 tokens, so the two processes hold different answer places and carry groups; a pair's
+    tokens stay in one process. Merged per (place, group) in one process's order."""
     rows = [{"reference": f"9+1=10\n{a}+{b}=", "counterfactual": f"9+1=10\n{a}&{b}=", "answer": str(a + b),
              "operation": "addition", "a": a, "b": b}
             for a, b in [(3, 4), (2, 5), (1, 1), (27, 15), (21, 15), (95, 17), (40, 52)]]  # fmt: skip
@@ -205,7 +205,7 @@ def test_knockout_of_answer_digits_two_processes(model: Path, tmp_path: Path) ->
             "--min-group-size", "2", "--batch-size", "8", "--quiet"]  # fmt: skip
     assert main([*args, "--out", str(tmp_path / "one")]) == 0
     launch_two([*args, "--out", str(tmp_path / "two")])
-    for name in ("knockout.csv", "knockout_by_position.csv", "knockout_position_summary.csv"):
+    for name in ("knockout.csv", "knockout_by_place.csv", "knockout_place_summary.csv"):
         assert_same_numbers(tmp_path / "one" / name, tmp_path / "two" / name)
 
 

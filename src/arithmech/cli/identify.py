@@ -44,7 +44,8 @@ def identify(
         typer.Option(
             "--answer-digits",
             help="Score answers of several tokens (12 = '1', '2' on digit-splitting tokenizers) token by token, "
-            "each on the prompt plus the answer's earlier tokens; effects per answer position too.",
+            "each on the prompt plus the answer's earlier tokens; effects per answer place (units, tens, ...) too; "
+            "every answer token must be one digit",
         ),
     ] = False,
     variant: Annotated[
@@ -123,9 +124,9 @@ def _print_identify_summary(result: object) -> None:
             f" MLPs {rho['spearman_mlps']})"
             + "".join(f", {k.replace('_overlap', '')} overlap {v:.0%}" for k, v in agreement.items() if "overlap" in k)
         )
-    positions = result.metadata.get("answer_positions")  # type: ignore[attr-defined]
-    if positions:
-        typer.echo("answer tokens scored per position: " + ", ".join(f"{p}: {n}" for p, n in positions.items()))
+    places = result.metadata.get("answer_places")  # type: ignore[attr-defined]
+    if places:
+        typer.echo("answer digits scored per place: " + ", ".join(f"{p}: {n}" for p, n in places.items()))
         carry = result.metadata.get("carry_accuracy") or {}  # type: ignore[attr-defined]
         if carry:
             typer.echo("answered before sampling: " + ", ".join(
@@ -140,15 +141,15 @@ def _print_identify_summary(result: object) -> None:
 
 
 def _first_overlap(out: Path) -> str | None:
-    """One line on how much the first two answer positions share their top components."""
+    """One line on how much the first two answer places (units and tens) share their top components."""
     import csv
 
-    path = out / "position_overlap.csv"
+    path = out / "place_overlap.csv"
     if not path.is_file():
         return None
     with path.open() as handle:
         row = next(csv.DictReader(handle))
     k = "top10_overlap" if "top10_overlap" in row else next(c for c in row if c.endswith("_overlap"))
     rho = f"{float(row['spearman']):.2f}" if row["spearman"] else "n/a"  # empty: a constant ranking
-    return (f"answer tokens {row['position_a']} and {row['position_b']}: {k.removesuffix('_overlap')} overlap "
+    return (f"answer {row['place_a']} and {row['place_b']} digits: {k.removesuffix('_overlap')} overlap "
             f"{float(row[k]):.0%}, Spearman {rho}")  # fmt: skip

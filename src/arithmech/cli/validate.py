@@ -79,7 +79,7 @@ def knockout(
     if not distributed.is_main():
         return
     base = next(r for r in result.rows if r.ranking == "none")
-    whole = " (whole answers, every token right)" if base.by_position else ""
+    whole = " (whole answers, every token right)" if base.by_place else ""
     typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}{whole}")
     typer.echo("   k  effect-rank  random-rank (mean ± sd)")
     for row in summarize(result.rows):
@@ -87,12 +87,14 @@ def knockout(
         spread = f"{sd:.1%}" if sd == sd else "n/a (one draw)"
         random_rank = f"{mean:10.1%} ± {spread}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
         typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
-    if base.by_position:
+    if base.by_place:
+        from arithmech.data.places import place_name
+
         top = max(r.k for r in result.rows)
         at = [(p, a) for r in result.rows if r.k == top and r.ranking == "effect"
-              for p, g, _, a, _ in r.by_position if p and g == "all"]  # fmt: skip
-        typer.echo(f"per answer token with the top {top} out (the earlier tokens given): "
-                   + ", ".join(f"token {p} {a:.1%}" for p, a in at) + " (knockout_position_summary.csv)")
+              for p, g, _, a, _ in r.by_place if p is not None and g == "all"]  # fmt: skip
+        typer.echo(f"per answer digit with the top {top} out (the earlier digits given): "
+                   + ", ".join(f"{place_name(p)} {a:.1%}" for p, a in at) + " (knockout_place_summary.csv)")
     typer.echo(f"results in {result.out_dir}")
 
 

@@ -3,20 +3,20 @@
 Background
     A digit of a sum depends on the digits below it only through the carry: 27 + 15 needs the units' carry
     for its tens digit, 21 + 15 does not. Circuits that write the digits may differ between the two cases, so
-    the per-digit scans (`analysis/answer_positions.py`) report them apart.
+    the per-digit scans (`analysis/answer_places.py`) report them apart.
 
 Rule, on the written operands a and b (whole numbers >= 0), column by column from the units:
     addition     "carry" if some column has digit(a) + digit(b) + carry-in >= 10, else "no carry";
     subtraction  "borrow" if some column has digit(a) - borrow-in < digit(b) (a >= b), else "no borrow";
     None for other operations, or operands that are not whole numbers (a user's prompts without a and b).
 
-Cells (`position_group_masks`)
-    The per-digit tables (identify's effects, knockout's accuracies) report every (answer position, group) with
-    a row: for each position in order, group "all" first, then each carry group present, sorted.
+Cells (`place_group_masks`)
+    The per-digit tables (identify's effects, knockout's accuracies) report every (answer place, group) with a
+    row: for each place from the units up (`places.py`), group "all" first, then each carry group present, sorted.
 
 Usage
     >>> carry_group(pair)   # "carry" for 27 + 15, "no carry" for 21 + 15
-    >>> position_group_masks(t.answer_position, [carry_group(p) for p in t.pairs])  # {(1, "all"): mask, ...}
+    >>> place_group_masks(t.answer_place, [carry_group(p) for p in t.pairs])  # {(0, "all"): mask, ...}
 """
 
 from __future__ import annotations
@@ -40,15 +40,13 @@ def carry_group(pair: PromptPair) -> str | None:
     return None
 
 
-def position_group_masks(
-    position: torch.Tensor, groups: Sequence[str | None]
-) -> dict[tuple[int, str], torch.Tensor]:
-    """(position, group) -> [row] bool for rows at `position` [row] whose group (`groups` [row]) matches, in the
+def place_group_masks(place: torch.Tensor, groups: Sequence[str | None]) -> dict[tuple[int, str], torch.Tensor]:
+    """(place, group) -> [row] bool for rows at `place` [row] whose group (`groups` [row]) matches, in the
     order of the module docstring; cells without a row are left out."""
     names = sorted({g for g in groups if g is not None})
     masks = {}
-    for p in sorted(set(position.tolist())):
-        at = position == p
+    for p in sorted(set(place.tolist())):
+        at = place == p
         masks[(int(p), "all")] = at
         for name in names:
             mask = at & torch.tensor([g == name for g in groups], dtype=torch.bool)

@@ -27,6 +27,8 @@ Rules
         reference's trailing space then moves into the answer's token (`tokens.answer_target`), and the
         change is reported. The counterfactual's tokens differ from the reference's.
     An answer that is not a number (a word) is measured as given, if it is one token.
+    answers scored token by token (`answer_tokens_problem`, --answer-digits): the tokens spell the answer and
+        each is one digit, so each has one place value (`places.py`).
 
 Messages
     `Findings` groups the failing rows by what is wrong and names them the same way everywhere: the file and
@@ -46,6 +48,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.data.places import is_one_digit
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 
@@ -189,17 +192,28 @@ def answer_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> P
 
 
 def answer_tokens_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> Problem | None:
-    """None if `answer_ids` (the answer's tokens after the reference) decode to the answer, the first not a space:
-    the rule of an answer scored token by token (`tokens.tokenize_pairs(..., answer_digits=True)`)."""
+    """None if `answer_ids` (the answer's tokens after the reference) decode to the answer, the first not a space,
+    each one digit (so each has one place value, `places.py`): the rule of an answer scored token by token
+    (`tokens.tokenize_pairs(..., answer_digits=True)`)."""
     pieces = [str(tokenizer.decode([token_id])) for token_id in answer_ids]
+    shown = f"answer {pair.answer!r} -> {', '.join(repr(p) for p in pieces)}"
     if len(pieces) == 1 or not pieces[0].strip():
-        return answer_problem(tokenizer, pair, answer_ids)  # one token, or a space first
-    if "".join(pieces).strip() == pair.answer.strip():
+        problem = answer_problem(tokenizer, pair, answer_ids)  # one token, or a space first
+        if problem is not None:
+            return problem
+    elif "".join(pieces).strip() != pair.answer.strip():
+        return Problem(
+            "the answer's tokens are not the answer itself",
+            shown,
+            "end the reference where the answer starts, so the answer's tokens spell it",
+        )
+    if all(is_one_digit(piece) for piece in pieces):
         return None
     return Problem(
-        "the answer's tokens are not the answer itself",
-        f"answer {pair.answer!r} -> {', '.join(repr(p) for p in pieces)}",
-        "end the reference where the answer starts, so the answer's tokens spell it",
+        "an answer token is not one digit, so it has no one place value (units, tens, ...) to be reported at",
+        shown,
+        "--answer-digits scores whole numbers on a tokenizer that writes one digit per token (SmolLM2, Llama 2, "
+        "Gemma, Qwen2); leave it off to score answers of one token",
     )
 
 

@@ -31,6 +31,7 @@ from arithmech.data.pair_checks import (
     pair_location,
     text_problem,
 )
+from arithmech.data.places import token_places
 from arithmech.data.prompts import ROLE_NAMES, PromptPair
 from arithmech.errors import DataError
 
@@ -50,9 +51,10 @@ class TokenizedPairs:
 
     With answer digits (`tokenize_pairs(..., answer_digits=True)`) a pair whose answer has m tokens t1..tm
     has m consecutive rows: row j is the reference and the counterfactual each followed by t1..t(j-1) (teacher
-    forcing, the reference's answer prefix in both), its answer tj; `answer_position` is j (1-based) and
-    `pair_index` numbers the pairs 0..P-1 in order (`pairs` holds each row's pair). Otherwise every pair is one
-    row, at position 1.
+    forcing, the reference's answer prefix in both), its answer tj; `answer_place` is the place value of tj
+    counted from the units (m - j: 0 units, 1 tens, 2 hundreds; `places.py`, which is why every token must be
+    one digit) and `pair_index` numbers the pairs 0..P-1 in order (`pairs` holds each row's pair). Otherwise
+    every pair is one row, at place 0.
     """
 
     ref_ids: torch.Tensor  # [batch, pos] long
@@ -65,7 +67,7 @@ class TokenizedPairs:
     pairs: list[PromptPair]
     pad_id: int
     roles_available: bool
-    answer_position: torch.Tensor  # [batch] long, 1-based position of the scored token in the answer
+    answer_place: torch.Tensor  # [batch] long, place value of the scored token: 0 units, 1 tens, 2 hundreds
     pair_index: torch.Tensor  # [batch] long, the row's pair, numbered 0..P-1 in order
 
     @property
@@ -79,7 +81,7 @@ class TokenizedPairs:
         return [self.pairs[i] for i in first.nonzero().flatten().tolist()]
 
     def pair_rows(self, pair_numbers: list[int]) -> list[int]:
-        """The rows of these pairs, pair by pair in the order given, each pair's positions in order."""
+        """The rows of these pairs, pair by pair in the order given, each pair's tokens in writing order."""
         rows_of: dict[int, list[int]] = {}
         for row, pair in enumerate(self.pair_index.tolist()):
             rows_of.setdefault(pair, []).append(row)
@@ -108,7 +110,7 @@ class TokenizedPairs:
             pairs=[self.pairs[i] for i in indices],
             pad_id=self.pad_id,
             roles_available=self.roles_available,
-            answer_position=self.answer_position[idx],
+            answer_place=self.answer_place[idx],
             pair_index=renumbered,
         )
 
@@ -257,16 +259,16 @@ def _teacher_forced(
     rows: list[_Row], pairs: list[PromptPair]
 ) -> tuple[list[_Row], list[PromptPair], list[int], list[int]]:
     """One row per answer token: row j of a pair is its prompts followed by the answer's tokens before the j-th
-    (teacher forcing), scored on the j-th. Also each row's pair and 1-based answer position."""
+    (teacher forcing), scored on the j-th. Also each row's pair and the place value of its token (`places.py`)."""
     out: list[_Row] = []
-    out_pairs, positions, pair_index = [], [], []
+    out_pairs, places, pair_index = [], [], []
     for number, ((ref, cf, answer, roles), pair) in enumerate(zip(rows, pairs, strict=True)):
-        for j, token in enumerate(answer):
+        for j, (token, place) in enumerate(zip(answer, token_places(len(answer)), strict=True)):
             out.append((ref + answer[:j], cf + answer[:j], [token], roles + [0] * j))
             out_pairs.append(pair)
-            positions.append(j + 1)
+            places.append(place)
             pair_index.append(number)
-    return out, out_pairs, positions, pair_index
+    return out, out_pairs, places, pair_index
 
 
 def _tokenize_pair(
@@ -354,7 +356,7 @@ def _roles(offsets: list[tuple[int, int]], spans: dict[str, tuple[int, int]]) ->
 def _stack(
     rows: list[_Row],
     pairs: list[PromptPair],
-    positions: list[int],
+    places: list[int],
     pair_index: list[int],
     pad_id: int,
     roles_available: bool,
@@ -383,6 +385,6 @@ def _stack(
         pairs=pairs,
         pad_id=pad_id,
         roles_available=roles_available,
-        answer_position=torch.tensor(positions, dtype=torch.long),
+        answer_place=torch.tensor(places, dtype=torch.long),
         pair_index=torch.tensor(pair_index, dtype=torch.long),
     )

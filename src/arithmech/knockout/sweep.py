@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arithmech.data.carries import position_group_masks
+from arithmech.data.carries import place_group_masks
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import AblationSources
 from arithmech.knockout.batched import KnockoutScores, knockout_scores
@@ -64,10 +64,11 @@ class SweepRow:
     components: tuple[str, ...]
     accuracy: float
     mean_prob: float
-    by_position: tuple[tuple[int, str, int, float, float], ...] = ()
-    """With answers scored token by token (`AnswerRows`): (answer position, group, prompts, accuracy, mean_prob)
-    per position 1, 2, ... (teacher forced) and 0 (whole answers), per group "all" and each carry group; then
-    accuracy and mean_prob are of whole answers (`KnockoutScores.whole_answers`)."""
+    by_place: tuple[tuple[int | None, str, int, float, float], ...] = ()
+    """With answers scored token by token (`AnswerRows`): (answer place, group, prompts, accuracy, mean_prob)
+    for whole answers (place None), then per place 0 (units), 1 (tens), ... (teacher forced, `data/places.py`),
+    per group "all" and each carry group; then accuracy and mean_prob are of whole answers
+    (`KnockoutScores.whole_answers`)."""
 
 
 @dataclass(frozen=True)
@@ -75,25 +76,27 @@ class AnswerRows:
     """Which answer each prompt row of a sweep scores a token of (`data/tokens.py`, answer digits)."""
 
     pair_index: torch.Tensor  # [row] the row's pair, 0..P-1, a pair's rows together
-    position: torch.Tensor  # [row] 1-based answer position
+    place: torch.Tensor  # [row] place value of the row's answer token: 0 units, 1 tens, ...
     groups: tuple[str | None, ...]  # [row] carry group of the row's pair (`data/carries.py`), None for none
 
     def rows(self, lo: int, hi: int) -> AnswerRows:
         """Rows lo..hi, which must hold whole pairs; their pairs renumbered from 0."""
         pairs = self.pair_index[lo:hi]
-        return AnswerRows(pairs - pairs.min(), self.position[lo:hi], self.groups[lo:hi])
+        return AnswerRows(pairs - pairs.min(), self.place[lo:hi], self.groups[lo:hi])
 
-    def cells(self, scores: KnockoutScores) -> dict[tuple[int, str], KnockoutScores]:
-        """(position, group) -> the scores there: position 0 for whole answers (per pair), then 1, 2, ... (per
-        row), each with group "all" first and then each carry group present (`position_group_masks`)."""
+    def cells(self, scores: KnockoutScores) -> dict[tuple[int | None, str], KnockoutScores]:
+        """(place, group) -> the scores there: place None for whole answers (per pair), then 0, 1, ... (per
+        row), each with group "all" first and then each carry group present (`place_group_masks`)."""
         first = torch.ones_like(self.pair_index, dtype=torch.bool)
         first[1:] = self.pair_index[1:] != self.pair_index[:-1]
         pair_groups = [g for g, f in zip(self.groups, first.tolist(), strict=True) if f]
         whole = scores.whole_answers(self.pair_index)
-        out = {key: whole.at(mask) for key, mask in
-               position_group_masks(torch.zeros(len(pair_groups), dtype=torch.long), pair_groups).items()}
-        out.update({key: scores.at(mask) for key, mask in position_group_masks(self.position, self.groups).items()})
-        return out  # fmt: skip
+        everywhere = torch.zeros(len(pair_groups), dtype=torch.long)
+        out: dict[tuple[int | None, str], KnockoutScores] = {
+            (None, group): whole.at(mask) for (_, group), mask in place_group_masks(everywhere, pair_groups).items()
+        }
+        out.update({key: scores.at(mask) for key, mask in place_group_masks(self.place, self.groups).items()})
+        return out
 
 
 def knockout_sweep(
@@ -112,8 +115,8 @@ def knockout_sweep(
     """The baseline, then for each k the effect-ranked top-k and `n_random` random k-subsets of `pool` with as
     many heads and MLPs as the top k (`draw_like`).
 
-    answer_rows: for prompts that score an answer token by token, which answer and position each scores; the
-    rows are then scored per answer position and carry group, and as whole answers.
+    answer_rows: for prompts that score an answer token by token, which answer and place each scores; the
+    rows are then scored per answer place and carry group, and as whole answers.
     """
     if max_k > len(pool):
         raise ConfigError(f"max_k={max_k} is larger than the {len(pool)} components to choose from; lower --max-k")
@@ -128,15 +131,15 @@ def knockout_sweep(
             labels.append((k, "random", s))
             configs.append(draw_like(ranked[:k], pool, f"{seed}-{k}-{s}"))
     scores = knockout_scores(view, batch, sources, configs, batch_size, progress)
-    by_position: list[tuple[tuple[int, str, int, float, float], ...]] = [()] * len(configs)
+    by_place: list[tuple[tuple[int | None, str, int, float, float], ...]] = [()] * len(configs)
     if answer_rows is not None:
         cells = [(p, g, c.correct.shape[1], c.accuracy.tolist(), c.mean_prob.tolist())
                  for (p, g), c in answer_rows.cells(scores).items()]  # fmt: skip
-        by_position = [tuple((p, g, n, acc[i], prob[i]) for p, g, n, acc, prob in cells) for i in range(len(configs))]
+        by_place = [tuple((p, g, n, acc[i], prob[i]) for p, g, n, acc, prob in cells) for i in range(len(configs))]
         scores = scores.whole_answers(answer_rows.pair_index)
     return [
-        SweepRow(k, ranking, s, tuple(c.name for c in config), float(acc), float(prob), positions)
-        for (k, ranking, s), config, acc, prob, positions in zip(
-            labels, configs, scores.accuracy.tolist(), scores.mean_prob.tolist(), by_position, strict=True
+        SweepRow(k, ranking, s, tuple(c.name for c in config), float(acc), float(prob), places)
+        for (k, ranking, s), config, acc, prob, places in zip(
+            labels, configs, scores.accuracy.tolist(), scores.mean_prob.tolist(), by_place, strict=True
         )
     ]

@@ -45,7 +45,7 @@ from arithmech.models.view import ModelView
 from arithmech.patching.metrics import relative_change
 from arithmech.patching.states import EndStates, collect_end_states
 from arithmech.patching.variants import Variant
-from arithmech.runs import atomic_open
+from arithmech.runs import atomic_open, code_version
 
 
 @dataclass(frozen=True)
@@ -228,8 +228,9 @@ def _patch_chunk(view: ModelView, chunk: PatchingBatch, variant: Variant) -> dic
 
 
 def resume_key(batch: PatchingBatch, variant: str, batch_size: int, model_identity: str) -> str:
-    """A short hash naming the saved chunks of one scan: same model, prompts and settings, same key."""
-    digest = hashlib.sha256(f"{model_identity}|{variant}|{batch_size}".encode())
+    """A short hash naming the saved chunks of one scan: same model, prompts, settings and code (the engine's
+    version, `runs.code_version`), same key; chunks of an older engine are not reused."""
+    digest = hashlib.sha256(f"{model_identity}|{variant}|{batch_size}|{code_version()}".encode())
     for tensor in (batch.ref_ids, batch.ref_mask, batch.cf_ids, batch.end, batch.answer_ids):
         digest.update(tensor.cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from arithmech.report.answer_digits_section import attention_positions, identify_positions, knockout_positions
+from arithmech.report.answer_digits_section import attention_places, identify_places, knockout_places
 from arithmech.report.page import (
     Body,
     Figure,
@@ -101,11 +101,11 @@ def identify_body(stage: StageFolder) -> Body:
                               "Path-patching effect of every head (layer x head) and MLP on the answer logit; "
                               "negative = the component carries the operation (paper Figure 2)."))  # fmt: skip
     reading = " ".join(text)
-    if stage.has("effects_by_position.csv"):
-        extra, position_figures, position_tables = identify_positions(stage)
+    if stage.has("effects_by_place.csv"):
+        extra, place_figures, place_tables = identify_places(stage)
         reading += " " + extra
-        figures += position_figures
-        tables[2:2] = position_tables
+        figures += place_figures
+        tables[2:2] = place_tables
     return Body(reading, figures, tables, small_samples({"": counts.get("used")}, "reference prompt"))
 
 
@@ -165,10 +165,10 @@ def knockout_body(stage: StageFolder) -> Body:
                "vs k random ones, ± 1 sd (paper Figure 3).")  # fmt: skip
     figures = [Figure(stage.folder / "knockout.png", caption)] if stage.has("knockout.png") else []
     tables = [table]
-    if stage.has("knockout_position_summary.csv"):
-        extra, position_tables = knockout_positions(stage)
+    if stage.has("knockout_place_summary.csv"):
+        extra, place_tables = knockout_places(stage)
         text += extra
-        tables += position_tables
+        tables += place_tables
     return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "prompt"))
 
 
@@ -247,10 +247,10 @@ def attention_body(stage: StageFolder) -> Body:
             )
         )
     tables = [table]
-    if stage.has("attention_by_position.csv"):
-        extra, position_table = attention_positions(stage)
+    if stage.has("attention_by_place.csv"):
+        extra, place_table = attention_places(stage)
         text += extra
-        tables.append(position_table)
+        tables.append(place_table)
     return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "reference prompt"))
 
 

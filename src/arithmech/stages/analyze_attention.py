@@ -8,6 +8,8 @@ neither, and writes into its own folder, each atomically and metadata.json last:
 - attention_roles.png    one stacked bar per head (paper Figure 5)
 - attention_examples.png END attention of the heads over single prompts' tokens (Figure 7; if n_examples > 0)
 - attention_examples.json the tokens, roles and weights drawn in attention_examples.png
+- attention_by_place.csv  (identify run of --answer-digits) the same per answer place, units, tens, ..., with the
+                          mass on each operand's last two tokens
 - metadata.json          model, config, heads and where they came from, counts, versions, git sha
 """
 
@@ -32,6 +34,7 @@ from arithmech.analysis.attention import (
     role_scores,
 )
 from arithmech.data import ROLE_CODES, TokenizedPairs, tokenize_pairs
+from arithmech.data.places import place_name
 from arithmech.data.sampling import sample_pairs
 from arithmech.errors import DataError
 from arithmech.models.load import ModelHandle
@@ -157,7 +160,7 @@ def analyze_attention(
     }
     _write_outputs(out, handle, t, heads, head_rows, scores, labels, cfg)
     if run.answer_digits:
-        atomic_write_text(out / "attention_by_position.csv", position_csv(heads, head_rows, t, cfg.tau))
+        atomic_write_text(out / "attention_by_place.csv", place_csv(heads, head_rows, t, cfg.tau))
     atomic_write_json(out / "metadata.json", metadata)
     return AttentionResult(heads, scores, labels, heads_source, len(t.end), out, metadata)
 
@@ -176,22 +179,22 @@ def roles_csv(heads: list[Component], scores: torch.Tensor, labels: list[str]) -
     return buffer.getvalue()
 
 
-def position_csv(heads: list[Component], head_rows: torch.Tensor, t: TokenizedPairs, tau: float) -> str:
-    """Answers scored token by token: one row per head and answer position, the role masses, operand (A+B), the
-    mass on each operand's last two tokens (A[-2], A[-1], B[-2], B[-1]: tens and units on a digit-splitting
-    tokenizer), the label, and the number of prompts."""
+def place_csv(heads: list[Component], head_rows: torch.Tensor, t: TokenizedPairs, tau: float) -> str:
+    """Answers scored token by token: one row per head and answer place (units, tens, ...: the digit being
+    written, `data/places.py`), the role masses, operand (A+B), the mass on each operand's last two tokens (A[-2],
+    A[-1], B[-2], B[-1]: tens and units on a digit-splitting tokenizer), the label, and the number of prompts."""
     rows = []
-    for position in sorted(set(t.answer_position.tolist())):
-        at = t.answer_position == position
+    for place in sorted(set(t.answer_place.tolist())):
+        at = t.answer_place == place
         scores = role_scores(head_rows[at], t.roles[at], t.ref_mask[at])  # [head, role]
-        places = operand_token_masses(head_rows[at], t.roles[at], t.ref_mask[at]).mean(0)  # [head, column]
-        for head, row, place, label in zip(heads, scores.tolist(), places.tolist(), label_heads(scores, tau),
+        tokens = operand_token_masses(head_rows[at], t.roles[at], t.ref_mask[at]).mean(0)  # [head, column]
+        for head, row, token, label in zip(heads, scores.tolist(), tokens.tolist(), label_heads(scores, tau),
                                            strict=True):  # fmt: skip
             masses = dict(zip(ROLES, row, strict=True))
-            rows.append({"head": head.name, "position": position, "prompts": int(at.sum()),
+            rows.append({"head": head.name, "place": place_name(place), "prompts": int(at.sum()),
                          **{r: cell(v, ".6f") for r, v in masses.items()},
                          "operand": cell(masses["A"] + masses["B"], ".6f"),
-                         **{n: cell(v, ".6f") for n, v in zip(operand_token_names(), place, strict=True)},
+                         **{n: cell(v, ".6f") for n, v in zip(operand_token_names(), token, strict=True)},
                          "label": label})  # fmt: skip
     return csv_text(rows)
 

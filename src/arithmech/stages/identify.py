@@ -2,9 +2,9 @@
 
 Writes into its run folder: effects.csv, key_components.json, effects_heatmap.png, prompts.jsonl,
 template_accuracy.csv and metadata.json, each atomically; with answer_digits (answers of several tokens,
-scored token by token) effects.csv is the mean over every scored token, and effects_by_position.csv,
-position_overlap.csv and effects_heatmap_position<j>.png give them per answer position
-(`analysis/answer_positions.py`). metadata.json is written last, with the run's
+scored token by token) effects.csv is the mean over every scored token, and effects_by_place.csv,
+place_overlap.csv and effects_heatmap_<place>.png give them per answer place, units, tens, ...
+(`analysis/answer_places.py`). metadata.json is written last, with the run's
 fingerprint (`lineage.py`). Analyses of an earlier identify run found in the folder are moved aside. A scan
 whose effect is undefined on some prompt (an answer logit of 0 or not finite) is refused, naming the prompts; a
 share of a whole-prompt effect of 0 is written as null / an empty cell, as is a Spearman correlation of a
@@ -30,15 +30,11 @@ import torch
 
 from arithmech import distributed
 from arithmech.analysis.agreement import compare_methods
-from arithmech.analysis.answer_positions import (
-    POSITION_COLUMNS,
-    position_effect_table,
-    position_effects,
-    position_overlap,
-)
+from arithmech.analysis.answer_places import PLACE_COLUMNS, place_effect_table, place_effects, place_overlap
 from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.pair_checks import describe, pair_location
+from arithmech.data.places import place_name
 from arithmech.data.reference_set import build_reference_set
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.errors import DataError
@@ -124,7 +120,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if cfg.answer_digits:
-        metadata["answer_positions"] = _position_counts(tokenized)
+        metadata["answer_places"] = _place_counts(tokenized)
         metadata["carry_accuracy"] = reference.carry_accuracy  # before sampling: how the model does per group
     if distributed.is_main():
         write_identify_outputs(
@@ -194,9 +190,10 @@ def _sharded(batch: PatchingBatch, lo: int, hi: int, scan: Callable[[PatchingBat
     )
 
 
-def _position_counts(tokenized: TokenizedPairs) -> dict[str, int]:
-    """Scored tokens per answer position ("1", "2", ...): later positions have only the longer answers."""
-    return {str(p): n for p, n in sorted(Counter(tokenized.answer_position.tolist()).items())}
+def _place_counts(tokenized: TokenizedPairs) -> dict[str, int]:
+    """Scored tokens per answer place ("units", "tens", ...), from the units up: higher places have only the
+    longer answers."""
+    return {place_name(p): n for p, n in sorted(Counter(tokenized.answer_place.tolist()).items())}
 
 
 def check_finite(patch: PatchResult, pairs: list[PromptPair], pair_index: torch.Tensor | None = None) -> None:
@@ -264,15 +261,15 @@ def write_identify_outputs(
     accuracy: dict[str, dict[str, float | None]],
     metadata: dict[str, Any],
     attribution: PatchResult | None = None,
-    positions: TokenizedPairs | None = None,
+    places: TokenizedPairs | None = None,
 ) -> None:
     """Write every artefact atomically; metadata.json last, so its presence means the folder is complete.
 
     metadata.json records the run's fingerprint; analyses in `out`'s subfolders made from an earlier run (another
     fingerprint) are moved aside to out/stale-<time>/ with a warning, so none is mistaken for one of this run.
     With `attribution` (method "both"), its estimates go to attribution_effects.csv and the agreement of the
-    two rankings (Spearman, top-k overlap) to agreement.json. With `positions` (the scan's rows, answer digits),
-    the per-position tables and heatmaps too.
+    two rankings (Spearman, top-k overlap) to agreement.json. With `places` (the scan's rows, answer digits),
+    the per-place tables and heatmaps too.
     """
     from arithmech.report.plots import effect_heatmap
 
@@ -292,25 +289,26 @@ def write_identify_outputs(
     effects = patch.effects.numpy().reshape(dims.n_layers, dims.n_heads + 1)
     title = f"{patch.variant} patching: {handle.source.get('model', '?')}, {len(pairs)} prompts"
     effect_heatmap(effects[:, :-1], effects[:, -1], out / "effects_heatmap.png", title)
-    if positions is not None:
-        _write_position_outputs(out, handle, patch, positions)
+    if places is not None:
+        _write_place_outputs(out, handle, patch, places)
     atomic_write_json(out / "metadata.json", metadata)
     shutil.rmtree(out / ".partial", ignore_errors=True)
 
 
-def _write_position_outputs(out: Path, handle: ModelHandle, patch: PatchResult, positions: TokenizedPairs) -> None:
-    """effects_by_position.csv, position_overlap.csv (with two positions or more) and one heatmap per position."""
+def _write_place_outputs(out: Path, handle: ModelHandle, patch: PatchResult, places: TokenizedPairs) -> None:
+    """effects_by_place.csv, place_overlap.csv (with two places or more) and one heatmap per place."""
     from arithmech.report.plots import effect_heatmap
 
-    atomic_write_text(out / "effects_by_position.csv", csv_text(position_effects(patch, positions), POSITION_COLUMNS))
-    overlap = position_overlap(patch, positions)
+    atomic_write_text(out / "effects_by_place.csv", csv_text(place_effects(patch, places), PLACE_COLUMNS))
+    overlap = place_overlap(patch, places)
     if overlap:
-        atomic_write_text(out / "position_overlap.csv", csv_text(overlap))
+        atomic_write_text(out / "place_overlap.csv", csv_text(overlap))
     dims = handle.dims
-    for (position, group), effect in position_effect_table(patch, positions).items():
+    for (place, group), effect in place_effect_table(patch, places).items():
         if group != "all":
             continue
         grid = effect.numpy().reshape(dims.n_layers, dims.n_heads + 1)
-        n = int((positions.answer_position == position).sum())
-        title = f"{patch.variant} patching, answer token {position}: {handle.source.get('model', '?')}, {n} prompts"
-        effect_heatmap(grid[:, :-1], grid[:, -1], out / f"effects_heatmap_position{position}.png", title)
+        n = int((places.answer_place == place).sum())
+        name = place_name(place)
+        title = f"{patch.variant} patching, answer {name} digit: {handle.source.get('model', '?')}, {n} prompts"
+        effect_heatmap(grid[:, :-1], grid[:, -1], out / f"effects_heatmap_{name}.png", title)

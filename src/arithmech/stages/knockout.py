@@ -8,8 +8,8 @@ how); the sweep scores `max_prompts` of its prompts, a seeded sample stratified 
 Writes knockout.csv, knockout_summary.csv (its random-rank columns empty with n_random 0), knockout.png and
 metadata.json (last). With answers scored token by token (answer_digits, or an identify run made with it),
 accuracy is of whole answers (every token the top one, teacher forced) and the answer's probability the product
-of its tokens'; knockout_by_position.csv and knockout_position_summary.csv give them per answer position, with
-a knockout_position<j>.png each.
+of its tokens'; knockout_by_place.csv and knockout_place_summary.csv give them per answer place (units, tens,
+..., `data/places.py`), with a knockout_<place>.png each.
 
 Under `accelerate launch` every process computes the ablation sources on the whole prompt set (a mean over a
 template group must see all of its prompts), sweeps its own slice of the prompts, and the per-configuration
@@ -34,6 +34,7 @@ import torch
 from arithmech import distributed
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.data.carries import carry_group
+from arithmech.data.places import place_name
 from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.data.reference_set import build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
@@ -87,8 +88,8 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     max_k = _max_k(cfg, ranked)
     t, _ = tokenize_pairs(handle.tokenizer, pairs, answer_digits=digits)
     whole = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
-    keys = [f"{p.template_id or 'custom'}#{j}" for p, j in zip(t.pairs, t.answer_position.tolist(), strict=True)]
-    groups = alignment_groups(keys, t.end + 1)  # answer positions apart: their prompts end in other tokens
+    keys = [f"{p.template_id or 'custom'}#{q}" for p, q in zip(t.pairs, t.answer_place.tolist(), strict=True)]
+    groups = alignment_groups(keys, t.end + 1)  # answer places apart: their prompts end in other tokens
     sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
                                cfg.min_group_size, cfg.batch_size)  # values over the whole set  # fmt: skip
     unique = t.unique_pairs()
@@ -97,7 +98,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     batch, sources = whole.select(torch.tensor(rows)), sources.take(rows)
     chosen_t = t.take(rows)
     groups = tuple(carry_group(p) for p in chosen_t.pairs)
-    answer_rows = AnswerRows(chosen_t.pair_index, chosen_t.answer_position, groups) if digits else None
+    answer_rows = AnswerRows(chosen_t.pair_index, chosen_t.answer_place, groups) if digits else None
     n_configs = 1 + len(k_values(max_k)) * (1 + cfg.n_random)
     pair_lo, pair_hi = distributed.shard_bounds(len(chosen))  # a pair's answer tokens stay in one process
     lo, hi = int((chosen_t.pair_index < pair_lo).sum()), int((chosen_t.pair_index < pair_hi).sum())
@@ -151,7 +152,7 @@ def _max_k(cfg: KnockoutConfig, ranked: list[Component]) -> int:
 def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], list[SweepRow]]) -> list[SweepRow]:
     """The sweep over prompts lo..hi (`count` pairs), merged over processes into the rows of the whole set.
 
-    Per configuration (and answer position) each process contributes its prompt count n_r, answered count
+    Per configuration (and answer place) each process contributes its prompt count n_r, answered count
     (accuracy_r * n_r, an integer) and answer-probability sum (mean_prob_r * n_r); accuracy is their count over
     n, rounded to float32 as one process does, and mean_prob their sum over n (within float32 rounding of one
     process).
@@ -161,14 +162,20 @@ def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], lis
     merged = []
     for i, row in enumerate(parts[0][1]):
         accuracy, prob = _merge([(count, rows[i].accuracy, rows[i].mean_prob) for count, rows in parts])
-        shares: dict[tuple[int, str], list[tuple[int, float, float]]] = {}  # -> (prompts, accuracy, mean_prob)
+        shares: dict[tuple[int | None, str], list[tuple[int, float, float]]] = {}  # -> (prompts, accuracy, prob)
         for _, rows in parts:
-            for position, group, *share in rows[i].by_position:
-                shares.setdefault((position, group), []).append(tuple(share))  # type: ignore[arg-type]
-        order = sorted(shares, key=lambda key: (key[0], key[1] != "all", key[1]))  # as `AnswerRows.cells` lists them
-        positions = [(*key, sum(n for n, _, _ in shares[key]), *_merge(shares[key])) for key in order]
-        merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_position=tuple(positions)))
+            for place, group, *share in rows[i].by_place:
+                shares.setdefault((place, group), []).append(tuple(share))  # type: ignore[arg-type]
+        order = sorted(shares, key=_cell_order)  # as `AnswerRows.cells` lists them
+        places = [(*key, sum(n for n, _, _ in shares[key]), *_merge(shares[key])) for key in order]
+        merged.append(dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_place=tuple(places)))
     return merged
+
+
+def _cell_order(key: tuple[int | None, str]) -> tuple[int, bool, str]:
+    """Whole answers (place None) first, then the places from the units up; group "all" first in each."""
+    place, group = key
+    return (-1 if place is None else place, group != "all", group)
 
 
 def _merge(shares: list[tuple[int, float, float]]) -> tuple[float, float]:
@@ -230,39 +237,44 @@ def write_knockout_outputs(
     baseline = next(r for r in rows if r.ranking == "none")
     title = f"{cfg.ablation} ablation, {metadata['counts']['prompts']} prompts: {model}"
     knockout_curves(summary, baseline.accuracy, baseline.mean_prob, out / "knockout.png", title)
-    if rows[0].by_position:
-        _write_position_outputs(out, rows, metadata, model, cfg)
+    if rows[0].by_place:
+        _write_place_outputs(out, rows, metadata, model, cfg)
     atomic_write_json(out / "metadata.json", metadata)
 
 
-def _write_position_outputs(
+def _write_place_outputs(
     out: Path, rows: list[SweepRow], metadata: dict[str, Any], model: str, cfg: KnockoutConfig
 ) -> None:
-    """knockout_by_position.csv and knockout_position_summary.csv (position "answer": whole answers), and one
-    knockout_position<j>.png per answer position (group "all")."""
+    """knockout_by_place.csv and knockout_place_summary.csv (place "answer": whole answers, then "units",
+    "tens", ...), and one knockout_<place>.png per answer place (group "all")."""
     from arithmech.report.plots import knockout_curves
 
-    by_position = [
-        {"k": r.k, "ranking": r.ranking, "seed": "" if r.seed is None else r.seed, "position": position or "answer",
+    by_place = [
+        {"k": r.k, "ranking": r.ranking, "seed": "" if r.seed is None else r.seed, "place": _place_label(place),
          "group": group, "prompts": n, "accuracy": cell(accuracy, ".6f"), "mean_prob": cell(prob, ".6f")}
-        for r in rows for position, group, n, accuracy, prob in r.by_position
+        for r in rows for place, group, n, accuracy, prob in r.by_place
     ]  # fmt: skip
-    atomic_write_text(out / "knockout_by_position.csv", csv_text(by_position))
+    atomic_write_text(out / "knockout_by_place.csv", csv_text(by_place))
     summary_rows = []
-    for position, group, n, *_ in rows[0].by_position:
-        at = [_at_position(r, position, group) for r in rows]
+    for place, group, n, *_ in rows[0].by_place:
+        at = [_at_place(r, place, group) for r in rows]
         summary = summarize(at)
-        summary_rows += [{"position": position or "answer", "group": group, "prompts": n, **defined_row(r)}
+        summary_rows += [{"place": _place_label(place), "group": group, "prompts": n, **defined_row(r)}
                          for r in summary]  # fmt: skip
-        if position and group == "all":
+        if place is not None and group == "all":
             baseline = next(r for r in at if r.ranking == "none")
-            title = f"{cfg.ablation} ablation, answer token {position}, {n} prompts: {model}"
-            path = out / f"knockout_position{position}.png"
+            title = f"{cfg.ablation} ablation, answer {place_name(place)} digit, {n} prompts: {model}"
+            path = out / f"knockout_{place_name(place)}.png"
             knockout_curves(summary, baseline.accuracy, baseline.mean_prob, path, title)
-    atomic_write_text(out / "knockout_position_summary.csv", csv_text(summary_rows, float_format=".6f"))
+    atomic_write_text(out / "knockout_place_summary.csv", csv_text(summary_rows, float_format=".6f"))
 
 
-def _at_position(row: SweepRow, position: int, group: str) -> SweepRow:
-    """The row's scores at one answer position (0: whole answers) and group, as a row of its own."""
-    accuracy, prob = next((a, p) for q, g, _, a, p in row.by_position if (q, g) == (position, group))
-    return dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_position=())
+def _place_label(place: int | None) -> str:
+    """The place column of the per-place tables: "answer" for whole answers, else "units", "tens", ..."""
+    return "answer" if place is None else place_name(place)
+
+
+def _at_place(row: SweepRow, place: int | None, group: str) -> SweepRow:
+    """The row's scores at one answer place (None: whole answers) and group, as a row of its own."""
+    accuracy, prob = next((a, p) for q, g, _, a, p in row.by_place if (q, g) == (place, group))
+    return dataclasses.replace(row, accuracy=accuracy, mean_prob=prob, by_place=())

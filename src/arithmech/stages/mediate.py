@@ -29,8 +29,8 @@ Outputs (each atomic; metadata.json last)
 
 Resume
     Each task's finished effects are saved in out/.partial/<task>-<key>.pt (key: a hash of the model, the
-    settings that change the numbers and the token ids); a rerun into the same folder reuses them, and the
-    folder is removed when the run completes.
+    settings that change the numbers, the token ids and the code version); a rerun into the same folder reuses
+    them, and the folder is removed when the run completes.
 
 Several processes (`accelerate launch`)
     Every process builds all pairs; each measures a contiguous slice of every task's pairs (saved as
@@ -74,7 +74,7 @@ from arithmech.patching.mediation import (
     neuron_effects,
     neuron_overlap,
 )
-from arithmech.runs import atomic_open, git_sha, package_versions
+from arithmech.runs import atomic_open, code_version, git_sha, package_versions
 from arithmech.stages.mediate_config import MediateConfig
 from arithmech.stages.mediate_run import MediationRun, read_mediation_run, write_mediate_outputs
 
@@ -229,9 +229,11 @@ def choose_neuron_layer(result: MediationResult) -> int:
 
 
 def resume_key(identity: str, cfg: MediateConfig, task: str, items: list[TokenizedMediationPair]) -> str:
-    """A short hash naming one task's saved effects: same model, settings and token ids, same key."""
+    """A short hash naming one task's saved effects: same model, settings, token ids and code
+    (`runs.code_version`), same key."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("tasks", "neuron_layer", "neuron_k", "max_rows")}
-    digest = hashlib.sha256(json.dumps([identity, task, settings], sort_keys=True, default=str).encode())
+    digest = hashlib.sha256(json.dumps([identity, task, settings, code_version()], sort_keys=True,
+                                       default=str).encode())  # fmt: skip
     for item in items:
         digest.update(item.base_ids.numpy().tobytes() + item.alt_ids.numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -13,8 +13,8 @@ Steps (METHODS.md sec. 6; the engines are in `arithmech/neurons/`):
 4. LoRA: train a LoRA adapter on one layer's MLP (or load the user's peft folder) and report how it moves the
    coefficients (and LIs) of the top neurons.
 
-Each step's result is saved under <out>/.partial/ (keyed by model and settings) as soon as it is done, so an
-interrupted run restarts at the step that did not finish. Writes head_importance.csv, specialisation.json,
+Each step's result is saved under <out>/.partial/ (keyed by model, settings and code version) as soon as it is
+done, so an interrupted run restarts at the step that did not finish. Writes head_importance.csv, specialisation.json,
 head_importance.png, attention_li.csv, cna_neurons.csv, pruning.csv, pruning.png, lora_coefficients.csv
 (and lora_adapter/ when trained here), then metadata.json last. An undefined number is an empty cell (a mean
 or spread over too few prompts in pruning.csv, a coefficient ratio over a zero coefficient in
@@ -43,6 +43,7 @@ from arithmech.runs import (
     atomic_open,
     atomic_write_json,
     atomic_write_text,
+    code_version,
     csv_text,
     defined,
     defined_row,
@@ -116,7 +117,8 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
     chosen_head = parse_component(cfg.head, dims) if cfg.head else None
     if chosen_head is not None and chosen_head.head is None:
         raise ConfigError(f"--head takes an attention head such as 14.2, not {cfg.head!r}")
-    key = hashlib.sha256(json.dumps([model_identity(handle.source), asdict(cfg)], default=str).encode()).hexdigest()
+    identity = [model_identity(handle.source), asdict(cfg), code_version()]  # steps of older code are not reused
+    key = hashlib.sha256(json.dumps(identity, default=str).encode()).hexdigest()
     steps = _Steps(out, key[:16])
     timings: dict[str, float] = {}
     start = time.perf_counter()

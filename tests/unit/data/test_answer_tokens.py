@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from arithmech.data import PromptPair, tokenize_pairs
-from arithmech.data.carries import carry_group
+from arithmech.data.carries import carry_group, place_group_masks
+from arithmech.data.places import place_name
 from arithmech.errors import DataError
 
 
@@ -19,7 +20,7 @@ def test_each_answer_token_is_a_row_on_the_answers_earlier_tokens(tiny_tokenizer
     pairs = [pair(27, 15), pair(3, 4), pair(95, 17)]  # answers 42, 7, 112: 2, 1 and 3 tokens
     t, report = tokenize_pairs(tiny_tokenizer, pairs, answer_digits=True)
     assert report.kept == 3  # pairs, not rows
-    assert t.answer_position.tolist() == [1, 2, 1, 1, 2, 3]
+    assert t.answer_place.tolist() == [1, 0, 0, 2, 1, 0]  # tens, units; units; hundreds, tens, units
     assert t.pair_index.tolist() == [0, 0, 1, 2, 2, 2]
     assert t.n_pairs == 3 and t.unique_pairs() == pairs
     texts = [pair(27, 15).reference, pair(27, 15).reference + "4", pair(3, 4).reference]
@@ -37,13 +38,42 @@ def test_taking_pairs_keeps_their_rows_together_and_renumbers(tiny_tokenizer) ->
     t, _ = tokenize_pairs(tiny_tokenizer, [pair(27, 15), pair(3, 4), pair(95, 17)], answer_digits=True)
     taken = t.take_pairs([2, 0])
     assert taken.pair_index.tolist() == [0, 0, 0, 1, 1]
-    assert taken.answer_position.tolist() == [1, 2, 3, 1, 2]
+    assert taken.answer_place.tolist() == [2, 1, 0, 1, 0]
     assert [p.a for p in taken.unique_pairs()] == ["95", "27"]
 
 
 def test_without_answer_digits_every_pair_is_one_row(tiny_tokenizer) -> None:
     t, _ = tokenize_pairs(tiny_tokenizer, [pair(3, 4), pair(2, 5)])
-    assert t.answer_position.tolist() == [1, 1] and t.pair_index.tolist() == [0, 1]
+    assert t.answer_place.tolist() == [0, 0] and t.pair_index.tolist() == [0, 1]
+
+
+def test_a_place_holds_only_digits_of_that_place_whatever_the_answer_length(tiny_tokenizer) -> None:
+    """Subtraction of operands 10-49 gives answers of one and two digits: the answer's first token is the tens of
+    27 but the units of 2, so indexing by token would put both in one row."""
+    pairs = [pair(42, 15, "-", "subtraction"), pair(47, 45, "-", "subtraction"), pair(31, 27, "-", "subtraction"),
+             pair(49, 10, "-", "subtraction")]  # answers 27, 2, 4, 39  # fmt: skip
+    t, _ = tokenize_pairs(tiny_tokenizer, pairs, answer_digits=True)
+    digits = [tiny_tokenizer.decode([int(i)]) for i in t.answer_ids]
+    for place, name in ((0, "units"), (1, "tens")):
+        at = [d for d, q in zip(digits, t.answer_place.tolist(), strict=True) if q == place]
+        expected = [p.answer[-1 - place] for p in pairs if len(p.answer) > place]
+        assert at == expected, name  # units 7, 2, 4, 9; tens 2, 3
+    masks = place_group_masks(t.answer_place, [carry_group(p) for p in t.pairs])
+    assert [key for key in masks if key[1] == "all"] == [(0, "all"), (1, "all")]
+    assert int(masks[(0, "all")].sum()) == 4 and int(masks[(1, "all")].sum()) == 2
+    assert [place_name(p) for p in (0, 1, 2, 3, 4)] == ["units", "tens", "hundreds", "thousands", "10^4"]
+
+
+def test_an_answer_token_of_several_digits_has_no_place_and_is_refused() -> None:
+    from tiny_models import make_multidigit_tokenizer
+
+    tokenizer = make_multidigit_tokenizer()  # 10..99 are one token each: 112 is "11", "2"
+    with pytest.raises(DataError, match="not one digit.*place value.*one digit per token"):
+        tokenize_pairs(tokenizer, [pair(95, 17)], answer_digits=True)
+    with pytest.raises(DataError, match="not one digit"):
+        tokenize_pairs(tokenizer, [pair(27, 15)], answer_digits=True)  # "42": one token, two places
+    t, _ = tokenize_pairs(tokenizer, [pair(3, 4)], answer_digits=True)  # "7": one digit, the units
+    assert t.answer_place.tolist() == [0]
 
 
 def test_a_longer_answer_points_at_answer_digits(tiny_tokenizer) -> None:

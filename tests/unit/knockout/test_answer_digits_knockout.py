@@ -1,4 +1,4 @@
-"""Knockout of answers scored token by token: per answer position (teacher forced) and whole answers, against
+"""Knockout of answers scored token by token: per answer place (teacher forced) and whole answers, against
 greedy decoding with the components knocked out by the hand-written reference (tests/reference_knockout.py)."""
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, heads: list[tuple[int, int
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-def test_per_position_and_whole_answer_knockout_equal_greedy_decoding(arch: str) -> None:
+def test_per_place_and_whole_answer_knockout_equal_greedy_decoding(arch: str) -> None:
     model = make_tiny_model(arch, seed=0)
     view = ModelView(model, spec_for_model_type(model.config.model_type))
     gen = torch.Generator().manual_seed(3)
     prompts = torch.randint(0, model.config.vocab_size - 2, (N_PROMPTS, LENGTH), generator=gen)
     answers = greedy(model, prompts, [], ANSWER_TOKENS)  # the model's own answer: all right with nothing out
-    rows = [(torch.cat([prompts[i], answers[i, :j]]), answers[i, j], i, j + 1)
+    rows = [(torch.cat([prompts[i], answers[i, :j]]), answers[i, j], i, ANSWER_TOKENS - 1 - j)  # j-th: its place
             for i in range(N_PROMPTS) for j in range(ANSWER_TOKENS)]  # fmt: skip
     width = LENGTH + ANSWER_TOKENS - 1
     ids = torch.zeros(len(rows), width, dtype=torch.long)
@@ -52,13 +52,13 @@ def test_per_position_and_whole_answer_knockout_equal_greedy_decoding(arch: str)
     targets = torch.stack([a for _, a, _, _ in rows])
     batch = PatchingBatch(ids, mask, ids.clone(), mask.clone(), mask.sum(1) - 1, targets)
     pair_index = torch.tensor([i for _, _, i, _ in rows])
-    position = torch.tensor([j for _, _, _, j in rows])
-    keys = [f"t#{j}" for j in position.tolist()]
+    place = torch.tensor([q for _, _, _, q in rows])
+    keys = [f"t#{q}" for q in place.tolist()]
     groups = tuple("carry" if i % 3 == 0 else "no carry" for i in pair_index.tolist())  # any labels of the pairs
     sources = ablation_sources(view, batch, "zero", alignment_groups(keys, batch.end + 1))
     heads = [Component(layer, head) for layer in range(view.dims.n_layers) for head in range(view.dims.n_heads)]
     sweep = knockout_sweep(view, batch, sources, heads, heads, max_k=4, n_random=2, seed=1, batch_size=7,
-                           answer_rows=AnswerRows(pair_index, position, groups))  # fmt: skip
+                           answer_rows=AnswerRows(pair_index, place, groups))  # fmt: skip
     assert sweep[0].ranking == "none" and sweep[0].accuracy == 1.0
     changed = 0
     for row in sweep:
@@ -70,15 +70,16 @@ def test_per_position_and_whole_answer_knockout_equal_greedy_decoding(arch: str)
         forced = forced == batch.answer_ids  # [row] teacher forced: the answer's earlier tokens given
         pair_group = torch.tensor([i % 3 == 0 for i in range(N_PROMPTS)])
         right = (written == answers).all(1)
-        cells = {(p, g): (n, accuracy) for p, g, n, accuracy, _ in row.by_position}
-        for p in range(1, ANSWER_TOKENS + 1):
-            at = position == p
+        cells = {(p, g): (n, accuracy) for p, g, n, accuracy, _ in row.by_place}
+        assert list(cells)[0] == (None, "all") and [p for p, g in cells if g == "all"] == [None, 0, 1, 2]
+        for p in range(ANSWER_TOKENS):
+            at = place == p
             assert cells[(p, "all")] == (N_PROMPTS, pytest.approx(float(forced[at].float().mean()))), (row, p)
             carry = at & torch.tensor([g == "carry" for g in groups])
             assert cells[(p, "carry")] == (int(carry.sum()), pytest.approx(float(forced[carry].float().mean())))
-        assert cells[(0, "all")] == (N_PROMPTS, pytest.approx(float(whole)))
-        assert cells[(0, "carry")] == (4, pytest.approx(float(right[pair_group].float().mean())))
-        assert cells[(0, "no carry")] == (6, pytest.approx(float(right[~pair_group].float().mean())))
+        assert cells[(None, "all")] == (N_PROMPTS, pytest.approx(float(whole)))
+        assert cells[(None, "carry")] == (4, pytest.approx(float(right[pair_group].float().mean())))
+        assert cells[(None, "no carry")] == (6, pytest.approx(float(right[~pair_group].float().mean())))
         changed += row.accuracy < 1
     assert changed, "no configuration changed an answer: the check has no power"
 

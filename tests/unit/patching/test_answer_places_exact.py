@@ -1,5 +1,6 @@
 """Per-digit path patching (answers scored token by token) equals the naive one-forward-per-component reference
-on prompts built independently from the text, on every tiny architecture; the per-position tables are its means."""
+on prompts built independently from the text, on every tiny architecture; the per-place tables are its means over
+the rows whose digit is at that place (units, tens, hundreds), counted from the answer's end."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from arithmech.analysis.agreement import top_k_overlap
-from arithmech.analysis.answer_positions import position_effects, position_overlap
+from arithmech.analysis.answer_places import place_effects, place_overlap
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.sites import all_components
@@ -24,26 +25,28 @@ def pair(a: int, b: int, operation: str = "addition") -> PromptPair:
                       str(a), str(b))  # fmt: skip
 
 
-PAIRS = [pair(27, 15), pair(3, 4), pair(95, 17), pair(21, 15), pair(42, 15, "subtraction"), pair(47, 15, "subtraction")]
+PAIRS = [pair(27, 15), pair(3, 4), pair(95, 17), pair(21, 15), pair(42, 15, "subtraction"), pair(47, 15, "subtraction"),
+         pair(47, 45, "subtraction")]  # answers of 2, 1, 3, 2, 2, 2 and 1 digits
 
 
 def naive_batch(tokenizer, pairs: list[PromptPair]) -> tuple[PatchingBatch, list[int]]:
     """Row per answer character (one token each on the byte tokenizer), tokenized from the text itself:
-    prompt + the answer's first j - 1 characters, the counterfactual with the same characters; and positions."""
-    rows, positions = [], []
+    prompt + the answer's first j - 1 characters, the counterfactual with the same characters; and the place of
+    each row's digit, counted from the answer's last character (0 units, 1 tens, 2 hundreds)."""
+    rows, places = [], []
     for p in pairs:
         for j, digit in enumerate(p.answer):
             ref = tokenizer(p.reference + p.answer[:j])["input_ids"]
             cf = tokenizer(p.counterfactual + p.answer[:j])["input_ids"]
             rows.append((ref, cf, tokenizer(digit)["input_ids"][0]))
-            positions.append(j + 1)
+            places.append(len(p.answer) - 1 - j)
     width = max(len(r) for r, _, _ in rows)
     ref_ids = torch.zeros(len(rows), width, dtype=torch.long)
     cf_ids, mask = ref_ids.clone(), ref_ids.clone()
     for i, (ref, cf, _) in enumerate(rows):
         ref_ids[i, : len(ref)], cf_ids[i, : len(cf)], mask[i, : len(ref)] = torch.tensor(ref), torch.tensor(cf), 1
     answers = torch.tensor([a for _, _, a in rows])
-    return PatchingBatch(ref_ids, mask, cf_ids, mask.clone(), mask.sum(1) - 1, answers), positions
+    return PatchingBatch(ref_ids, mask, cf_ids, mask.clone(), mask.sum(1) - 1, answers), places
 
 
 @pytest.mark.parametrize("variant", ["path", "direct", "total"])
@@ -55,8 +58,8 @@ def test_per_digit_scan_equals_naive_reference(arch: str, variant: str) -> None:
     t, _ = tokenize_pairs(tokenizer, PAIRS, answer_digits=True)
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     fast = path_patch(view, batch, variant=variant, batch_size=4)
-    naive, positions = naive_batch(tokenizer, PAIRS)
-    assert t.answer_position.tolist() == positions
+    naive, places = naive_batch(tokenizer, PAIRS)
+    assert t.answer_place.tolist() == places
     reference = ReferencePatcher(view, naive)
     torch.testing.assert_close(fast.ref_logit, reference.ref_logit.cpu(), atol=1e-5, rtol=1e-5)
     expected = torch.stack([reference.effect(c, variant) for c in all_components(view.dims)])  # [component, row]
@@ -64,16 +67,18 @@ def test_per_digit_scan_equals_naive_reference(arch: str, variant: str) -> None:
     torch.testing.assert_close(fast.per_prompt * scale, expected * scale, atol=1e-5, rtol=1e-4)
     assert (expected * scale).abs().max() > 1e-3, "effects are all ~0: the test could not tell variants apart"
 
-    rows = position_effects(fast, t)
-    position = torch.tensor(positions)
-    for p in (1, 2, 3):
-        at = [r for r in rows if r["position"] == p and r["group"] == "all"]
-        assert [float(r["effect"]) for r in at] == pytest.approx(fast.per_prompt[:, position == p].mean(1).tolist())
-        assert {r["prompts"] for r in at} == {int((position == p).sum())}
-    carry = [r for r in rows if r["position"] == 1 and r["group"] == "carry"]
-    is_carry = torch.tensor([pr.a in ("27", "95") for pr in t.pairs]) & (position == 1)  # 27+15, 95+17 carry
+    rows = place_effects(fast, t)
+    place = torch.tensor(places)
+    assert [r["place"] for r in rows[:: len(fast.components)] if r["group"] == "all"] == ["units", "tens", "hundreds"]
+    for p, name in enumerate(("units", "tens", "hundreds")):
+        at = [r for r in rows if r["place"] == name and r["group"] == "all"]
+        assert [float(r["effect"]) for r in at] == pytest.approx(fast.per_prompt[:, place == p].mean(1).tolist())
+        assert {r["prompts"] for r in at} == {int((place == p).sum())}
+    carry = [r for r in rows if r["place"] == "tens" and r["group"] == "carry"]
+    is_carry = torch.tensor([pr.a in ("27", "95") for pr in t.pairs]) & (place == 1)  # 27+15, 95+17 carry
     assert [float(r["effect"]) for r in carry] == pytest.approx(fast.per_prompt[:, is_carry].mean(1).tolist())
     assert {r["group"] for r in rows} == {"all", "carry", "no carry", "borrow", "no borrow"}
-    overlap = {(r["position_a"], r["position_b"]): r for r in position_overlap(fast, t, ks=(3,))}
-    mean = {p: fast.per_prompt[:, position == p].mean(1) for p in (1, 2)}
-    assert float(overlap[(1, 2)]["top3_overlap"]) == pytest.approx(top_k_overlap(mean[1], mean[2], 3), abs=1e-4)
+    overlap = {(r["place_a"], r["place_b"]): r for r in place_overlap(fast, t, ks=(3,))}
+    mean = {p: fast.per_prompt[:, place == p].mean(1) for p in (0, 1)}
+    assert float(overlap[("units", "tens")]["top3_overlap"]) == pytest.approx(top_k_overlap(mean[0], mean[1], 3),
+                                                                              abs=1e-4)  # fmt: skip
