@@ -178,7 +178,7 @@ def evaluate_stage(
                                                            GROUP_COLUMNS, ".6f"))  # fmt: skip
         atomic_write_json(out / "split.json", make_split(cfg.split_seed).record())
     metadata = {
-        "stage": "evaluate",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "model_weights_sha256": identity["weights"],
         "base_model": base_handle.source if base_handle is not None else None,

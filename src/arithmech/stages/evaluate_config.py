@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
@@ -26,6 +26,14 @@ DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "
 @dataclass(frozen=True)
 class EvaluateConfig:
     """Settings of the evaluate stage."""
+
+    STAGE: ClassVar[str] = "evaluate"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it scores benchmarks."""
+        return False
 
     benchmarks: tuple[str, ...] | None = field(
         default=None,

@@ -6,6 +6,7 @@ The CLI builds `arithmech identify`'s config from its options and validates it b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.errors import ConfigError
@@ -18,6 +19,14 @@ METHODS: tuple[str, ...] = ("exact", "attribution", "both")
 class IdentifyConfig(ReferenceSetConfig):
     """Settings of the identify stage: the reference set's (`data/reference_config.py`), then the scan's; every
     field is also a CLI option."""
+
+    STAGE: ClassVar[str] = "identify"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it makes one."""
+        return False
 
     variant: str = field(default="path", metadata={"help": "path, direct or total"})
     method: str = field(

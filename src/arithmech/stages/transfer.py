@@ -249,7 +249,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         logger.info("%s: %d of %d prompts answered, %d used", name, target.n_answered, target.n_total,
                     targets_meta[name]["used"])
     metadata = {
-        "stage": "transfer",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
