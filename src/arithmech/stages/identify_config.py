@@ -46,3 +46,15 @@ class IdentifyConfig(ReferenceSetConfig):
             raise ConfigError(f"variant {self.variant!r} is not one of {', '.join(VARIANTS)}")
         if self.top_k < 1:
             raise ConfigError(f"top_k must be at least 1 (got {self.top_k})")
+        if not self.threshold < 0:  # a key component lowers the answer's logit: its effect is negative
+            meant = abs(self.threshold) / (100 if abs(self.threshold) >= 1 else 1) or 0.05  # 5 meant as 5%
+            raise ConfigError(
+                f"threshold {self.threshold:g} is not negative, so components that raise the answer's logit would "
+                f"be key; give a negative fraction of the logit (-0.05 is -5%), e.g. --threshold -{meant:g}"
+            )
+        if self.fraction_threshold is not None and not self.fraction_threshold > 0:
+            raise ConfigError(
+                f"fraction_threshold {self.fraction_threshold:g} is not positive, so every component that lowers the "
+                "answer's logit would be key; give a share of the whole-prompt effect, e.g. --fraction-threshold "
+                f"{abs(self.fraction_threshold) or 0.1:g}"
+            )
