@@ -61,17 +61,18 @@ def identify_fingerprint(folder: str | os.PathLike[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def read_metadata(folder: Path) -> dict[str, Any] | None:
-    """A folder's metadata.json as a dict; None when it has none; ConfigError when it is not a JSON object."""
-    path = folder / "metadata.json"
+def read_metadata(folder: Path, name: str = "metadata.json", stage: str = "its stage") -> dict[str, Any] | None:
+    """A folder's metadata.json (or another JSON record `name` that `stage` writes) as a dict; None when it has
+    none; ConfigError when it is not a JSON object."""
+    path = folder / name
     if not path.is_file():
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{str(path)!r} cannot be read as JSON ({err.__class__.__name__}); rerun its stage") from None
+        raise ConfigError(f"{str(path)!r} cannot be read as JSON ({err.__class__.__name__}); rerun {stage}") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{str(path)!r} is not a JSON object; rerun its stage")
+        raise ConfigError(f"{str(path)!r} is not a JSON object; rerun {stage}")
     return value
 
 

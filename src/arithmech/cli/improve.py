@@ -15,7 +15,7 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
-from arithmech.stages.evaluate_config import EvaluateConfig
+from arithmech.stages.evaluate_config import EvaluateConfig, trained_split
 from arithmech.stages.finetune_config import FinetuneConfig
 
 
@@ -70,6 +70,9 @@ def evaluate(
 
     cfg, out_dir = preflight.check(cfg, out or Path("runs") / time.strftime("evaluate-%Y%m%d-%H%M%S"), "evaluate")
     delta_dir = preflight.delta_folder(delta) if delta is not None else None
+    split = trained_split(delta_dir) if delta_dir is not None else None
+    if delta_dir is not None and split is not None:
+        cfg.refuse_other_split(split, f"--delta {str(delta_dir)!r}")
     from arithmech.stages.evaluate import evaluate_stage
 
     handle = load()
