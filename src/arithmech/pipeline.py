@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arithmech import distributed, preflight
+from arithmech import distributed, preflight, run_lock
 from arithmech.config_values import apply_overrides, coerce, read_yaml_mapping, suggest, typed_settings
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_fingerprint, read_metadata, refuse_answer_digits
@@ -358,7 +358,12 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     _check_given(run_dir, cfg.given)
     _check_answer_digits(cfg, run_dir)
     _check_split(cfg, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock.held(run_dir, "out"):  # creates it
+        return _run_stages(cfg, run_dir, settings, quiet, handle)
+
+
+def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: bool, handle: Any) -> dict[str, Any]:
+    """The loop of `run_pipeline`, in a run folder checked and locked."""
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     done: dict[str, Any] = record.get("stages", {})
