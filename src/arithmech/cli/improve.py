@@ -84,9 +84,18 @@ def evaluate(
     for name, bench in result.benchmarks.items():
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
         counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"
-        typer.echo(f"{name:14s} {score}{counts}, {bench.seconds:.0f} s")
+        typer.echo(f"{name:14s} {score}{counts}{_arithmetic_detail(bench.info, bench.n)}, {bench.seconds:.0f} s")
     for harness in result.harness.values():
         for s in harness.scores:
             value = "n/a" if s.value is None else f"{s.value:.4f}"
             typer.echo(f"harness:{s.task} {s.metric} {value} (n={s.n}), {harness.seconds:.0f} s")
     typer.echo(f"results in {out_dir}")
+
+
+def _arithmetic_detail(info: dict[str, Any], n: int) -> str:
+    """What an arithmetic benchmark's accuracy counts; for whole multi-digit numbers, the first digit and the
+    per-digit accuracy beside it."""
+    if info.get("scored") != "exact":
+        return ""
+    first, digits = info["first_token_accuracy"], info["token_accuracy"]
+    return f" whole numbers; first digit {first:.1%} ({info['first_token_correct']} of {n}), per digit {digits:.1%}"

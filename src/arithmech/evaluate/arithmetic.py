@@ -10,10 +10,15 @@ Background
 Scoring (no generation; one forward pass over prompt + answer, teacher forced)
     t = tokens(prompt + answer), s = index of the answer's first token (data/tokens.continuation_span), n = |t|
 
-        first-token correct   argmax_v logits(t[:s])[v] == t[s]         (END, what identify and transfer score)
+        first-token correct   argmax_v logits(t[:s])[v] == t[s]         (END, what identify scores)
         exact match           argmax_v logits(t[:k])[v] == t[k] for every k = s .. n-1, and the argmax after
                               the whole answer, argmax_v logits(t)[v], is not a token starting with a digit
+        tokens correct        #{k in s .. n-1 : argmax_v logits(t[:k])[v] == t[k]}  (per digit, teacher forced)
         log p(answer)         sum_{k=s}^{n-1} log softmax(logits(t[:k]))[t[k]]
+
+    A benchmark's accuracy (`headline`) is exact match when an answer has several tokens (the multi-digit set on
+    a digit-splitting tokenizer): the first token of "45" is a necessary, not a sufficient, condition of a right
+    answer. With one-token answers it is first-token accuracy (the two differ only by the end check).
 
     Teacher forcing makes the exact check one pass: position k sees the gold tokens before it, which are the
     greedy ones exactly when every check before k passed, so exact match is "greedy decoding writes this number
@@ -27,7 +32,8 @@ Confidence intervals: the Wilson score interval at 95% (z = 1.96) of k correct o
     with p = k / n; it stays inside [0, 1] and is not degenerate at p = 0 or 1 (Wilson 1927).
 
 Groups (`group_rows`): the whole benchmark, each operation, and each (operation, formation), every one with n,
-correct, accuracy and its interval, exact matches and theirs. The evaluate stage writes them to arithmetic.csv.
+correct, accuracy and its interval, exact matches and theirs, and the share of answer tokens right (per digit).
+The evaluate stage writes them to arithmetic.csv.
 
 Usage
     >>> scores = score_answers(handle.view, handle.tokenizer, ["3 + 4 = "], ["7"])
@@ -60,7 +66,8 @@ from arithmech.models.view import ModelView
 ARITHMETIC_SETS: tuple[str, ...] = ("split", "multidigit")
 """What an arithmetic benchmark asks: the split's test (or validation) part, or the multi-digit transfer set."""
 GROUP_COLUMNS: tuple[str, ...] = ("benchmark", "operation", "formation", "n", "correct", "accuracy", "ci_low",
-                                  "ci_high", "exact", "exact_accuracy", "exact_ci_low", "exact_ci_high")  # fmt: skip
+                                  "ci_high", "exact", "exact_accuracy", "exact_ci_low", "exact_ci_high",
+                                  "answer_tokens", "token_accuracy")  # fmt: skip
 ALL = "all"
 Z_95 = 1.959963984540054
 
@@ -75,6 +82,8 @@ class AnswerScore:
     predicted: str
     """The most likely first answer token, decoded."""
     n_tokens: int
+    tokens_correct: int
+    """Answer tokens that are the most likely token after the gold ones before them (teacher forced)."""
 
 
 @torch.no_grad()
@@ -105,7 +114,7 @@ def score_answers(
             hits = [g == t for g, t in zip(guess[:-1], tokens, strict=True)]
             ended = not tokenizer.decode([guess[-1]])[:1].isdigit()
             scores[where[id(row)]] = AnswerScore(hits[0], all(hits) and ended, logprob,
-                                                 tokenizer.decode([guess[0]]), len(tokens))  # fmt: skip
+                                                 tokenizer.decode([guess[0]]), len(tokens), sum(hits))  # fmt: skip
             offset += len(row.targets)
     assert all(s is not None for s in scores)
     return [s for s in scores if s is not None]
@@ -153,6 +162,7 @@ def arithmetic_records(
         {"id": f"{i:04d}-{p.template_id}-{p.a}-{p.b}", "template_id": p.template_id, "operation": p.operation,
          "formation": p.formation, "a": p.a, "b": p.b, "gold": p.answer, "predicted": s.predicted,
          "correct": s.first_correct, "exact": s.exact, "logprob": s.logprob, "n_answer_tokens": s.n_tokens,
+         "tokens_correct": s.tokens_correct,
          "part": p.extra.get("part"), "examples": p.extra.get("examples")}
         for i, (p, s) in enumerate(zip(prompts, scores, strict=True))
     ]  # fmt: skip
@@ -169,7 +179,18 @@ def group_rows(name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
         mine = [r for r in records if op in (ALL, r["operation"]) and formation in (ALL, r["formation"])]
         n, correct, exact = len(mine), sum(bool(r["correct"]) for r in mine), sum(bool(r["exact"]) for r in mine)
         (lo, hi), (elo, ehi) = wilson_interval(correct, n), wilson_interval(exact, n)
+        tokens = sum(int(r["n_answer_tokens"]) for r in mine)
         rows.append({"benchmark": name, "operation": op, "formation": formation, "n": n, "correct": correct,
                      "accuracy": correct / n if n else math.nan, "ci_low": lo, "ci_high": hi, "exact": exact,
-                     "exact_accuracy": exact / n if n else math.nan, "exact_ci_low": elo, "exact_ci_high": ehi})
+                     "exact_accuracy": exact / n if n else math.nan, "exact_ci_low": elo, "exact_ci_high": ehi,
+                     "answer_tokens": tokens,
+                     "token_accuracy": sum(int(r["tokens_correct"]) for r in mine) / tokens if tokens else math.nan})
     return rows
+
+
+def headline(records: Sequence[dict[str, Any]]) -> tuple[str, int]:
+    """What a benchmark's accuracy counts, and how many prompts are right by it: whole numbers (exact match)
+    when an answer has several tokens, else the (only) first token (see the module docstring)."""
+    if any(int(r["n_answer_tokens"]) > 1 for r in records):
+        return "exact", sum(bool(r["exact"]) for r in records)
+    return "first token", sum(bool(r["correct"]) for r in records)

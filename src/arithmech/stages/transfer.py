@@ -26,10 +26,14 @@ Numbers (per source x target)
     error. In memory an undefined number is NaN; in transfer.csv it is an empty cell (also a relative drop from
     an unablated accuracy of 0, and a spread over fewer than 2 random draws), in metadata.json null.
 
-Scoring is by the answer's first token at END (not greedy generation): the metric identify and knockout
-use, one forward pass per (configuration, prompt), and for word problems after the short prefix "Answer: ".
-For a multi-token answer ("45", "3.8") the first token is a necessary, not a sufficient, condition of a
-right answer, so the word-problem base accuracy is an upper bound of exact-match accuracy.
+Scoring is by the answer's tokens at END (not greedy generation): the metric identify and knockout use, one
+forward pass per (configuration, prompt, answer token). An arithmetic target's multi-token answer ("45", "3.8")
+is scored token by token, teacher forced (its earlier tokens appended to the prompt, as identify
+--answer-digits): the prompt counts as right when every token is the top token, which is when greedy decoding
+writes the whole answer; effect_token_accuracy and random_token_accuracy_mean give the share of answer tokens
+right (per digit). Word problems are scored by the answer's first token after the short prefix "Answer: ": a
+necessary, not a sufficient, condition of a right answer, so their base accuracy is an upper bound of
+exact-match accuracy.
 
 Outputs (atomic): transfer.csv (one row per source x target), transfer.png (effect and random-rank drop
 heatmaps), metadata.json last.
@@ -74,7 +78,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "base_accuracy", "k",
     "unablated_accuracy", "effect_accuracy", "effect_drop", "effect_drop_abs", "random_accuracy_mean",
     "random_accuracy_std", "random_drop", "random_drop_abs", "unablated_prob", "effect_prob",
-    "random_prob_mean", "components", "note",
+    "random_prob_mean", "effect_token_accuracy", "random_token_accuracy_mean", "components", "note",
 )
 
 
@@ -103,6 +107,10 @@ class TransferRow:
     random_prob_mean: float
     components: str
     note: str
+    effect_token_accuracy: float = math.nan
+    """Share of answer tokens still the top token (teacher forced): per digit where the accuracies are of whole
+    multi-digit answers; equal to effect_accuracy for answers of one token."""
+    random_token_accuracy_mean: float = math.nan
 
 
 @dataclass
@@ -172,6 +180,7 @@ def score_target(
                 configs.append(config)
     acc: list[float] = []
     prob: list[float] = []
+    per_token: list[float] = []
     batch = target.batch
     if batch is not None:
         size = rows_per_pass(batch.ref_ids.shape[1] - target.prefix_len, cfg.batch_size)
@@ -180,19 +189,23 @@ def score_target(
         else:
             assert target.sources is not None
             scores = knockout_scores(handle.view, batch, target.sources, configs, size)
+        per_token = scores.accuracy.tolist()
+        if target.pair_index is not None and len(target.pair_index) > target.n_prompts:
+            scores = scores.whole_answers(target.pair_index)  # a prompt is right when every answer token is
         acc, prob = scores.accuracy.tolist(), scores.mean_prob.tolist()
     return [
         _row(plan, target, acc, prob, index[_key(plan.effect)], [index[_key(r)] for r in plan.randoms],
-             cfg.filter_correct)
+             cfg.filter_correct, per_token)
         for plan in plans
     ]
 
 
 def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[float], effect: int,
-         randoms: list[int], filter_correct: bool) -> TransferRow:
-    """Accuracies [config] -> one row; config 0 is the unablated run."""
+         randoms: list[int], filter_correct: bool, per_token: list[float]) -> TransferRow:
+    """Accuracies [config] of whole answers (and `per_token`, of answer tokens) -> one row; config 0 is the
+    unablated run."""
     nan = math.nan
-    n = len(target.batch) if target.batch is not None else 0
+    n = target.n_prompts
     base = target.base_accuracy
     unablated, effect_acc = (acc[0], acc[effect]) if acc else (nan, nan)
     rand = [acc[i] for i in randoms] if acc else []
@@ -213,6 +226,8 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
         effect_prob=prob[effect] if prob else nan,
         random_prob_mean=statistics.fmean(prob[i] for i in randoms) if prob and randoms else nan,
         components=" ".join(c.name for c in plan.effect), note=target.note,
+        effect_token_accuracy=per_token[effect] if per_token else nan,
+        random_token_accuracy_mean=statistics.fmean(per_token[i] for i in randoms) if per_token and randoms else nan,
     )
 
 
@@ -240,7 +255,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         rows += score_target(handle, target, plans, cfg)
         targets_meta[name] = {
             "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
-            "used": len(target.batch) if target.batch is not None else 0,
+            "used": target.n_prompts, "scored_rows": len(target.pair_index) if target.pair_index is not None else 0,
             "base_accuracy": defined(target.base_accuracy),
             "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
             "ablation_sources": target.ablation_info, "scored_prompts": target.prompts, "note": target.note,
