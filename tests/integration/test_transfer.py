@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,6 +208,24 @@ def test_default_k_is_the_key_heads_and_filtering_keeps_answered(
         assert row.unablated_accuracy == pytest.approx(1.0)
     else:
         assert math.isnan(row.effect_drop) and "answered none" in row.note
+
+
+def test_a_source_without_key_heads_says_which_head_it_takes_and_why(
+    tiny: tuple[ModelHandle, list[Path]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22.7: a run with no key heads (here the qa run) falls back to its top head by effect, out loud."""
+    handle, sources = tiny
+    run = read_identify_run(sources[1], handle)
+    assert run.key["key_heads"] == []
+    with caplog.at_level(logging.WARNING):
+        res = transfer(handle, small(sources[1:], targets=TARGETS[:1], n_random=1), tmp_path / "t", quiet=True)
+    top = run.ranked("head")[0]
+    source = res.metadata["sources"][0]
+    assert source["components"] == [top.name] and "the run has no key heads (rule: effect < -0.05)" in source["why"]
+    assert "give --k N" in source["why"]
+    assert f"knocks out {top.name} ({run.effects[top]:+.1%}): the run has no key heads" in caplog.text
+    res = transfer(handle, small(sources[1:], targets=TARGETS[:1], n_random=1, k=2), tmp_path / "k", quiet=True)
+    assert res.metadata["sources"][0]["why"] == "its top 2 heads by effect (--k 2)"
 
 
 def test_bad_input_is_one_clear_error(tiny: tuple[ModelHandle, list[Path]], tmp_path: Path) -> None:

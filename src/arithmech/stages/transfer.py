@@ -22,9 +22,11 @@ Numbers (per source x target)
                   model got wrong stay wrong (without filtering: unablated - effect_accuracy, measured)
     random_*    the same for the random-rank control: mean and sd over seeds.
     k defaults to the number of key heads of the source run (key heads + key MLPs with include_mlps), at
-    least 1 and at most 32. A target with no prompt kept gives rows of undefined numbers with a note, not an
-    error. In memory an undefined number is NaN; in transfer.csv it is an empty cell (also a relative drop from
-    an unablated accuracy of 0, and a spread over fewer than 2 random draws), in metadata.json null.
+    least 1 and at most 32; which components a source knocks out and why (--k, its key components, or its top
+    one by effect when it has none, a warning) is logged and recorded in metadata.json ("why"). A target with
+    no prompt kept gives rows of undefined numbers with a note, not an error. In memory an undefined number is
+    NaN; in transfer.csv it is an empty cell (also a relative drop from an unablated accuracy of 0, and a
+    spread over fewer than 2 random draws), in metadata.json null.
 
 Scoring is by the answer's tokens at END (not greedy generation): the metric identify and knockout use, one
 forward pass per (configuration, prompt, answer token). An arithmetic target's multi-token answer ("45", "3.8")
@@ -137,6 +139,8 @@ class SourcePlan:
     randoms: list[list[Component]]
     record: dict[str, Any]
     """The source identify run's record (path, fingerprint, created), for metadata.json."""
+    why: str
+    """Why these k components: --k, the run's key components, or (none) its top one by effect."""
 
 
 def describe_source(run: IdentifyRun) -> str:
@@ -159,8 +163,27 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
         if k > min(len(pool), len(ranked)):
             raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
         randoms = [random.Random(f"{cfg.seed}-{k}-{s}").sample(pool, k) for s in range(cfg.n_random)]
-        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record))
+        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record,
+                                _why_k(run, cfg, n_key, k)))  # fmt: skip
+        chosen = ", ".join(f"{c.name} ({run.effects[c]:+.1%})" for c in ranked[:k])
+        (logger.warning if cfg.k is None and n_key == 0 else logger.info)(
+            "transfer from %s knocks out %s: %s", path, chosen, plans[-1].why)
     return plans
+
+
+def _why_k(run: IdentifyRun, cfg: TransferConfig, n_key: int, k: int) -> str:
+    """Why a source knocks out k components (see `plan_sources`), one phrase for the log and metadata.json."""
+    kind = "components" if cfg.include_mlps else "heads"
+    if cfg.k is not None:
+        return f"its top {k} {kind} by effect (--k {cfg.k})"
+    if n_key == 0:
+        digits = (" (it scored its answers token by token, --answer-digits, so each effect is a mean over every "
+                  "answer token, and fewer pass)") if run.answer_digits else ""  # fmt: skip
+        return (f"the run has no key {kind} (rule: {run.key.get('rule', '?')}){digits}, so its top one by effect "
+                f"is taken; give --k N to knock out its top N")  # fmt: skip
+    if n_key > k:
+        return f"its top {k} of its {n_key} key {kind} (at most {K_CAP}; give --k N for another number)"
+    return f"its {k} key {kind} (rule: {run.key.get('rule', '?')})"
 
 
 def _key(config: list[Component]) -> tuple[Component, ...]:
@@ -270,7 +293,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         "config": asdict(cfg),
         "seed": cfg.seed,
         "sources": [{"path": p.label, "source_set": p.source_set, "k": len(p.effect),
-                     "components": [c.name for c in p.effect]} for p in plans],
+                     "components": [c.name for c in p.effect], "why": p.why} for p in plans],
         "identify_runs": [p.record for p in plans],
         "targets": targets_meta,
         "timings": {"transfer_s": time.perf_counter() - start},
