@@ -223,7 +223,7 @@ def test_a_source_without_key_heads_says_which_head_it_takes_and_why(
     source = res.metadata["sources"][0]
     assert source["components"] == [top.name] and "the run has no key heads (rule: effect < -0.05)" in source["why"]
     assert "give --k N" in source["why"]
-    assert f"knocks out {top.name} ({run.effects[top]:+.1%}): the run has no key heads" in caplog.text
+    assert f"knocks out {top.name} ({run.effects[top]:+.1%}): its top head by effect, since the run" in caplog.text
     res = transfer(handle, small(sources[1:], targets=TARGETS[:1], n_random=1, k=2), tmp_path / "k", quiet=True)
     assert res.metadata["sources"][0]["why"] == "its top 2 heads by effect (--k 2)"
 

@@ -179,8 +179,8 @@ def _why_k(run: IdentifyRun, cfg: TransferConfig, n_key: int, k: int) -> str:
     if n_key == 0:
         digits = (" (it scored its answers token by token, --answer-digits, so each effect is a mean over every "
                   "answer token, and fewer pass)") if run.answer_digits else ""  # fmt: skip
-        return (f"the run has no key {kind} (rule: {run.key.get('rule', '?')}){digits}, so its top one by effect "
-                f"is taken; give --k N to knock out its top N")  # fmt: skip
+        return (f"its top {kind[:-1]} by effect, since the run has no key {kind} (rule: {run.key.get('rule', '?')})"
+                f"{digits}; give --k N to knock out its top N")  # fmt: skip
     if n_key > k:
         return f"its top {k} of its {n_key} key {kind} (at most {K_CAP}; give --k N for another number)"
     return f"its {k} key {kind} (rule: {run.key.get('rule', '?')})"
