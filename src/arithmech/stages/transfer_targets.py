@@ -137,8 +137,9 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     chosen = [keep[j] for j in stratified_sample([prompts[i] for i in keep], cfg.max_prompts, cfg.seed)]
     rows = t.pair_rows(chosen)  # positions in `whole`
     batch, _ = _take(t, rows)
-    keys = [f"{p.template_id}#{j}" for p, j in zip(t.pairs, t.answer_position.tolist(), strict=True)]
-    groups = alignment_groups(keys, whole.end + 1)  # answer positions apart: their prompts end in other tokens
+    keys = [f"{p.template_id or 'custom'}#{j}" if j > 1 else p.template_id  # positions after the first apart
+            for p, j in zip(t.pairs, t.answer_position.tolist(), strict=True)]  # fmt: skip
+    groups = alignment_groups(keys, whole.end + 1)
     prepared = PreparedTarget(name, spec, len(prompts), n_answered, base, batch, note="; ".join(notes),
                               groups=len(set(groups)), prefix_len=prefix, prompts=sample_record(prompts, chosen),
                               pair_index=t.take(rows).pair_index)  # fmt: skip
