@@ -24,7 +24,9 @@ Finding the folder (`identify_folder`)
 
 Stale analyses
     `stale_reason(metadata, fingerprint, created)`: why an analysis does not belong to the identify run with
-    that fingerprint (None when it does, or when it reads no identify run). An analysis written before
+    that fingerprint (None when it does, or when it reads no identify run). Whether a stage reads an identify
+    run is declared once, on its config class (`reads_identify_run`, found by `stages.catalog`); an analysis
+    whose metadata records an identify run read one, whatever its stage. An analysis written before
     fingerprints were recorded is stale when it is older than the identify run. identify moves stale
     analyses aside before writing (`move_aside_stale`); `arithmech report` shows them as stale.
 """
@@ -47,9 +49,6 @@ logger = logging.getLogger(__name__)
 FINGERPRINTED_FILES: tuple[str, ...] = ("effects.csv", "key_components.json", "prompts.jsonl")
 """What the analyses read of an identify run, and so what its fingerprint covers."""
 
-READER_STAGES = frozenset({"knockout", "transfer", "analyze_attention", "analyze-mlp", "agreement", "finetune"})
-"""metadata.json "stage" of every stage that reads an identify run."""
-
 _CREATED = "%Y-%m-%dT%H:%M:%S%z"
 
 
@@ -62,17 +61,18 @@ def identify_fingerprint(folder: str | os.PathLike[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def read_metadata(folder: Path) -> dict[str, Any] | None:
-    """A folder's metadata.json as a dict; None when it has none; ConfigError when it is not a JSON object."""
-    path = folder / "metadata.json"
+def read_metadata(folder: Path, name: str = "metadata.json", stage: str = "its stage") -> dict[str, Any] | None:
+    """A folder's metadata.json (or another JSON record `name` that `stage` writes) as a dict; None when it has
+    none; ConfigError when it is not a JSON object."""
+    path = folder / name
     if not path.is_file():
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{str(path)!r} cannot be read as JSON ({err.__class__.__name__}); rerun its stage") from None
+        raise ConfigError(f"{str(path)!r} cannot be read as JSON ({err.__class__.__name__}); rerun {stage}") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{str(path)!r} is not a JSON object; rerun its stage")
+        raise ConfigError(f"{str(path)!r} is not a JSON object; rerun {stage}")
     return value
 
 
@@ -110,14 +110,15 @@ def recorded_runs(metadata: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _reads_identify(metadata: dict[str, Any]) -> bool:
-    """Whether the stage that wrote `metadata` read an identify run (knockout and finetune only with from_run)."""
-    stage, config = metadata.get("stage"), metadata.get("config")
-    config = config if isinstance(config, dict) else {}
-    if stage == "finetune":
-        return config.get("method", "precise") == "precise" and bool(config.get("from_run"))
-    if stage == "knockout":
-        return bool(config.get("from_run"))
-    return stage in READER_STAGES
+    """Whether the stage that wrote `metadata` read an identify run: it records one, or its config class
+    declares so for its settings (the record of a run made before fingerprints were recorded)."""
+    from arithmech.stages.catalog import stage_configs  # the config modules import much of arithmech
+
+    if recorded_runs(metadata):
+        return True
+    config = metadata.get("config")
+    declared = stage_configs().get(metadata.get("stage"))
+    return declared is not None and declared.reads_identify_run(config if isinstance(config, dict) else {})
 
 
 def _when(text: Any) -> datetime | None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arithmech import distributed, preflight
+from arithmech import distributed, preflight, run_lock
 from arithmech.config_values import apply_overrides, coerce, read_yaml_mapping, suggest, typed_settings
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_fingerprint, read_metadata, refuse_answer_digits
@@ -327,6 +327,26 @@ def _check_answer_digits(cfg: RunConfig, run_dir: Path) -> None:
         )
 
 
+def _check_split(cfg: RunConfig, run_dir: Path) -> None:
+    """Refuse, before a model loads, arithmetic benchmarks of evaluate on another split than the one the finetune
+    stage trains on (this run's settings) or trained on (a finished finetune folder left out of stages)."""
+    evaluate, finetune = cfg.settings.get("evaluate"), cfg.settings.get("finetune")
+    if evaluate is None:
+        return
+    if finetune is not None:
+        if finetune.data == "arithmetic":
+            from arithmech.data.arithmetic_split import make_split
+
+            trained = {"seed": finetune.split_seed, "fingerprint": make_split(finetune.split_seed).fingerprint}
+            evaluate.refuse_other_split(trained, "the finetune stage", prefix="evaluate.")
+    elif (run_dir / "finetune" / "metadata.json").is_file():
+        from arithmech.stages.evaluate_config import trained_split
+
+        trained = trained_split(run_dir / "finetune")
+        if trained is not None:
+            evaluate.refuse_other_split(trained, f"{str(run_dir / 'finetune')!r}", prefix="evaluate.")
+
+
 def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dict[str, Any]:
     """Run the chosen stages in order into cfg.out, skipping those already done with the same fingerprint.
 
@@ -337,7 +357,13 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     settings = {name: preflight.stage_paths(c, prefix=name, skip=_INJECTED) for name, c in cfg.settings.items()}
     _check_given(run_dir, cfg.given)
     _check_answer_digits(cfg, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_split(cfg, run_dir)
+    with run_lock.held(run_dir, "out"):  # creates it
+        return _run_stages(cfg, run_dir, settings, quiet, handle)
+
+
+def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: bool, handle: Any) -> dict[str, Any]:
+    """The loop of `run_pipeline`, in a run folder checked and locked."""
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     done: dict[str, Any] = record.get("stages", {})

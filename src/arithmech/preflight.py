@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from arithmech import run_lock
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_folder, read_metadata, refuse_answer_digits
 
@@ -194,8 +195,11 @@ def _logs_held_back() -> Iterator[None]:
 
 
 def check(cfg: Any, out: str | os.PathLike[str], stage: str) -> tuple[Any, Path]:
-    """What a command checks before it loads the model: its config's paths and its output folder."""
-    return stage_paths(cfg), out_folder(out, stage=stage)
+    """What a command checks before it loads the model: its config's paths and its output folder, which it then
+    locks against a second run into it (`run_lock`)."""
+    checked, folder = stage_paths(cfg), out_folder(out, stage=stage)
+    run_lock.hold(folder)
+    return checked, folder
 
 
 def check_reading(
@@ -206,4 +210,6 @@ def check_reading(
     folder = identify_folder(run_dir)
     if one_answer_token:
         refuse_answer_digits(folder, stage.replace("_", " ").replace("-", " "))
-    return folder, out_folder(out, stage=stage)
+    out_dir = out_folder(out, stage=stage)
+    run_lock.hold(out_dir)
+    return folder, out_dir

@@ -52,6 +52,9 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
     bad = {  # argv -> a word of the sentence that names the cause
         ("identify", "--variant", "bogus", "--out", str(tmp_path / "i")): "variant",
         ("identify", "--max-prompts", "0", "--out", str(tmp_path / "i")): "max_prompts",
+        ("identify", "--threshold", "5", "--out", str(tmp_path / "i")): "threshold 5 is not negative",
+        ("identify", "--threshold", "0.05", "--out", str(tmp_path / "i")): "--threshold -0.05",
+        ("identify", "--fraction-threshold", "-0.5", "--out", str(tmp_path / "i")): "--fraction-threshold 0.5",
         ("knockout", "--components", "14.2", "--ablation", "bogus", "--out", str(tmp_path / "k")): "ablation",
         ("knockout", "--out", str(tmp_path / "k")): "nothing to knock out",
         ("transfer", "--from", run, "--targets", "nosuch", "--out", str(tmp_path / "t")): "nosuch",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.stages.identify import identify
 from arithmech.stages.identify_config import IdentifyConfig
 from arithmech.stages.identify_run import read_identify_run
-from arithmech.stages.transfer import CSV_COLUMNS, TransferResult, read_transfer_csv, transfer
+from arithmech.stages.transfer import CSV_COLUMNS, TransferResult, TransferRow, read_transfer_csv, transfer
 from arithmech.stages.transfer_config import TransferConfig
 
 from reference_knockout import knocked_logits, mean_values
@@ -108,36 +109,51 @@ def test_writes_matrix_figure_and_metadata(tiny: tuple[ModelHandle, list[Path]],
 
 @torch.no_grad()
 def hand_knockout(
-    handle: ModelHandle, pairs: list[PromptPair], heads: list[tuple[int, int]], end_only: bool
+    handle: ModelHandle, pairs: list[PromptPair], heads: list[tuple[int, int]], end_only: bool, digits: bool = True
 ) -> dict[str, float]:
     """Accuracy and mean answer probability of `pairs` at END, unablated and with `heads` mean-ablated, by the
-    reference knockout (tests/reference_knockout.py `mean_values`), one unpadded prompt per forward pass. The
-    tiny tokenizer has one token per byte, so the answer's first token is its first byte."""
+    reference knockout (tests/reference_knockout.py `mean_values`), one unpadded prompt per forward pass.
+    With `digits`, a whole answer is scored: one prompt per answer token, its earlier tokens appended to the
+    reference and the counterfactual (teacher forcing); a pair is right when every token is the top token, and
+    its probability is the product of its tokens'. The tiny tokenizer has one token per byte."""
     model, tokenizer = handle.model, handle.tokenizer
-    ref = [torch.tensor([tokenizer(p.reference).input_ids]) for p in pairs]  # [1, pos] each
-    cf = [torch.tensor([tokenizer(p.counterfactual).input_ids]) for p in pairs]
-    answers = torch.tensor([tokenizer(p.answer).input_ids[0] for p in pairs])
-    values, where = mean_values(model, cf, [p.template_id for p in pairs], end_only)
-    plain = torch.cat([model(input_ids=ids).logits[:, -1] for ids in ref])  # [prompt, d_vocab]
+    ref, cf, answers, owner, keys = [], [], [], [], []
+    for n, p in enumerate(pairs):
+        answer = tokenizer(p.answer).input_ids if digits else tokenizer(p.answer).input_ids[:1]
+        for j, token in enumerate(answer):
+            ref.append(torch.tensor([tokenizer(p.reference).input_ids + answer[:j]]))  # [1, pos]
+            cf.append(torch.tensor([tokenizer(p.counterfactual).input_ids + answer[:j]]))
+            answers.append(token)
+            owner.append(n)
+            keys.append(f"{p.template_id}#{j}")
+    targets, rows, pair_of = torch.tensor(answers), torch.arange(len(answers)), torch.tensor(owner)
+    values, where = mean_values(model, cf, keys, end_only)
+    plain = torch.cat([model(input_ids=ids).logits[:, -1] for ids in ref])  # [row, d_vocab]
     knocked = torch.cat([
         knocked_logits(model, ids, heads, [], z, mlp, where)[:, -1] for ids, (z, mlp) in zip(ref, values, strict=True)
     ])  # fmt: skip
-    rows = torch.arange(len(pairs))
-    return {
-        "base_accuracy": float((plain.argmax(-1) == answers).float().mean()),
-        "unablated_prob": float(plain.softmax(-1)[rows, answers].mean()),
-        "effect_accuracy": float((knocked.argmax(-1) == answers).float().mean()),
-        "effect_prob": float(knocked.softmax(-1)[rows, answers].mean()),
-    }
+
+    def whole(logits: torch.Tensor) -> tuple[float, float]:  # (accuracy, mean probability) of whole answers
+        wrong = torch.zeros(len(pairs)).index_add_(0, pair_of, (logits.argmax(-1) != targets).float())
+        log_prob = torch.zeros(len(pairs), dtype=torch.float64).index_add_(
+            0, pair_of, logits.softmax(-1)[rows, targets].double().log())
+        return float((wrong == 0).float().mean()), float(log_prob.exp().mean())
+
+    (base, base_prob), (effect, effect_prob) = whole(plain), whole(knocked)
+    per_token = float((knocked.argmax(-1) == targets).float().mean())
+    return {"base_accuracy": base, "unablated_prob": base_prob, "effect_accuracy": effect, "effect_prob": effect_prob,
+            "effect_token_accuracy": per_token}
 
 
-def assert_cell(row: dict[str, str], expected: dict[str, float]) -> None:
-    """transfer.csv (6 decimals) against the reference; the knockout must move the probability well past it."""
-    for name in ("base_accuracy", "effect_accuracy"):
+def assert_cell(row: dict[str, str], kept: TransferRow, expected: dict[str, float]) -> None:
+    """transfer.csv (6 decimals) and the row in memory against the reference; the knockout must move the
+    probability well past their agreement (whole answers of several tokens have probabilities far below 1e-6)."""
+    for name in ("base_accuracy", "effect_accuracy", "effect_token_accuracy"):
         assert float(row[name]) == pytest.approx(expected[name], abs=1e-6), name
     for name in ("unablated_prob", "effect_prob"):
         assert float(row[name]) == pytest.approx(expected[name], abs=2e-6), name
-    assert abs(expected["effect_prob"] - expected["unablated_prob"]) > 2e-5
+        assert getattr(kept, name) == pytest.approx(expected[name], rel=1e-4), name
+    assert abs(expected["effect_prob"] - expected["unablated_prob"]) > 1e-2 * expected["unablated_prob"]
 
 
 def heads_of(row: dict[str, str]) -> list[tuple[int, int]]:
@@ -154,7 +170,8 @@ def test_effect_cells_equal_a_hand_written_knockout(
     for source in sources:
         row = csv_row(result.out_dir, target, source)
         assert row["components"] == " ".join(c.name for c in read_identify_run(source, handle).ranked("head")[:2])
-        assert_cell(row, hand_knockout(handle, pairs, heads_of(row), end_only=False))
+        kept = next(r for r in result.rows if r.target == target and r.source == str(source))
+        assert_cell(row, kept, hand_knockout(handle, pairs, heads_of(row), end_only=False))
         tops.append(row["components"])
     assert tops[0] != tops[1]  # two sources that knock out different heads
 
@@ -174,7 +191,7 @@ def test_word_problems_knock_out_at_end_with_the_data_set_mean(
     assert int(row["n_prompts"]) == int(row["n_total"]) == 9
     assert res.metadata["targets"][str(path)]["shared_prefix_tokens"] > 20  # the stage ran its shared-prefix path
     pairs = build_target_pairs(target_set(str(path)), cfg.target_options())
-    assert_cell(row, hand_knockout(handle, pairs, heads_of(row), end_only=True))
+    assert_cell(row, res.rows[0], hand_knockout(handle, pairs, heads_of(row), end_only=True, digits=False))
 
 
 def test_default_k_is_the_key_heads_and_filtering_keeps_answered(
@@ -191,6 +208,24 @@ def test_default_k_is_the_key_heads_and_filtering_keeps_answered(
         assert row.unablated_accuracy == pytest.approx(1.0)
     else:
         assert math.isnan(row.effect_drop) and "answered none" in row.note
+
+
+def test_a_source_without_key_heads_says_which_head_it_takes_and_why(
+    tiny: tuple[ModelHandle, list[Path]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22.7: a run with no key heads (here the qa run) falls back to its top head by effect, out loud."""
+    handle, sources = tiny
+    run = read_identify_run(sources[1], handle)
+    assert run.key["key_heads"] == []
+    with caplog.at_level(logging.WARNING):
+        res = transfer(handle, small(sources[1:], targets=TARGETS[:1], n_random=1), tmp_path / "t", quiet=True)
+    top = run.ranked("head")[0]
+    source = res.metadata["sources"][0]
+    assert source["components"] == [top.name] and "the run has no key heads (rule: effect < -0.05)" in source["why"]
+    assert "give --k N" in source["why"]
+    assert f"knocks out {top.name} ({run.effects[top]:+.1%}): its top head by effect, since the run" in caplog.text
+    res = transfer(handle, small(sources[1:], targets=TARGETS[:1], n_random=1, k=2), tmp_path / "k", quiet=True)
+    assert res.metadata["sources"][0]["why"] == "its top 2 heads by effect (--k 2)"
 
 
 def test_bad_input_is_one_clear_error(tiny: tuple[ModelHandle, list[Path]], tmp_path: Path) -> None:

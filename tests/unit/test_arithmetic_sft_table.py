@@ -34,7 +34,8 @@ PROMPTS = [(f"sub-t{i % 6}", *PROBLEMS[i // 6]) for i in range(120)]  # 6 templa
 def records_of(correct: int, offset: int = 0) -> list[dict[str, object]]:
     """The 120 test records of a row whose prompts offset .. offset + correct - 1 are answered right."""
     return [{"template_id": t, "operation": "subtraction", "formation": "qa", "a": a, "b": b, "gold": str(a - b),
-             "correct": offset <= i < offset + correct, "exact": offset <= i < offset + correct // 2}
+             "correct": offset <= i < offset + correct, "exact": offset <= i < offset + correct // 2,
+             "n_answer_tokens": 1, "tokens_correct": int(offset <= i < offset + correct)}
             for i, (t, a, b) in enumerate(PROMPTS)]  # fmt: skip
 
 

@@ -30,6 +30,9 @@ CASES = [
     ("unrecorded-and-older", {"stage": "analyze-mlp", "created": EARLIER}, True),
     ("unrecorded-and-newer", {"stage": "analyze-mlp", "created": LATER}, False),
     ("unrecorded-and-undated", {"stage": "agreement"}, False),
+    ("fourier-of-another-run", {"stage": "analyze-fourier", "identify_run": _run("bbb")}, True),
+    ("fourier-unrecorded-and-older", {"stage": "analyze-fourier", "created": EARLIER}, True),
+    ("unknown-stage-that-records-another-run", {"stage": "analyze-new", "identify_run": _run("bbb")}, True),
 ]  # fmt: skip
 
 

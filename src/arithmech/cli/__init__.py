@@ -24,6 +24,7 @@ from pathlib import Path
 
 import typer
 
+from arithmech import run_lock
 from arithmech.cli import analyze, identify, improve, mechanisms, pipeline, report, validate  # noqa: F401  (each registers its commands)
 from arithmech.cli.app import app
 from arithmech.errors import ArithmechError
@@ -35,7 +36,7 @@ __all__ = ["app", "main"]
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit status (testable without a subprocess)."""
     try:
-        code = app(args=argv, standalone_mode=False)  # the exit code when a command exits early, e.g. 130
+        code = _run(argv)
     except ArithmechError as err:
         typer.echo(f"error: {err}", err=True)
         return 2
@@ -56,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     if code == 130:
         typer.echo("interrupted; no half-written files were left", err=True)
     return code if isinstance(code, int) else 0
+
+
+def _run(argv: list[str] | None) -> object:
+    """The app's exit code when a command exits early (e.g. 130); the output folder it locked is released."""
+    try:
+        return app(args=argv, standalone_mode=False)
+    finally:
+        run_lock.release_all()
 
 
 def disk_full_message(err: OSError) -> str:

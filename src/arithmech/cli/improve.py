@@ -14,7 +14,7 @@ import typer
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging
-from arithmech.stages.evaluate_config import EvaluateConfig
+from arithmech.stages.evaluate_config import EvaluateConfig, trained_split
 from arithmech.stages.finetune_config import FinetuneConfig
 
 
@@ -72,6 +72,9 @@ def evaluate(
 
     cfg, out_dir = preflight.check(cfg, out or default_out("evaluate"), "evaluate")
     delta_dir = preflight.delta_folder(delta) if delta is not None else None
+    split = trained_split(delta_dir) if delta_dir is not None else None
+    if delta_dir is not None and split is not None:
+        cfg.refuse_other_split(split, f"--delta {str(delta_dir)!r}")
     from arithmech.stages.evaluate import evaluate_stage
 
     handle = load()
@@ -87,9 +90,18 @@ def evaluate(
     for name, bench in result.benchmarks.items():
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
         counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"
-        typer.echo(f"{name:14s} {score}{counts}, {bench.seconds:.0f} s")
+        typer.echo(f"{name:14s} {score}{counts}{_arithmetic_detail(bench.info, bench.n)}, {bench.seconds:.0f} s")
     for harness in result.harness.values():
         for s in harness.scores:
             value = "n/a" if s.value is None else f"{s.value:.4f}"
             typer.echo(f"harness:{s.task} {s.metric} {value} (n={s.n}), {harness.seconds:.0f} s")
     typer.echo(f"results in {out_dir}")
+
+
+def _arithmetic_detail(info: dict[str, Any], n: int) -> str:
+    """What an arithmetic benchmark's accuracy counts; for whole multi-digit numbers, the first digit and the
+    per-digit accuracy beside it."""
+    if info.get("scored") != "exact":
+        return ""
+    first, digits = info["first_token_accuracy"], info["token_accuracy"]
+    return f" whole numbers; first digit {first:.1%} ({info['first_token_correct']} of {n}), per digit {digits:.1%}"

@@ -156,6 +156,8 @@ def transfer(
 
     handle = load()
     result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    for source in result.metadata["sources"]:
+        typer.echo(f"{source['path']}: knocked out {', '.join(source['components'])}: {source['why']}")
     typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")
     for row in result.rows:
         typer.echo(

@@ -9,7 +9,9 @@ Problems: subtraction only where A - B >= 0, division only where exact and B != 
 is a single digit 0-9 (one token in digit-splitting tokenizers). For small operand ranges all valid
 problems are enumerated and drawn in shuffled cycles (few repeats); for large ranges each operation has a
 direct sampler that only proposes valid problems. Each template gets its own local RNG seeded by
-(seed, template id), so adding a template never changes another template's prompts.
+(seed, template id), so adding a template never changes another template's prompts. Where one answer holds most
+of the enumerated problems (division 10-99: n / n = 1), the queries are drawn evenly over the answer values,
+and generated prompts that one answer still dominates are named in a warning (`data/answer_balance.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from arithmech.data.answer_balance import AnswerCycle, dominant, warn_dominant
 from arithmech.data.prompts import PromptPair
 from arithmech.data.templates import FORMATIONS, OPERATIONS, Template, load_templates, select_templates
 from arithmech.errors import ConfigError
@@ -107,14 +110,20 @@ def generate_pairs(cfg: GenerationConfig, templates: list[Template] | None = Non
     """Generate `cfg.n_per_template` prompt pairs for every selected template; same cfg => same list."""
     chosen = _choose_templates(cfg, load_templates() if templates is None else templates)
     pairs: list[PromptPair] = []
+    notes: dict[str, None] = {}
     for template in chosen:
         rng = random.Random(f"{cfg.seed}:{template.id}")
         source = _problem_source(template, cfg)
+        notes[source.note] = None
         for _ in range(cfg.n_per_template):
             query = source.next_query(rng)
             examples = source.examples(rng, cfg.few_shot, exclude=query)
             pairs.append(build_pair(template, query, examples))
     logger.info("generated %d prompt pairs from %d templates", len(pairs), len(chosen))
+    for note in filter(None, notes):
+        logger.info(note)
+    warn_dominant(pairs, "generated prompts", f"operand ranges of at most {_ENUMERATE_MAX_RANGE} values draw their "
+                  "queries evenly over the answers: choose one (--operand-min, --operand-max)")
     if cfg.single_digit_answer and cfg.operand_max > _DIGIT_CAP:
         logger.warning(
             "operands %d-%d: only problems with a single-digit answer (0-9) were generated, one token on every "
@@ -169,15 +178,23 @@ class _ProblemSource:
     """Draws valid (A, B) problems for one template: shuffled cycles over a list, or a direct sampler."""
 
     def __init__(
-        self, pool: list[Problem] | None, sampler: Callable[[random.Random], Problem] | None
+        self,
+        pool: list[Problem] | None,
+        sampler: Callable[[random.Random], Problem] | None,
+        balanced: AnswerCycle | None = None,
     ) -> None:
         self._pool = pool
         self._sampler = sampler
+        self._balanced = balanced
         self._queue: list[Problem] = []
+        self.note = ""
+        """Why the queries are balanced over answer values, if they are."""
 
     def next_query(self, rng: random.Random) -> Problem:
         if self._sampler is not None:
             return self._sampler(rng)
+        if self._balanced is not None:
+            return self._balanced.next_query(rng)
         assert self._pool is not None
         if not self._queue:
             self._queue = list(self._pool)
@@ -216,7 +233,17 @@ def _problem_source(template: Template, cfg: GenerationConfig) -> _ProblemSource
         ]
         if not pool:
             raise _no_problem(template, cfg)
-        return _ProblemSource(pool, None)
+        by_answer: dict[int, list[Problem]] = {}
+        for a, b in pool:
+            by_answer.setdefault(solve(template.operation, a, b) or 0, []).append((a, b))
+        common = dominant([solve(template.operation, a, b) for a, b in pool])
+        if common is None:
+            return _ProblemSource(pool, None)
+        source = _ProblemSource(pool, None, AnswerCycle(by_answer))
+        source.note = (f"{template.operation}: the answer {common[0]} holds {common[1]} of the {len(pool)} valid "
+                       f"problems with operands {lo}-{hi}, so queries are drawn evenly over its {len(by_answer)} "
+                       "answer values")  # fmt: skip
+        return source
     sampler = _direct_sampler(template.operation, lo, hi, cap)
     if sampler is None:
         raise _no_problem(template, cfg)

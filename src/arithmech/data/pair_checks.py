@@ -191,10 +191,13 @@ def answer_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> P
     )
 
 
-def answer_tokens_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int]) -> Problem | None:
+def answer_tokens_problem(
+    tokenizer: Any, pair: PromptPair, answer_ids: list[int], one_digit: bool = True
+) -> Problem | None:
     """None if `answer_ids` (the answer's tokens after the reference) decode to the answer, the first not a space,
     each one digit (so each has one place value, `places.py`): the rule of an answer scored token by token
-    (`tokens.tokenize_pairs(..., answer_digits=True)`)."""
+    (`tokens.tokenize_pairs(..., answer_digits=True)`). one_digit=False drops the last rule: whole answers
+    scored token by token where no per-place table is made (transfer's multi-digit and decimal targets)."""
     pieces = [str(tokenizer.decode([token_id])) for token_id in answer_ids]
     shown = f"answer {pair.answer!r} -> {', '.join(repr(p) for p in pieces)}"
     if len(pieces) == 1 or not pieces[0].strip():
@@ -207,7 +210,7 @@ def answer_tokens_problem(tokenizer: Any, pair: PromptPair, answer_ids: list[int
             shown,
             "end the reference where the answer starts, so the answer's tokens spell it",
         )
-    if all(is_one_digit(piece) for piece in pieces):
+    if not one_digit or all(is_one_digit(piece) for piece in pieces):
         return None
     return Problem(
         "an answer token is not one digit, so it has no one place value (units, tens, ...) to be reported at",

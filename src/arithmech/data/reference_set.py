@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from arithmech.data.answer_balance import warn_dominant
 from arithmech.data.carries import carry_group
 from arithmech.data.prompts import PromptPair
 from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs
@@ -66,6 +67,8 @@ def build_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig) -> Referen
     pairs = tokenized.unique_pairs()
     chosen = [kept[i] for i in stratified_sample([pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
     reference = tokenized.take_pairs(chosen)
+    warn_dominant(reference.unique_pairs(), "the reference set", "the model answers prompts with this answer more "
+                  "often than others (see the accuracy per template); identify on other operands or operations")
     counts = {**counts, "used": len(chosen)}
     if cfg.answer_digits:
         counts["scored_tokens"] = len(reference.end)  # rows: one per answer token

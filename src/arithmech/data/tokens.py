@@ -203,6 +203,7 @@ def tokenize_pairs(
     first_token_answers: bool = False,
     counterfactual_required: bool = True,
     answer_digits: bool = False,
+    one_digit_tokens: bool = True,
 ) -> tuple[TokenizedPairs, TokenizeReport]:
     """Tokenize pairs, refuse any that breaks a rule of `pair_checks`, reject (and name) those whose
     counterfactual has another token length, and right-pad the rest.
@@ -213,6 +214,9 @@ def tokenize_pairs(
         transfer ablates them with means).
     answer_digits: score every token of a longer answer, one row per token with the answer's earlier tokens
         appended to both prompts (teacher forcing; `TokenizedPairs`); the report counts pairs, not rows.
+    one_digit_tokens: with answer_digits, refuse an answer token that is not one digit (it has no one place
+        value); False accepts any tokens that spell the answer (whole-answer scoring, no per-place table; the
+        rows' answer_place is then the token's index counted from the answer's end).
     """
     if first_token_answers and answer_digits:
         raise ValueError("first_token_answers and answer_digits exclude each other")
@@ -228,7 +232,8 @@ def tokenize_pairs(
     example = ""  # what the model sees and is scored on, for the first prompt whose space moved
     for number, pair in enumerate(pairs, 1):
         where = pair_location(pair, number)
-        checked = _tokenize_pair(tokenizer, pair, fast, first_token_answers, counterfactual_required, answer_digits)
+        checked = _tokenize_pair(tokenizer, pair, fast, first_token_answers, counterfactual_required, answer_digits,
+                                 one_digit_tokens)  # fmt: skip
         if isinstance(checked, Problem):
             findings.add(where, checked)
             continue
@@ -278,6 +283,7 @@ def _tokenize_pair(
     first_token_answers: bool,
     counterfactual_required: bool,
     answer_digits: bool = False,
+    one_digit_tokens: bool = True,
 ) -> Problem | tuple[bool, _Row]:
     """The rule of `pair_checks` the pair breaks, or (whether its trailing space moved into the answer, its row)."""
     problem = text_problem(pair, counterfactual_required)
@@ -285,8 +291,11 @@ def _tokenize_pair(
     if problem or split is None:
         return problem or _NOT_A_PREFIX
     reference, answer_ids = split
-    check = answer_tokens_problem if answer_digits else None if first_token_answers else answer_problem
-    if check is not None and (problem := check(tokenizer, pair, answer_ids)):
+    if answer_digits:
+        problem = answer_tokens_problem(tokenizer, pair, answer_ids, one_digit_tokens)
+    elif not first_token_answers:
+        problem = answer_problem(tokenizer, pair, answer_ids)
+    if problem:
         return problem
     counterfactual = pair.counterfactual if reference == pair.reference else pair.counterfactual.rstrip()
     ref_ids, offsets = _encode_with_offsets(tokenizer, reference, fast)

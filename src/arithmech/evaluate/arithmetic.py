@@ -10,10 +10,15 @@ Background
 Scoring (no generation; one forward pass over prompt + answer, teacher forced)
     t = tokens(prompt + answer), s = index of the answer's first token (data/tokens.continuation_span), n = |t|
 
-        first-token correct   argmax_v logits(t[:s])[v] == t[s]         (END, what identify and transfer score)
+        first-token correct   argmax_v logits(t[:s])[v] == t[s]         (END, what identify scores)
         exact match           argmax_v logits(t[:k])[v] == t[k] for every k = s .. n-1, and the argmax after
                               the whole answer, argmax_v logits(t)[v], is not a token starting with a digit
+        tokens correct        #{k in s .. n-1 : argmax_v logits(t[:k])[v] == t[k]}  (per digit, teacher forced)
         log p(answer)         sum_{k=s}^{n-1} log softmax(logits(t[:k]))[t[k]]
+
+    A benchmark's accuracy (`headline`) is exact match when an answer has several tokens (the multi-digit set on
+    a digit-splitting tokenizer): the first token of "45" is a necessary, not a sufficient, condition of a right
+    answer. With one-token answers it is first-token accuracy (the two differ only by the end check).
 
     Teacher forcing makes the exact check one pass: position k sees the gold tokens before it, which are the
     greedy ones exactly when every check before k passed, so exact match is "greedy decoding writes this number
@@ -29,8 +34,8 @@ Confidence intervals: the Wilson score interval at 95% (z = 1.96) of k correct o
     (evaluate/clustered_interval.py; n_eff <= n, equal to about n when outcomes are independent).
 
 Groups (`group_rows`): the whole benchmark, each operation, and each (operation, formation), every one with n,
-correct, accuracy, n_eff and its interval, exact matches and theirs. The evaluate stage writes them to
-arithmetic.csv.
+correct, accuracy, n_eff and its interval, exact matches and theirs, and the share of answer tokens right (per
+digit). The evaluate stage writes them to arithmetic.csv.
 
 Usage
     >>> scores = score_answers(handle.view, handle.tokenizer, ["3 + 4 = "], ["7"])
@@ -66,7 +71,7 @@ ARITHMETIC_SETS: tuple[str, ...] = ("split", "multidigit")
 """What an arithmetic benchmark asks: the split's test (or validation) part, or the multi-digit transfer set."""
 GROUP_COLUMNS: tuple[str, ...] = ("benchmark", "operation", "formation", "n", "correct", "accuracy", "n_effective",
                                   "ci_low", "ci_high", "exact", "exact_accuracy", "exact_n_effective", "exact_ci_low",
-                                  "exact_ci_high")  # fmt: skip
+                                  "exact_ci_high", "answer_tokens", "token_accuracy")  # fmt: skip
 ALL = "all"
 
 
@@ -80,6 +85,8 @@ class AnswerScore:
     predicted: str
     """The most likely first answer token, decoded."""
     n_tokens: int
+    tokens_correct: int
+    """Answer tokens that are the most likely token after the gold ones before them (teacher forced)."""
 
 
 @torch.no_grad()
@@ -110,7 +117,7 @@ def score_answers(
             hits = [g == t for g, t in zip(guess[:-1], tokens, strict=True)]
             ended = not tokenizer.decode([guess[-1]])[:1].isdigit()
             scores[where[id(row)]] = AnswerScore(hits[0], all(hits) and ended, logprob,
-                                                 tokenizer.decode([guess[0]]), len(tokens))  # fmt: skip
+                                                 tokenizer.decode([guess[0]]), len(tokens), sum(hits))  # fmt: skip
             offset += len(row.targets)
     assert all(s is not None for s in scores)
     return [s for s in scores if s is not None]
@@ -147,6 +154,7 @@ def arithmetic_records(
         {"id": f"{i:04d}-{p.template_id}-{p.a}-{p.b}", "template_id": p.template_id, "operation": p.operation,
          "formation": p.formation, "a": p.a, "b": p.b, "gold": p.answer, "predicted": s.predicted,
          "correct": s.first_correct, "exact": s.exact, "logprob": s.logprob, "n_answer_tokens": s.n_tokens,
+         "tokens_correct": s.tokens_correct,
          "part": p.extra.get("part"), "examples": p.extra.get("examples")}
         for i, (p, s) in enumerate(zip(prompts, scores, strict=True))
     ]  # fmt: skip
@@ -172,8 +180,18 @@ def group_rows(name: str, records: Sequence[dict[str, Any]]) -> list[dict[str, A
         n, correct, exact = len(mine), sum(hits), sum(exacts)
         (lo, hi, n_eff), (elo, ehi, en_eff) = (clustered_wilson(hits, templates, facts),
                                                clustered_wilson(exacts, templates, facts))  # fmt: skip
+        tokens = sum(int(r["n_answer_tokens"]) for r in mine)
         rows.append({"benchmark": name, "operation": op, "formation": formation, "n": n, "correct": correct,
                      "accuracy": correct / n if n else math.nan, "n_effective": n_eff, "ci_low": lo, "ci_high": hi,
                      "exact": exact, "exact_accuracy": exact / n if n else math.nan, "exact_n_effective": en_eff,
-                     "exact_ci_low": elo, "exact_ci_high": ehi})
+                     "exact_ci_low": elo, "exact_ci_high": ehi, "answer_tokens": tokens,
+                     "token_accuracy": sum(int(r["tokens_correct"]) for r in mine) / tokens if tokens else math.nan})
     return rows
+
+
+def headline(records: Sequence[dict[str, Any]]) -> tuple[str, int]:
+    """What a benchmark's accuracy counts, and how many prompts are right by it: whole numbers (exact match)
+    when an answer has several tokens, else the (only) first token (see the module docstring)."""
+    if any(int(r["n_answer_tokens"]) > 1 for r in records):
+        return "exact", sum(bool(r["exact"]) for r in records)
+    return "first token", sum(bool(r["correct"]) for r in records)

@@ -11,7 +11,8 @@ Per benchmark (`evaluate_benchmark`)
                   per-character LL;
        general    perplexity on plain text, and KL(base || tuned) when a base model is given (`general.py`);
        arithmetic prompts of the leakage-free split (or the multi-digit transfer set) instead of rows; first
-                  answer token and exact number in one teacher-forced pass (`arithmetic.py`).
+                  answer token, exact number and answer tokens right in one teacher-forced pass; the accuracy
+                  is of whole numbers where answers have several tokens (`arithmetic.py` `headline`).
     4. One record per example, so that every number can be audited:
        generate   id, question, gold, generated (cut at the stop string), extracted, correct, stopped,
                   n_tokens, truncated (+ orig_id / source where the data have them)
@@ -19,7 +20,8 @@ Per benchmark (`evaluate_benchmark`)
                   correct, correct_norm
        general    id, n_tokens, nll, base_nll, kl
        arithmetic id, template_id, operation, formation, a, b, gold, predicted (first token), correct (first
-                  token), exact, logprob, n_answer_tokens, part, examples (the solved examples' operands)
+                  token), exact, logprob, n_answer_tokens, tokens_correct, part, examples (the solved
+                  examples' operands)
     The full prompt is not repeated per record: `info["prompt_example"]` holds the first one.
 
 Usage
@@ -39,7 +41,7 @@ from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import DataError
 from arithmech.evaluate.answers import choice_letter, extract_number, format_number, numbers_match
-from arithmech.evaluate.arithmetic import arithmetic_prompts, arithmetic_records, group_rows
+from arithmech.evaluate.arithmetic import arithmetic_prompts, arithmetic_records, group_rows, headline
 from arithmech.evaluate.benchmarks import Benchmark, benchmark, build_prompts, resolve_shots, stop_strings
 from arithmech.evaluate.choice import predict, score_choices
 from arithmech.evaluate.general import general_scores
@@ -235,11 +237,14 @@ def _arithmetic(handle: ModelHandle, bench: Benchmark, options: EvalOptions, pro
     records = arithmetic_records(handle.view, handle.tokenizer, prompts, options.limit, options.seed,
                                  options.batch_size, progress)  # fmt: skip
     groups = group_rows(bench.name, records)
-    correct, n = groups[0]["correct"], groups[0]["n"]
+    scored, correct = headline(records)  # whole numbers when an answer has several tokens
+    n = groups[0]["n"]
     info = {"split_seed": split.seed, "split_fingerprint": split.fingerprint, "part": options.arithmetic_part
             if bench.arithmetic == "split" else "transfer", "prompts_in_part": len(prompts), "n_shot": shots,
-            "chat_template": False, "prompt_example": prompts[0].reference if prompts else None,
-            "exact_match": groups[0]["exact_accuracy"], "groups": groups}  # fmt: skip
+            "chat_template": False, "prompt_example": prompts[0].reference if prompts else None, "scored": scored,
+            "exact_match": groups[0]["exact_accuracy"], "first_token_accuracy": groups[0]["accuracy"],
+            "first_token_correct": groups[0]["correct"], "token_accuracy": groups[0]["token_accuracy"],
+            "groups": groups}  # fmt: skip
     return BenchmarkResult(bench.name, bench.kind, n, correct, _share(correct, n), records=records, info=info)
 
 

@@ -176,9 +176,12 @@ def transfer_body(stage: StageFolder) -> Body:
     rows = stage.csv("transfer.csv")
     word = "components" if stage.metadata.get("config", {}).get("include_mlps") else "heads"
     text = []
+    why = {s.get("path"): s.get("why") for s in stage.metadata.get("sources", []) if isinstance(s, dict)}
     for source in dict.fromkeys(r["source"] for r in rows):
         mine = [r for r in rows if r["source"] == source]
         label, k = mine[0]["source_set"], mine[0]["k"]
+        if why.get(source):
+            text.append(f"From {label}, transfer knocks out {why[source]}.")
         scored = [r for r in mine if is_number(to_float(r["effect_drop"]))]
         empty = [r["target"] for r in mine if r not in scored]
         if not scored:

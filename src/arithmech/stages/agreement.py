@@ -135,7 +135,7 @@ def method_agreement(
         if len(scored) >= 2:
             rows += [{"level": level, **row} for row in agreement_table(scored, cfg.ks)]
     metadata = {
-        "stage": "agreement",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(dims),
         "config": asdict(cfg),

@@ -6,6 +6,7 @@ The CLI builds `arithmech analyze agreement`'s config from its options and valid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.errors import ConfigError
 
@@ -15,6 +16,14 @@ METHODS: tuple[str, ...] = ("path", "attribution", "zero-ablation", "mediation")
 @dataclass(frozen=True)
 class AgreementConfig:
     """Settings of the method-agreement stage."""
+
+    STAGE: ClassVar[str] = "agreement"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: always: its reference prompts and patching variant."""
+        return True
 
     from_run: str = field(metadata={"help": "identify run folder: its reference prompts and patching variant"})
     methods: tuple[str, ...] = field(default=METHODS, metadata={"help": "methods compared (at least two)"})

@@ -137,7 +137,7 @@ def analyze_attention(
     out.mkdir(parents=True, exist_ok=True)
     (out / "metadata.json").unlink(missing_ok=True)
     metadata = {
-        "stage": "analyze_attention",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "identify_run": run.record,

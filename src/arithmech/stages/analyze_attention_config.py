@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.analysis.head_labels import DEFAULT_TAU
 from arithmech.errors import ConfigError
@@ -17,6 +18,14 @@ _HEAD_NAME = re.compile(r"^\s*[0-9]+\.[0-9]+\s*$")
 @dataclass(frozen=True)
 class AttentionConfig:
     """Settings of `analyze attention`; every field is also a CLI option."""
+
+    STAGE: ClassVar[str] = "analyze_attention"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: always: its key heads and reference prompts."""
+        return True
 
     heads: tuple[str, ...] | None = field(
         default=None,

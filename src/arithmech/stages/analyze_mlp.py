@@ -127,7 +127,7 @@ def analyze_mlp(
     number_ids = numbers["C"].tolist()
     labels = [_label(handle.tokenizer, token) for token in number_ids]
     metadata = {
-        **analysis_header("analyze-mlp", handle, run, cfg),
+        **analysis_header(handle, run, cfg),
         "counts": {"prompts": len(pairs), "prompts_in_run": len(run.pairs), "layers": len(layers)},
         "prompts": sample,
         "max_number": max_number,

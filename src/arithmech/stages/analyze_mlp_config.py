@@ -6,6 +6,7 @@ The CLI builds `arithmech analyze mlp`'s config from its options and validates i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.errors import ConfigError
 
@@ -13,6 +14,14 @@ from arithmech.errors import ConfigError
 @dataclass(frozen=True)
 class AnalyzeMlpConfig:
     """Settings of the analyze-mlp stage; every field is also a CLI option."""
+
+    STAGE: ClassVar[str] = "analyze-mlp"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: always: its reference prompts."""
+        return True
 
     max_prompts: int = field(
         default=256,

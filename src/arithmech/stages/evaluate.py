@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 _HARNESS_FIELDS = ("harness_tasks", "harness_include_path", "harness_num_fewshot")
 # the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py)
-_NOT_IN_FINGERPRINT = ("benchmarks", "base_model", *_HARNESS_FIELDS)
+_NOT_IN_FINGERPRINT = ("benchmarks", "base_model", "allow_split_mismatch", *_HARNESS_FIELDS)
 RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
                   "base_perplexity", "kl", "excluded", "seconds", "metric", "score")
 
@@ -181,7 +181,7 @@ def evaluate_stage(
                                                            GROUP_COLUMNS, ".6f"))  # fmt: skip
         atomic_write_json(out / "split.json", make_split(cfg.split_seed).record())
     metadata = {
-        "stage": "evaluate",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "model_weights_sha256": identity["weights"],
         "base_model": base_handle.source if base_handle is not None else None,

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from arithmech.data.arithmetic_split import make_split
 from arithmech.data.locate import is_jsonl_path
 from arithmech.errors import ConfigError
 from arithmech.evaluate.benchmarks import CHOICE_FORMATS, benchmark, benchmark_names
 from arithmech.evaluate.general_texts import load_general_texts
 from arithmech.evaluate.harness import HarnessOptions, task_manager
 from arithmech.evaluate.loading import choice_items, load_rows, math_items
+from arithmech.lineage import read_metadata
 
 if TYPE_CHECKING:
     from arithmech.evaluate.runner import EvalOptions
@@ -26,6 +28,14 @@ DEFAULT_BENCHMARKS: tuple[str, ...] = ("gsm8k", "svamp", "addsub", "singleeq", "
 @dataclass(frozen=True)
 class EvaluateConfig:
     """Settings of the evaluate stage."""
+
+    STAGE: ClassVar[str] = "evaluate"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it scores benchmarks."""
+        return False
 
     benchmarks: tuple[str, ...] | None = field(
         default=None,
@@ -69,6 +79,11 @@ class EvaluateConfig:
     split_seed: int = field(
         default=0, metadata={"help": "seed of the arithmetic train/test split; the same as the finetune stage's"}
     )
+    allow_split_mismatch: bool = field(
+        default=False,
+        metadata={"help": "score arithmetic benchmarks on another split than the one a --delta was fine-tuned on "
+                          "(its test prompts may be train prompts there)"},
+    )  # fmt: skip
     arithmetic_part: str = field(
         default="test",
         metadata={"help": "arithmetic benchmarks ask: test (held-out templates and operand pairs) or validation "
@@ -146,6 +161,24 @@ class EvaluateConfig:
         if self.general_text is not None and "general" in (self.benchmarks or ()):
             load_general_texts(self.general_text)
 
+    def refuse_other_split(self, trained: dict[str, Any], what: str, prefix: str = "") -> None:
+        """ConfigError when the arithmetic benchmarks would ask another split than the one `what` was fine-tuned
+        on (`trained`: its split.json, or at least its "seed" and "fingerprint"): a test prompt of one split may be
+        a train prompt of another, so its accuracy could be memorisation. Off with allow_split_mismatch. `prefix`
+        "evaluate." names config keys (`arithmetic run`), "" the CLI options."""
+        asked = [n for n in self.benchmarks or () if not is_jsonl_path(n) and benchmark(n).kind == "arithmetic"]
+        split = make_split(self.split_seed)
+        if self.allow_split_mismatch or not asked or trained.get("fingerprint") == split.fingerprint:
+            return
+        seed = trained.get("seed")
+        fix = (f"{prefix}split_seed: {seed}, or give {prefix}allow_split_mismatch: true" if prefix
+               else f"--split-seed {seed}, or give --allow-split-mismatch")  # fmt: skip
+        raise ConfigError(
+            f"{what} was fine-tuned on the arithmetic split of seed {seed} (fingerprint {trained.get('fingerprint')}), "
+            f"but {', '.join(asked)} would ask the split of seed {self.split_seed} ({split.fingerprint}), whose test "
+            f"prompts it may have trained on; evaluate with {fix} to score them anyway"
+        )
+
     def harness_options(self) -> HarnessOptions:
         """The harness bridge's options: its own fields plus the shared limit, seed, batch size and chat template."""
         return HarnessOptions(tasks=self.harness_tasks, include_path=self.harness_include_path,
@@ -158,6 +191,12 @@ class EvaluateConfig:
 
         names = {f.name for f in fields(EvalOptions)}
         return EvalOptions(**{k: v for k, v in asdict(self).items() if k in names})
+
+
+def trained_split(delta: Path) -> dict[str, Any] | None:
+    """The arithmetic split a finetune output folder was trained on (its split.json); None when it was trained on
+    other data (no split.json)."""
+    return read_metadata(delta, "split.json", "finetune")
 
 
 def _names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

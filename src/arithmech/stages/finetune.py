@@ -182,7 +182,7 @@ def _metadata(
     total = total_parameters(handle.model)
     trainable = int(selection["trainable_parameters"])
     return {
-        "stage": "finetune",
+        "stage": cfg.STAGE,
         "method": cfg.method,
         "model": handle.source,
         "dims": asdict(handle.dims),

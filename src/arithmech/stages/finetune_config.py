@@ -8,6 +8,7 @@ training file's rows included (`check_files`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError
@@ -18,6 +19,14 @@ from arithmech.finetune.sft_rows import ARITHMETIC, read_sft_examples, resolve_s
 @dataclass(frozen=True)
 class FinetuneConfig(TrainConfig):
     """Settings of the finetune stage: the optimisation settings of TrainConfig plus what and on what to train."""
+
+    STAGE: ClassVar[str] = "finetune"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: precise SFT with --from only (its top-k heads)."""
+        return config.get("method", "precise") == "precise" and bool(config.get("from_run"))
 
     method: str = field(default="precise", metadata={"help": "precise (key heads), full (every parameter) or lora"})
     from_run: str | None = field(default=None, metadata={"help": "identify run folder: its top-k heads by effect"})

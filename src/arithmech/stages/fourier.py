@@ -227,7 +227,7 @@ def analyze_fourier(
 
     answers, number_set = tokenized.answer_ids.tolist(), set(number_ids.tolist())
     metadata = {
-        **analysis_header("analyze-fourier", handle, run, cfg),
+        **analysis_header(handle, run, cfg),
         "layers": layers,
         "counts": {
             "prompts": n_prompts,

@@ -8,6 +8,7 @@ checked by the stage.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.errors import ConfigError
 
@@ -20,6 +21,14 @@ FILTERS: tuple[str, ...] = ("low-pass", "high-pass")
 @dataclass(frozen=True)
 class FourierConfig:
     """Settings of the analyze-fourier stage; lists given for tuple fields become tuples."""
+
+    STAGE: ClassVar[str] = "analyze-fourier"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: always: its reference prompts."""
+        return True
 
     max_prompts: int = field(
         default=128, metadata={"help": "reference prompts of the identify run used (a stratified sample)"}

@@ -173,7 +173,7 @@ def heuristics(
             "use --no-filter-correct or more few-shot examples"
         )
     metadata = {
-        "stage": "heuristics",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(dims),
         "config": asdict(cfg),

@@ -8,6 +8,7 @@ model's depth) is checked by the stage before any scan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.data.templates import FORMATIONS, OPERATIONS
 from arithmech.errors import ConfigError
@@ -18,6 +19,14 @@ ABLATIONS: tuple[str, ...] = ("mean", "zero")
 @dataclass(frozen=True)
 class HeuristicsConfig:
     """Settings of the heuristics stage; lists given for tuple fields become tuples."""
+
+    STAGE: ClassVar[str] = "heuristics"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it generates its own prompts."""
+        return False
 
     operations: tuple[str, ...] = field(default=OPERATIONS, metadata={"help": "operations, one operand grid each"})
     formation: str = field(

@@ -104,7 +104,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         cfg.fraction_threshold,
     )
     metadata = {
-        "stage": "identify",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),

@@ -107,11 +107,11 @@ def chosen_layers(layers: tuple[int, ...] | None, n_layers: int) -> list[int]:
     return chosen
 
 
-def analysis_header(stage: str, handle: ModelHandle, run: IdentifyRun, cfg: Any) -> dict[str, Any]:
-    """The first keys of an analysis's metadata.json: the stage, the model, its dims, the identify run it read
-    (with that run's git sha) and the analysis's config."""
+def analysis_header(handle: ModelHandle, run: IdentifyRun, cfg: Any) -> dict[str, Any]:
+    """The first keys of an analysis's metadata.json: the stage (its config's STAGE), the model, its dims, the
+    identify run it read (with that run's git sha) and the analysis's config."""
     return {
-        "stage": stage,
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": dataclasses.asdict(handle.dims),
         "identify_run": {**run.record, "git_sha": run.metadata.get("git_sha")},

@@ -118,7 +118,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
             distributed.check_same("knockout inputs", batch.ref_ids, batch.answer_ids, [c.name for c in ranked])
             sweep_rows = _sharded_sweep(pair_hi - pair_lo, lo, hi, sweep)
     metadata = {
-        "stage": "knockout",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),

@@ -6,6 +6,7 @@ The CLI builds `arithmech knockout`'s config from its options and validates it b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.errors import ConfigError
 from arithmech.knockout.modes import ABLATION_MODES, MIN_GROUP_SIZE
@@ -17,6 +18,14 @@ DEFAULT_MAX_K = 16
 @dataclass(frozen=True)
 class KnockoutConfig:
     """Settings of the knockout stage."""
+
+    STAGE: ClassVar[str] = "knockout"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: with --from only (its ranking and prompts)."""
+        return bool(config.get("from_run"))
 
     from_run: str | None = field(default=None, metadata={"help": "identify run folder (ranking and prompts)"})
     components: tuple[str, ...] | None = field(

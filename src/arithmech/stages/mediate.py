@@ -200,7 +200,7 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
     }  # every ordered pair: the table is symmetric with 1.0 on the diagonal
     timings["total_s"] = time.perf_counter() - start
     metadata = {
-        "stage": "mediate",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),

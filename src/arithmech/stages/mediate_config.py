@@ -6,7 +6,7 @@ The CLI builds `arithmech mediate`'s options from these fields and validates the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from arithmech.data.mediation_prompts import (
     APPLICABLE,
@@ -22,6 +22,14 @@ from arithmech.errors import ConfigError
 @dataclass(frozen=True)
 class MediateConfig:
     """Settings of the mediate stage; lists given for tuple fields become tuples."""
+
+    STAGE: ClassVar[str] = "mediate"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it generates its own prompts."""
+        return False
 
     tasks: tuple[str, ...] = field(
         default=("addition", "retrieval", "factual"),

@@ -165,7 +165,7 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
         timings["lora_s"] = time.perf_counter() - mark
     timings["neurons_s"] = time.perf_counter() - start
     metadata = {
-        "stage": "neurons",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(dims),
         "config": asdict(cfg),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError, DataError
@@ -18,6 +19,14 @@ PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
 @dataclass(frozen=True)
 class NeuronsConfig:
     """Settings of the neurons stage."""
+
+    STAGE: ClassVar[str] = "neurons"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: never: it generates its own prompts."""
+        return False
 
     operations: tuple[str, ...] = field(default=OPERATIONS, metadata={"help": "operations with a prompt set each"})
     formations: tuple[str, ...] = field(default=("equation",), metadata={"help": "prompt formations"})

@@ -22,14 +22,20 @@ Numbers (per source x target)
                   model got wrong stay wrong (without filtering: unablated - effect_accuracy, measured)
     random_*    the same for the random-rank control: mean and sample sd (ddof 1) over seeds.
     k defaults to the number of key heads of the source run (key heads + key MLPs with include_mlps), at
-    least 1 and at most 32. A target with no prompt kept gives rows of undefined numbers with a note, not an
-    error. In memory an undefined number is NaN; in transfer.csv it is an empty cell (also a relative drop from
-    an unablated accuracy of 0, and a spread over fewer than 2 random draws), in metadata.json null.
+    least 1 and at most 32; which components a source knocks out and why (--k, its key components, or its top
+    one by effect when it has none, a warning) is logged and recorded in metadata.json ("why"). A target with
+    no prompt kept gives rows of undefined numbers with a note, not an error. In memory an undefined number is
+    NaN; in transfer.csv it is an empty cell (also a relative drop from an unablated accuracy of 0, and a
+    spread over fewer than 2 random draws), in metadata.json null.
 
-Scoring is by the answer's first token at END (not greedy generation): the metric identify and knockout
-use, one forward pass per (configuration, prompt), and for word problems after the short prefix "Answer: ".
-For a multi-token answer ("45", "3.8") the first token is a necessary, not a sufficient, condition of a
-right answer, so the word-problem base accuracy is an upper bound of exact-match accuracy.
+Scoring is by the answer's tokens at END (not greedy generation): the metric identify and knockout use, one
+forward pass per (configuration, prompt, answer token). An arithmetic target's multi-token answer ("45", "3.8")
+is scored token by token, teacher forced (its earlier tokens appended to the prompt, as identify
+--answer-digits): the prompt counts as right when every token is the top token, which is when greedy decoding
+writes the whole answer; effect_token_accuracy and random_token_accuracy_mean give the share of answer tokens
+right (per digit). Word problems are scored by the answer's first token after the short prefix "Answer: ": a
+necessary, not a sufficient, condition of a right answer, so their base accuracy is an upper bound of
+exact-match accuracy.
 
 Outputs (atomic): transfer.csv (one row per source x target), transfer.png (effect and random-rank drop
 heatmaps), metadata.json last.
@@ -74,7 +80,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "base_accuracy", "k",
     "unablated_accuracy", "effect_accuracy", "effect_drop", "effect_drop_abs", "random_accuracy_mean",
     "random_accuracy_std", "random_drop", "random_drop_abs", "unablated_prob", "effect_prob",
-    "random_prob_mean", "components", "note",
+    "random_prob_mean", "effect_token_accuracy", "random_token_accuracy_mean", "components", "note",
 )
 
 
@@ -103,6 +109,10 @@ class TransferRow:
     random_prob_mean: float
     components: str
     note: str
+    effect_token_accuracy: float = math.nan
+    """Share of answer tokens still the top token (teacher forced): per digit where the accuracies are of whole
+    multi-digit answers; equal to effect_accuracy for answers of one token."""
+    random_token_accuracy_mean: float = math.nan
 
 
 @dataclass
@@ -129,6 +139,8 @@ class SourcePlan:
     randoms: list[list[Component]]
     record: dict[str, Any]
     """The source identify run's record (path, fingerprint, created), for metadata.json."""
+    why: str
+    """Why these k components: --k, the run's key components, or (none) its top one by effect."""
 
 
 def describe_source(run: IdentifyRun) -> str:
@@ -151,8 +163,27 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
         if k > min(len(pool), len(ranked)):
             raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
         randoms = [draw_like(ranked[:k], pool, f"{cfg.seed}-{k}-{s}") for s in range(cfg.n_random)]
-        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record))
+        plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record,
+                                _why_k(run, cfg, n_key, k)))  # fmt: skip
+        chosen = ", ".join(f"{c.name} ({run.effects[c]:+.1%})" for c in ranked[:k])
+        (logger.warning if cfg.k is None and n_key == 0 else logger.info)(
+            "transfer from %s knocks out %s: %s", path, chosen, plans[-1].why)
     return plans
+
+
+def _why_k(run: IdentifyRun, cfg: TransferConfig, n_key: int, k: int) -> str:
+    """Why a source knocks out k components (see `plan_sources`), one phrase for the log and metadata.json."""
+    kind = "components" if cfg.include_mlps else "heads"
+    if cfg.k is not None:
+        return f"its top {k} {kind} by effect (--k {cfg.k})"
+    if n_key == 0:
+        digits = (" (it scored its answers token by token, --answer-digits, so each effect is a mean over every "
+                  "answer token, and fewer pass)") if run.answer_digits else ""  # fmt: skip
+        return (f"its top {kind[:-1]} by effect, since the run has no key {kind} (rule: {run.key.get('rule', '?')})"
+                f"{digits}; give --k N to knock out its top N")  # fmt: skip
+    if n_key > k:
+        return f"its top {k} of its {n_key} key {kind} (at most {K_CAP}; give --k N for another number)"
+    return f"its {k} key {kind} (rule: {run.key.get('rule', '?')})"
 
 
 def _key(config: list[Component]) -> tuple[Component, ...]:
@@ -172,6 +203,7 @@ def score_target(
                 configs.append(config)
     acc: list[float] = []
     prob: list[float] = []
+    per_token: list[float] = []
     batch = target.batch
     if batch is not None:
         size = rows_per_pass(batch.ref_ids.shape[1] - target.prefix_len, cfg.batch_size)
@@ -180,19 +212,23 @@ def score_target(
         else:
             assert target.sources is not None
             scores = knockout_scores(handle.view, batch, target.sources, configs, size)
+        per_token = scores.accuracy.tolist()
+        if target.pair_index is not None and len(target.pair_index) > target.n_prompts:
+            scores = scores.whole_answers(target.pair_index)  # a prompt is right when every answer token is
         acc, prob = scores.accuracy.tolist(), scores.mean_prob.tolist()
     return [
         _row(plan, target, acc, prob, index[_key(plan.effect)], [index[_key(r)] for r in plan.randoms],
-             cfg.filter_correct)
+             cfg.filter_correct, per_token)
         for plan in plans
     ]
 
 
 def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[float], effect: int,
-         randoms: list[int], filter_correct: bool) -> TransferRow:
-    """Accuracies [config] -> one row; config 0 is the unablated run."""
+         randoms: list[int], filter_correct: bool, per_token: list[float]) -> TransferRow:
+    """Accuracies [config] of whole answers (and `per_token`, of answer tokens) -> one row; config 0 is the
+    unablated run."""
     nan = math.nan
-    n = len(target.batch) if target.batch is not None else 0
+    n = target.n_prompts
     base = target.base_accuracy
     unablated, effect_acc = (acc[0], acc[effect]) if acc else (nan, nan)
     rand = [acc[i] for i in randoms] if acc else []
@@ -213,6 +249,8 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
         effect_prob=prob[effect] if prob else nan,
         random_prob_mean=statistics.fmean(prob[i] for i in randoms) if prob and randoms else nan,
         components=" ".join(c.name for c in plan.effect), note=target.note,
+        effect_token_accuracy=per_token[effect] if per_token else nan,
+        random_token_accuracy_mean=statistics.fmean(per_token[i] for i in randoms) if per_token and randoms else nan,
     )
 
 
@@ -240,7 +278,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         rows += score_target(handle, target, plans, cfg)
         targets_meta[name] = {
             "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
-            "used": len(target.batch) if target.batch is not None else 0,
+            "used": target.n_prompts, "scored_rows": len(target.pair_index) if target.pair_index is not None else 0,
             "base_accuracy": defined(target.base_accuracy),
             "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
             "ablation_sources": target.ablation_info, "scored_prompts": target.prompts, "note": target.note,
@@ -249,13 +287,13 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
         logger.info("%s: %d of %d prompts answered, %d used", name, target.n_answered, target.n_total,
                     targets_meta[name]["used"])
     metadata = {
-        "stage": "transfer",
+        "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
         "seed": cfg.seed,
         "sources": [{"path": p.label, "source_set": p.source_set, "k": len(p.effect),
-                     "components": [c.name for c in p.effect]} for p in plans],
+                     "components": [c.name for c in p.effect], "why": p.why} for p in plans],
         "identify_runs": [p.record for p in plans],
         "targets": targets_meta,
         "timings": {"transfer_s": time.perf_counter() - start},

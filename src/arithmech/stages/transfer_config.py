@@ -7,6 +7,7 @@ The CLI builds `arithmech transfer`'s config from its options and validates it, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from arithmech.data.target_sets import TargetOptions, target_set
 from arithmech.errors import ConfigError
@@ -21,6 +22,14 @@ DEFAULT_TARGETS: tuple[str, ...] = (
 @dataclass(frozen=True)
 class TransferConfig:
     """Settings of the transfer stage; every field is also a CLI option."""
+
+    STAGE: ClassVar[str] = "transfer"
+    """The "stage" of its runs' metadata.json."""
+
+    @staticmethod
+    def reads_identify_run(_config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: always: the components of every source."""
+        return True
 
     sources: tuple[str, ...] = field(default=(), metadata={"help": "identify run folders (components)"})
     targets: tuple[str, ...] = field(default=DEFAULT_TARGETS, metadata={"help": "target sets to knock out on"})

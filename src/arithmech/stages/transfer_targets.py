@@ -2,9 +2,12 @@
 
 Steps (`prepare_target`; the same prompts for every source of the transfer stage)
     1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped.
-    2. Reference filtering, as identify does: base_accuracy = share of the target's prompts whose top token
-       at END is the answer's first token; keep those (unless filter_correct is off) and draw max_prompts of
-       them, a seeded sample stratified by operation and template (`data/sampling.py`).
+    2. Reference filtering, as identify does: base_accuracy = share of the target's prompts answered, i.e.
+       whose whole answer is the top token at every answer position (arithmetic sets: every token of a
+       multi-digit or decimal answer, one row per token with the answer's earlier tokens appended, teacher
+       forced, as identify --answer-digits; word problems: the answer's first token at END); keep those (unless
+       filter_correct is off) and draw max_prompts of them, a seeded sample stratified by operation and
+       template (`data/sampling.py`), each with all its rows.
     3. Ablation values from the whole target set (every prompt that fits, answered or not; METHODS.md sec. 3):
        arithmetic sets   mean over the target's counterfactual prompts (operator swapped) of the same
                          template and token length, groups of at least min_group_size prompts, else the END
@@ -66,6 +69,13 @@ class PreparedTarget:
     """Group sizes and fallbacks of the ablation values (generated sets)."""
     prompts: dict[str, Any] | None = None
     """Which prompts were scored (`data.sampling.sample_record`)."""
+    pair_index: torch.Tensor | None = None
+    """[row] the prompt of each row of `batch`, 0..n-1 (several rows per prompt of a multi-token answer)."""
+
+    @property
+    def n_prompts(self) -> int:
+        """Prompts scored (rows of a multi-token answer count once)."""
+        return 0 if self.pair_index is None else int(self.pair_index.max()) + 1 if len(self.pair_index) else 0
 
 
 def _take(t: TokenizedPairs, indices: list[int]) -> tuple[PatchingBatch, list[PromptPair]]:
@@ -85,20 +95,21 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above)."""
     spec = target_set(name)
     pairs = build_target_pairs(spec, cfg.target_options())
+    word = spec.kind == "word"  # word problems: no counterfactual, and their answer's first token at END
     try:
-        # a target is scored on its answer's first token (multi-digit, decimals); word problems have no counterfactual
-        t, _ = tokenize_pairs(
-            handle.tokenizer, pairs, first_token_answers=True, counterfactual_required=spec.kind != "word"
-        )
+        t, _ = tokenize_pairs(handle.tokenizer, pairs, first_token_answers=word, counterfactual_required=not word,
+                              answer_digits=not word, one_digit_tokens=False)  # fmt: skip
     except DataError as exc:
         return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
     limit = context_length(handle.model)
-    fits = [i for i, end in enumerate(t.end.tolist()) if limit is None or end < limit]
-    notes = [f"{len(t.pairs) - len(fits)} prompts longer than the context dropped"] if len(fits) < len(t.pairs) else []
-    if not fits:
+    too_long = set() if limit is None else set(t.pair_index[t.end >= limit].tolist())  # prompts, with all rows
+    notes = [f"{len(too_long)} prompts longer than the context dropped"] if too_long else []
+    if len(too_long) == t.n_pairs:
         return PreparedTarget(name, spec, 0, 0, math.nan, note="; ".join(notes))
-    whole, whole_pairs = _take(t, fits)
-    end_only = spec.kind == "word" and (cfg.ablation != "zero" or cfg.end_only)
+    t = t.take([i for i, pair in enumerate(t.pair_index.tolist()) if pair not in too_long])
+    whole, _ = _take(t, list(range(len(t.pair_index))))
+    prompts = t.unique_pairs()
+    end_only = word and (cfg.ablation != "zero" or cfg.end_only)
     prefix = common_prefix_length(whole.ref_ids, whole.end) if end_only else 0
     values = None
     if end_only:  # word problems: END values of every prompt; shared solved examples run once
@@ -107,26 +118,32 @@ def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> Prepa
     else:
         predictions = predict_at_end(handle.view, whole.ref_ids, whole.ref_mask, whole.end, whole.answer_ids,
                                      rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
-    correct = predictions.correct.tolist()
+    wrong = torch.zeros(len(prompts)).index_add_(0, t.pair_index, (~predictions.correct).float())
+    correct = (wrong == 0).tolist()  # [prompt] every answer token right
     n_answered = sum(correct)
-    base = n_answered / len(fits)
-    keep = [i for i in range(len(fits)) if not cfg.filter_correct or correct[i]]  # positions in `whole`
+    base = n_answered / len(prompts)
+    keep = [i for i in range(len(prompts)) if not cfg.filter_correct or correct[i]]
     if not keep:
-        notes.append(f"the model answered none of the {len(fits)} prompts")
-        return PreparedTarget(name, spec, len(fits), 0, base, note="; ".join(notes))
-    picked = stratified_sample([whole_pairs[i] for i in keep], cfg.max_prompts, cfg.seed)
-    chosen = [keep[j] for j in picked]  # positions in `whole`
-    batch, _ = _take(t, [fits[i] for i in chosen])
-    groups = alignment_groups([p.template_id for p in whole_pairs], whole.end + 1)
-    prepared = PreparedTarget(name, spec, len(fits), n_answered, base, batch, note="; ".join(notes),
-                              groups=len(set(groups)), prefix_len=prefix, prompts=sample_record(whole_pairs, chosen))
+        notes.append(f"the model answered none of the {len(prompts)} prompts")
+        return PreparedTarget(name, spec, len(prompts), 0, base, note="; ".join(notes))
+    chosen = [keep[j] for j in stratified_sample([prompts[i] for i in keep], cfg.max_prompts, cfg.seed)]
+    rows = t.pair_rows(chosen)  # positions in `whole`
+    batch, _ = _take(t, rows)
+    first = torch.ones_like(t.pair_index, dtype=torch.bool)  # [batch] the answer's first token: the prompt itself
+    first[1:] = t.pair_index[1:] != t.pair_index[:-1]
+    keys = [p.template_id if f else f"{p.template_id or 'custom'}#{q}"  # teacher-forced rows apart, by place
+            for p, f, q in zip(t.pairs, first.tolist(), t.answer_place.tolist(), strict=True)]  # fmt: skip
+    groups = alignment_groups(keys, whole.end + 1)
+    prepared = PreparedTarget(name, spec, len(prompts), n_answered, base, batch, note="; ".join(notes),
+                              groups=len(set(groups)), prefix_len=prefix, prompts=sample_record(prompts, chosen),
+                              pair_index=t.take(rows).pair_index)  # fmt: skip
     if values is not None:
         end_values, prepared.ablation = end_ablation(values, cfg.ablation, cfg.seed)
-        prepared.end_values = end_values.take(chosen)
+        prepared.end_values = end_values.take(rows)
     else:
         sources = ablation_sources(handle.view, whole, cfg.ablation, groups, cfg.end_only, cfg.seed,
                                    cfg.min_group_size, rows_per_pass(whole.ref_ids.shape[1], cfg.batch_size))
-        prepared.sources = sources.take(chosen)
+        prepared.sources = sources.take(rows)
         prepared.ablation = sources.info["over"]
         prepared.ablation_info = sources.info
     return prepared

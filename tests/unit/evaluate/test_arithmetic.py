@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from arithmech.cli.improve import _arithmetic_detail
 from arithmech.data.arithmetic_split import make_split, split_prompts, transfer_prompts
 from arithmech.errors import ConfigError
 from arithmech.evaluate.arithmetic import AnswerScore, group_rows, score_answers
@@ -52,7 +53,8 @@ def direct(handle: ModelHandle, prompt: str, answer: str) -> AnswerScore:
     hits = [best[k - 1] == ids[k] for k in range(start, len(ids))]
     ended = not tok.decode([best[len(ids) - 1]])[:1].isdigit()
     logprob = sum(float(logprobs[k - 1, ids[k]]) for k in range(start, len(ids)))
-    return AnswerScore(hits[0], all(hits) and ended, logprob, tok.decode([best[start - 1]]), len(ids) - start)
+    return AnswerScore(hits[0], all(hits) and ended, logprob, tok.decode([best[start - 1]]), len(ids) - start,
+                       sum(hits))
 
 
 def greedy_digits(handle: ModelHandle, prompt: str, most: int = 8) -> str:
@@ -80,8 +82,8 @@ def test_scoring_equals_a_direct_per_prompt_computation(handle: ModelHandle) -> 
     scores = score_answers(handle.view, handle.tokenizer, prompts, answers, batch_size=5)
     for prompt, answer, score in zip(prompts, answers, scores, strict=True):
         want = direct(handle, prompt, answer)
-        assert (score.first_correct, score.exact, score.predicted, score.n_tokens) == (
-            want.first_correct, want.exact, want.predicted, want.n_tokens), (prompt, answer)  # fmt: skip
+        fields = ("first_correct", "exact", "predicted", "n_tokens", "tokens_correct")
+        assert [getattr(score, f) for f in fields] == [getattr(want, f) for f in fields], (prompt, answer)
         assert score.logprob == pytest.approx(want.logprob, abs=1e-4)
     assert {s.first_correct for s in scores} == {s.exact for s in scores} == {True, False}  # every branch is hit
     assert any(s.first_correct and not s.exact for s in scores)
@@ -92,8 +94,8 @@ def test_scoring_equals_a_direct_per_prompt_computation(handle: ModelHandle) -> 
 
 
 def test_groups_count_per_operation_and_formation() -> None:
-    records = [{"operation": op, "formation": f, "correct": c, "exact": e, "template_id": t, "a": a, "b": b}
-               for op, f, c, e, t, a, b in (
+    records = [{"operation": op, "formation": f, "correct": c, "exact": e, "template_id": t, "a": a, "b": b,
+                "n_answer_tokens": 2, "tokens_correct": int(c) + int(e)} for op, f, c, e, t, a, b in (
         ("subtraction", "equation", True, True, "sub-eq-1", 7, 2),
         ("subtraction", "qa", True, False, "sub-qa-1", 5, 1), ("subtraction", "qa", False, False, "sub-qa-2", 9, 4),
         ("addition", "equation", True, True, "add-eq-1", 1, 1))]  # fmt: skip
@@ -105,6 +107,7 @@ def test_groups_count_per_operation_and_formation() -> None:
     assert (sub["n"], sub["accuracy"], sub["exact_accuracy"]) == (2, 0.5, 0.0)
     assert (sub["ci_low"], sub["ci_high"], sub["n_effective"]) == clustered_wilson([True, False], ["q1", "q2"],
                                                                                    ["f1", "f2"])  # fmt: skip
+    assert (sub["answer_tokens"], sub["token_accuracy"]) == (4, 0.25)
 
 
 def test_stage_writes_records_groups_and_split(handle: ModelHandle, tmp_path: Path) -> None:
@@ -124,6 +127,17 @@ def test_stage_writes_records_groups_and_split(handle: ModelHandle, tmp_path: Pa
     assert int(top["exact"]) == sum(r["exact"] for r in records)
     summary = json.loads((tmp_path / "examples" / "arithmetic-subtraction.summary.json").read_text())["result"]
     assert summary["info"]["split_fingerprint"] == split.fingerprint and summary["info"]["part"] == "test"
+    # issue 22.5: a multi-digit benchmark's accuracy is of whole numbers, with the first digit and per digit beside
+    multi = result.benchmarks["arithmetic-multidigit-addition"]
+    assert multi.info["scored"] == "exact" and multi.correct == sum(r["exact"] for r in multi.records)
+    assert multi.info["first_token_correct"] == sum(r["correct"] for r in multi.records) > multi.correct
+    tokens = sum(r["n_answer_tokens"] for r in multi.records)
+    assert multi.info["token_accuracy"] == sum(r["tokens_correct"] for r in multi.records) / tokens
+    listed = {r["benchmark"]: r for r in csv.DictReader((tmp_path / "results.csv").open())}
+    assert float(listed["arithmetic-multidigit-addition"]["accuracy"]) == pytest.approx(multi.correct / multi.n)
+    assert result.benchmarks["arithmetic-subtraction"].info["scored"] == "first token"  # one-token answers
+    line = _arithmetic_detail(multi.info, multi.n)
+    assert f"first digit {multi.info['first_token_accuracy']:.1%} ({multi.info['first_token_correct']} of " in line
     again = evaluate_stage(handle, cfg, tmp_path, quiet=True)  # finished benchmarks are read back
     assert json.loads((tmp_path / "metadata.json").read_text())["benchmarks"]["arithmetic-subtraction"]["reused"]
     assert again.benchmarks["arithmetic-subtraction"].records == records
@@ -150,7 +164,8 @@ def test_group_intervals_respect_template_clustering() -> None:
     """Issue #21: 6 templates x 20 problems are not 120 independent prompts. Outcomes fixed by the template
     (3 always right, 3 always wrong) must give an interval far wider than Wilson's on n = 120."""
     records = [{"operation": "subtraction", "formation": "qa", "template_id": f"t{t}", "a": 9, "b": b,
-                "correct": t < 3, "exact": t < 3} for t in range(6) for b in range(10)]  # fmt: skip
+                "correct": t < 3, "exact": t < 3, "n_answer_tokens": 1, "tokens_correct": int(t < 3)}
+               for t in range(6) for b in range(10)]  # fmt: skip
     records += [{**r, "a": 8, "b": r["b"] % 9} for r in records]  # 20 problems, of 15 facts
     top = group_rows("b", records)[0]
     naive_low, naive_high = 0.4106, 0.5894  # Wilson(60, 120)
