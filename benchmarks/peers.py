@@ -16,10 +16,12 @@ component (heads and MLPs; a component costs it one forward pass, an MLP as much
 checked against arithmech's on those heads: the largest |difference| is printed, and above `--atol` (1e-5) the
 script says so and exits 1. A plain forward pass of the batch (the CausalLM on the right-padded batch) is timed
 as the unit of "forwards per component"; arithmech's scans are also counted in plain forward passes
-(tests/forward_cost.py), which no machine load changes.
+(tests/forward_cost.py), which no machine load changes, of the right-padded batch and of every prompt at its own
+length (the README's cost model counts the latter).
 
 TransformerLens and nnsight are not dependencies of arithmech: `pip install "arithmech[peers]"` (or
-`pip install transformer-lens nnsight`). Without either, this script says so and exits 0.
+`pip install transformer-lens nnsight`). Without either, this script prints arithmech's counts, says so and
+exits 0.
 
     python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu] [--atol 1e-5]
 """
@@ -162,12 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--atol", type=float, default=1e-5, help="largest |peer - arithmech| accepted")
     args = parser.parse_args(argv)
     peers = installed_peers()
-    if not peers:
-        print(f"neither TransformerLens nor nnsight is installed, so there is nothing to compare with; {INSTALL}")
-        return 0
     missing = [PEERS[name] for name in PEERS if name not in peers]
     if missing:
-        print(f"{', '.join(missing)} is not installed and is left out; {INSTALL}")
+        print(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed and left out; {INSTALL}")
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device))
@@ -189,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_s = time.perf_counter() - start
     ref_logit = logits[torch.arange(len(batch)), batch.end, batch.answer_ids]
     unit = plain_forward_macs(model, batch.ref_ids, batch.ref_mask)
+    lengths = batch.ref_mask.sum(1)
+    unpadded = sum(plain_forward_macs(model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
+                   for n in lengths.unique().tolist())  # every prompt at its own length  # fmt: skip
     metrics: dict[str, float] = {"plain_forward_s": plain_s, "components": len(components)}
     fast: dict[str, PatchResult] = {}
     for variant in ("total", "path"):
@@ -197,11 +199,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             fast[variant] = path_patch(view, batch, variant, batch_size=len(batch))
         metrics[f"{variant}_s"] = time.perf_counter() - start
         metrics[f"{variant}_passes"] = work.macs / unit
+        metrics[f"{variant}_passes_unpadded"] = work.macs / unpadded
     print(f"one plain forward pass of the batch: {plain_s:.2f} s")
     for variant in ("total", "path"):
         print(f"arithmech --variant {variant}, all {len(components)} components: {metrics[f'{variant}_s']:.2f} s, "
               f"{metrics[f'{variant}_s'] / plain_s / len(components):.3f} forwards per component (by time); "
-              f"{metrics[f'{variant}_passes']:.2f} plain forward passes in all (counted)")  # fmt: skip
+              f"{metrics[f'{variant}_passes']:.2f} plain forward passes of the padded batch in all, "
+              f"{metrics[f'{variant}_passes_unpadded']:.2f} of the unpadded prompts (counted)")  # fmt: skip
+    if not peers:
+        print(f"neither TransformerLens nor nnsight is installed, so there is nothing to compare with; {INSTALL}")
+        return 0
 
     patchers = {
         "nnsight": lambda: nnsight_patcher(copy.deepcopy(model), view, batch, ref_logit),

@@ -27,7 +27,7 @@ from arithmech.analysis.logit_lens import (
     operand_token_ids,
     update_ranks,
 )
-from arithmech.analysis.shared_prefix import common_prefix_length, end_knockout_scores, end_states
+from arithmech.analysis.shared_prefix import end_knockout_scores, end_states
 from arithmech.data.mediation_generate import MediationDataConfig, generate_mediation_pairs
 from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.data.reference_config import ReferenceSetConfig
@@ -41,6 +41,7 @@ from arithmech.knockout.batched import knockout_scores
 from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.models.predictions import predict_at_end
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.models.sites import Component, all_components
 from arithmech.neurons import (
     LoraTrainConfig,

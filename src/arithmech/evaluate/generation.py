@@ -24,13 +24,14 @@ Usage
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from arithmech.data.tokens import pad_id_of
+from arithmech.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def generate_greedy(
     batch_size: int = 8,
     stops: Sequence[str] = (),
     add_special_tokens: bool = True,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> list[Generation]:
     """Greedy continuations of `prompts`, in order (see the module docstring)."""
     from transformers import GenerationConfig, StoppingCriteriaList
@@ -107,6 +108,8 @@ def generate_greedy(
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
     out: dict[int, Generation] = {}
+    if progress is not None:
+        progress.total = len(prompts)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         width = max(len(encoded[i]) for i in rows)
@@ -135,5 +138,5 @@ def generate_greedy(
             text, hit = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stops)
             out[i] = Generation(text, len(tokens), hit or at_eos is not None, truncated[i])
         if progress is not None:
-            progress(len(rows))
+            progress.update(len(rows))
     return [out[i] for i in range(len(prompts))]
