@@ -9,16 +9,24 @@ forward passes of the generated set, one row per prompt, right-padded, logits of
 row in chunks of `--batch-size`, the engine before issue #22) on the same prompts. It also says how many prompts
 the end-of-number rule (the next top token is no digit) drops.
 
-    python benchmarks/answer_check.py [--answer-digits] [--batch-size 16] [--model ID_OR_PATH] [--device cpu]
+With `--scaled` the counts are taken on a random-init model of the model's shape with every width divided by 16
+(linear-layer work scales as width^2 throughout, so counts in forward passes are the model's own; see
+tests/unit/patching/test_cost.py), on the same token positions: seconds instead of many minutes on a CPU. Which
+prompts it keeps then means nothing, only the counts.
+
+    python benchmarks/answer_check.py [--answer-digits] [--scaled] [--batch-size 16] [--model ID_OR_PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -26,11 +34,34 @@ from record import record  # noqa: E402
 
 from arithmech.data.reference_config import ReferenceSetConfig, reference_pairs  # noqa: E402
 from arithmech.data.reference_set import answer_check, answer_sequences  # noqa: E402
-from arithmech.data.tokens import tokenize_pairs  # noqa: E402
-from arithmech.models.load import ModelConfig, load_model  # noqa: E402
+from arithmech.data.tokens import TokenizedPairs, tokenize_pairs  # noqa: E402
+from arithmech.models.load import ModelConfig, ModelHandle, load_model  # noqa: E402
 from arithmech.models.predictions import predict_at_end  # noqa: E402
+from arithmech.models.view import ModelView  # noqa: E402
 
 from forward_cost import count_work, plain_forward_macs  # noqa: E402
+
+
+def scaled(handle: ModelHandle, tokenized: TokenizedPairs) -> tuple[ModelHandle, TokenizedPairs]:
+    """A random-init model of the handle's shape, every width / 16, and the prompts' tokens renumbered into its
+    vocabulary (equal tokens stay equal, different ones different)."""
+    config = copy.deepcopy(handle.model.config)
+    for name in ("hidden_size", "intermediate_size", "vocab_size", "head_dim"):
+        if getattr(config, name, None):
+            setattr(config, name, max(1, getattr(config, name) // 16))
+    config.use_cache = False
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    used = torch.cat([tokenized.ref_ids.flatten(), tokenized.cf_ids.flatten(), tokenized.answer_ids]).unique()
+    if len(used) > config.vocab_size:
+        raise SystemExit(f"the prompts use {len(used)} tokens, more than the scaled vocabulary's {config.vocab_size}")
+    number = torch.zeros(int(used.max()) + 1, dtype=torch.long)
+    number[used] = torch.arange(len(used))
+    renumbered = replace(tokenized, ref_ids=number[tokenized.ref_ids], cf_ids=number[tokenized.cf_ids],
+                         answer_ids=number[tokenized.answer_ids], pad_id=int(number[tokenized.pad_id]))  # fmt: skip
+    view = ModelView(model, handle.view.spec)
+    return ModelHandle(model, handle.tokenizer, view, {**handle.source, "scaled": 16}), renumbered
 
 
 def main() -> None:
@@ -39,12 +70,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=ReferenceSetConfig().batch_size)
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--scaled", action="store_true", help="count on the model's shape scaled down (see above)")
     args = parser.parse_args()
 
     handle = load_model(ModelConfig(model=args.model, device=args.device))
     operands = {"operand_min": 10, "operand_max": 49} if args.answer_digits else {}
     cfg = ReferenceSetConfig(answer_digits=args.answer_digits, batch_size=args.batch_size, **operands)
     tokenized, _ = tokenize_pairs(handle.tokenizer, reference_pairs(cfg), answer_digits=cfg.answer_digits)
+    if args.scaled:
+        handle, tokenized = scaled(handle, tokenized)
     first = torch.ones_like(tokenized.pair_index, dtype=torch.bool)
     first[1:] = tokenized.pair_index[1:] != tokenized.pair_index[:-1]
     ids, mask = tokenized.ref_ids[first], tokenized.ref_mask[first]  # [pair, pos]: each prompt once

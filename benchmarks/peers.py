@@ -23,6 +23,9 @@ TransformerLens and nnsight are not dependencies of arithmech: `pip install "ari
 `pip install transformer-lens nnsight`). Without either, this script prints arithmech's counts, says so and
 exits 0.
 
+`--scaled` prints only arithmech's counts, on a model of the same shape with every width / 16 (see
+benchmarks/answer_check.py) and a stratified sample of the same templates, unfiltered: in seconds on a CPU.
+
     python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu] [--atol 1e-5]
 """
 
@@ -41,10 +44,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from answer_check import scaled  # noqa: E402
 from record import record  # noqa: E402
 
+from arithmech.data.reference_config import reference_pairs  # noqa: E402
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
-from arithmech.models.load import ModelConfig, load_model  # noqa: E402
+from arithmech.data.sampling import stratified_sample  # noqa: E402
+from arithmech.data.tokens import tokenize_pairs  # noqa: E402
+from arithmech.models.load import ModelConfig, ModelHandle, load_model  # noqa: E402
 from arithmech.models.sites import Component, all_components  # noqa: E402
 from arithmech.models.view import ModelView  # noqa: E402
 from arithmech.patching.path import PatchingBatch, PatchResult, path_patch  # noqa: E402
@@ -162,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--atol", type=float, default=1e-5, help="largest |peer - arithmech| accepted")
+    parser.add_argument("--scaled", action="store_true", help="count only, on the model's shape scaled down (below)")
     args = parser.parse_args(argv)
     peers = installed_peers()
     missing = [PEERS[name] for name in PEERS if name not in peers]
@@ -171,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device))
     cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
+    if args.scaled:  # the counts only: prompts of the same templates (not filtered), a model of the same shape
+        return count_scaled(handle, cfg)
     t = build_reference_set(handle, cfg).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     model, view, dims = handle.model, handle.view, handle.dims
@@ -230,6 +240,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               "different computations")  # fmt: skip
         return 1
     record("peers", args, metrics)
+    return 0
+
+
+def count_scaled(handle: ModelHandle, cfg: ReferenceSetConfig) -> int:
+    """arithmech's scans counted on `answer_check.scaled`'s model (the model's shape, widths / 16) and a stratified
+    sample of the generated prompts, unfiltered: the same templates, so the same lengths, in the same shares."""
+    tokenized, _ = tokenize_pairs(handle.tokenizer, reference_pairs(cfg))
+    tokenized = tokenized.take(stratified_sample(tokenized.unique_pairs(), cfg.max_prompts, cfg.seed))
+    small, t = scaled(handle, tokenized)
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    lengths = batch.ref_mask.sum(1)
+    unit = plain_forward_macs(small.model, batch.ref_ids, batch.ref_mask)
+    unpadded = sum(plain_forward_macs(small.model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
+                   for n in lengths.unique().tolist())  # fmt: skip
+    average = float(lengths.float().mean())
+    print(f"{len(batch)} prompt pairs of {average:.1f} tokens on average ({batch.ref_ids.shape[1]} padded), on "
+          f"{handle.source.get('model')}'s shape with every width / 16 (counts only)")  # fmt: skip
+    for variant in ("total", "path"):
+        with count_work(small.model) as work:
+            path_patch(small.view, batch, variant, batch_size=len(batch))
+        print(f"arithmech --variant {variant}: {work.macs / unit:.2f} plain forward passes of the padded batch, "
+              f"{work.macs / unpadded:.2f} of the unpadded prompts (counted)")  # fmt: skip
     return 0
 
 
