@@ -16,10 +16,15 @@ component (heads and MLPs; a component costs it one forward pass, an MLP as much
 checked against arithmech's on those heads: the largest |difference| is printed, and above `--atol` (1e-5) the
 script says so and exits 1. A plain forward pass of the batch (the CausalLM on the right-padded batch) is timed
 as the unit of "forwards per component"; arithmech's scans are also counted in plain forward passes
-(tests/forward_cost.py), which no machine load changes.
+(tests/forward_cost.py), which no machine load changes, of the right-padded batch and of every prompt at its own
+length (the README's cost model counts the latter).
 
 TransformerLens and nnsight are not dependencies of arithmech: `pip install "arithmech[peers]"` (or
-`pip install transformer-lens nnsight`). Without either, this script says so and exits 0.
+`pip install transformer-lens nnsight`). Without either, this script prints arithmech's counts, says so and
+exits 0.
+
+`--scaled` prints only arithmech's counts, on a model of the same shape with every width / 16 (see
+benchmarks/answer_check.py) and a stratified sample of the same templates, unfiltered: in seconds on a CPU.
 
     python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu] [--atol 1e-5]
 """
@@ -39,10 +44,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from answer_check import scaled  # noqa: E402
 from record import record  # noqa: E402
 
+from arithmech.data.reference_config import reference_pairs  # noqa: E402
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
-from arithmech.models.load import ModelConfig, load_model  # noqa: E402
+from arithmech.data.sampling import stratified_sample  # noqa: E402
+from arithmech.data.tokens import tokenize_pairs  # noqa: E402
+from arithmech.models.load import ModelConfig, ModelHandle, load_model  # noqa: E402
 from arithmech.models.sites import Component, all_components  # noqa: E402
 from arithmech.models.view import ModelView  # noqa: E402
 from arithmech.patching.path import PatchingBatch, PatchResult, path_patch  # noqa: E402
@@ -160,18 +169,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--atol", type=float, default=1e-5, help="largest |peer - arithmech| accepted")
+    parser.add_argument("--scaled", action="store_true", help="count only, on the model's shape scaled down (below)")
     args = parser.parse_args(argv)
     peers = installed_peers()
-    if not peers:
-        print(f"neither TransformerLens nor nnsight is installed, so there is nothing to compare with; {INSTALL}")
-        return 0
     missing = [PEERS[name] for name in PEERS if name not in peers]
     if missing:
-        print(f"{', '.join(missing)} is not installed and is left out; {INSTALL}")
+        print(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed and left out; {INSTALL}")
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device))
     cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
+    if args.scaled:  # the counts only: prompts of the same templates (not filtered), a model of the same shape
+        return count_scaled(handle, cfg)
     t = build_reference_set(handle, cfg).tokenized
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
     model, view, dims = handle.model, handle.view, handle.dims
@@ -189,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain_s = time.perf_counter() - start
     ref_logit = logits[torch.arange(len(batch)), batch.end, batch.answer_ids]
     unit = plain_forward_macs(model, batch.ref_ids, batch.ref_mask)
+    lengths = batch.ref_mask.sum(1)
+    unpadded = sum(plain_forward_macs(model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
+                   for n in lengths.unique().tolist())  # every prompt at its own length  # fmt: skip
     metrics: dict[str, float] = {"plain_forward_s": plain_s, "components": len(components)}
     fast: dict[str, PatchResult] = {}
     for variant in ("total", "path"):
@@ -197,11 +209,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             fast[variant] = path_patch(view, batch, variant, batch_size=len(batch))
         metrics[f"{variant}_s"] = time.perf_counter() - start
         metrics[f"{variant}_passes"] = work.macs / unit
+        metrics[f"{variant}_passes_unpadded"] = work.macs / unpadded
     print(f"one plain forward pass of the batch: {plain_s:.2f} s")
     for variant in ("total", "path"):
         print(f"arithmech --variant {variant}, all {len(components)} components: {metrics[f'{variant}_s']:.2f} s, "
               f"{metrics[f'{variant}_s'] / plain_s / len(components):.3f} forwards per component (by time); "
-              f"{metrics[f'{variant}_passes']:.2f} plain forward passes in all (counted)")  # fmt: skip
+              f"{metrics[f'{variant}_passes']:.2f} plain forward passes of the padded batch in all, "
+              f"{metrics[f'{variant}_passes_unpadded']:.2f} of the unpadded prompts (counted)")  # fmt: skip
+    if not peers:
+        print(f"neither TransformerLens nor nnsight is installed, so there is nothing to compare with; {INSTALL}")
+        return 0
 
     patchers = {
         "nnsight": lambda: nnsight_patcher(copy.deepcopy(model), view, batch, ref_logit),
@@ -223,6 +240,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               "different computations")  # fmt: skip
         return 1
     record("peers", args, metrics)
+    return 0
+
+
+def count_scaled(handle: ModelHandle, cfg: ReferenceSetConfig) -> int:
+    """arithmech's scans counted on `answer_check.scaled`'s model (the model's shape, widths / 16) and a stratified
+    sample of the generated prompts, unfiltered: the same templates, so the same lengths, in the same shares."""
+    tokenized, _ = tokenize_pairs(handle.tokenizer, reference_pairs(cfg))
+    tokenized = tokenized.take(stratified_sample(tokenized.unique_pairs(), cfg.max_prompts, cfg.seed))
+    small, t = scaled(handle, tokenized)
+    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+    lengths = batch.ref_mask.sum(1)
+    unit = plain_forward_macs(small.model, batch.ref_ids, batch.ref_mask)
+    unpadded = sum(plain_forward_macs(small.model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
+                   for n in lengths.unique().tolist())  # fmt: skip
+    average = float(lengths.float().mean())
+    print(f"{len(batch)} prompt pairs of {average:.1f} tokens on average ({batch.ref_ids.shape[1]} padded), on "
+          f"{handle.source.get('model')}'s shape with every width / 16 (counts only)")  # fmt: skip
+    for variant in ("total", "path"):
+        with count_work(small.model) as work:
+            path_patch(small.view, batch, variant, batch_size=len(batch))
+        print(f"arithmech --variant {variant}: {work.macs / unit:.2f} plain forward passes of the padded batch, "
+              f"{work.macs / unpadded:.2f} of the unpadded prompts (counted)")  # fmt: skip
     return 0
 
 

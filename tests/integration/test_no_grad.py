@@ -27,7 +27,7 @@ from arithmech.analysis.logit_lens import (
     operand_token_ids,
     update_ranks,
 )
-from arithmech.analysis.shared_prefix import common_prefix_length, end_knockout_scores, end_states
+from arithmech.analysis.shared_prefix import end_knockout_scores, end_states
 from arithmech.data.mediation_generate import MediationDataConfig, generate_mediation_pairs
 from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.data.reference_config import ReferenceSetConfig
@@ -40,7 +40,8 @@ from arithmech.knockout.ablation import ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores
 from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
-from arithmech.models.predictions import predict_at_end
+from arithmech.models.predictions import predict_at_end, top_tokens_at
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.models.sites import Component, all_components
 from arithmech.neurons import (
     LoraTrainConfig,
@@ -166,6 +167,10 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
     ),
     "predictions.predict_at_end": lambda c: predict_at_end(
         c.view, c.batch.ref_ids, c.batch.ref_mask, c.batch.end, c.batch.answer_ids
+    ),
+    "predictions.top_tokens_at": lambda c: top_tokens_at(
+        c.view, [ids[: int(e) + 1].tolist() for ids, e in zip(c.batch.ref_ids, c.batch.end, strict=True)],
+        [[int(e)] for e in c.batch.end], 0, batch_size=3,
     ),
     "neurons.head_importance": lambda c: head_importance(c.view, {"addition": c.batch}, include_mlps=True),
     "neurons.comparative_neurons+top_neurons_report": _comparative,

@@ -1,14 +1,18 @@
-"""benchmarks/peers.py: without TransformerLens and nnsight it says how to install them and exits 0; with them,
-each peer's per-head patching gives arithmech's values (tiny model; skipped where they are not installed)."""
+"""benchmarks/peers.py: without TransformerLens and nnsight it counts arithmech's scans, says how to install them
+and exits 0; with them, each peer's per-head patching gives arithmech's values (tiny model; skipped where they
+are not installed)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
+from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.models.sites import all_components
 from arithmech.patching.path import path_patch
 
@@ -21,14 +25,16 @@ import peers  # noqa: E402
 from test_path_exact import answered_batch, view_of  # noqa: E402
 
 
-def test_without_the_peers_it_says_how_to_install_them_and_exits_0(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_without_the_peers_it_counts_arithmech_says_how_to_install_them_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tiny_model_dir: Callable[[str], Path]
 ) -> None:
+    """The count on arithmech's side needs no peer: passes of the padded batch and of the unpadded prompts."""
     monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(peers, "load_model", lambda cfg: pytest.fail("no model is loaded when there is no peer"))
-    assert peers.main(["--prompts", "4"]) == 0
+    monkeypatch.setattr(peers, "ReferenceSetConfig", partial(ReferenceSetConfig, filter_correct=False))  # random model
+    assert peers.main(["--prompts", "8", "--model", str(tiny_model_dir("llama"))]) == 0
     out = capsys.readouterr().out
     assert "neither TransformerLens nor nnsight is installed" in out and 'pip install "arithmech[peers]"' in out
+    assert "plain forward passes of the padded batch in all" in out and "of the unpadded prompts (counted)" in out
 
 
 def test_with_one_peer_missing_it_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

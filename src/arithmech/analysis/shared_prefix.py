@@ -3,8 +3,8 @@
 Background
     A 3-shot word-problem prompt is mostly solved examples, the same for every prompt of a set. A causal
     model's states on those tokens do not depend on what follows, and an ablation placed at END only cannot
-    reach them either. So the shared prefix runs once (batch 1, its key/value cache kept) and each prompt's
-    own tokens (the suffix) run batched, right-padded, on that cache indexed out for every row. The
+    reach them either. So the shared prefix runs once and each prompt's own tokens (the suffix) run batched,
+    right-padded, on its cache (`models/shared_prefix.py`). The
     END logits are those of the whole prompt up to float rounding (`tests/unit/analysis/test_shared_prefix`
     checks this against `predict_at_end` and `knockout_scores`). For SmolLM2 on SVAMP/GSM8K this runs
     ~60-100 tokens per (configuration, prompt) instead of ~300.
@@ -35,11 +35,11 @@ import torch
 
 from arithmech.knockout.ablation import config_masks
 from arithmech.knockout.batched import KnockoutScores
-from arithmech.models.from_layer import full_cache, prefix_cache
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.predictions import EndPredictions
+from arithmech.models.shared_prefix import SharedPrefix
 from arithmech.models.sites import Component
-from arithmech.models.view import ModelView, cache_kwarg
+from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
 
 
@@ -64,38 +64,19 @@ class EndValues:
         return EndValues([torch.zeros_like(t) for t in self.z], [torch.zeros_like(t) for t in self.mlp])
 
 
-def common_prefix_length(ids: torch.Tensor, end: torch.Tensor) -> int:
-    """Tokens that every row [batch, pos] shares at the start, short of the earliest END."""
-    limit = int(end.min())  # END itself must stay in every suffix
-    differs = (ids[:, :limit] != ids[:1, :limit]).any(dim=0).nonzero()  # [n_differing_positions, 1]
-    return int(differs[0, 0]) if len(differs) else limit
-
-
 class _Prefix:
-    """The shared prefix's key/value cache, indexed out for the rows of each suffix batch."""
+    """The shared prefix of a batch (`models/shared_prefix.py`), and the END logits of some of its prompts."""
 
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
         self.view, self.batch, self.p = view, batch, prefix_len
-        self.device = view.o_proj(0).weight.device
-        self.arg = cache_kwarg(view.model.base_model)
-        self.cache = None  # no shared prefix: whole prompts
-        if prefix_len:
-            self.cache = full_cache()
-            ids = batch.ref_ids[:1, :prefix_len].to(self.device)
-            view.model.base_model(input_ids=ids, use_cache=True, **{self.arg: self.cache})
+        self.shared = SharedPrefix(view, batch.ref_ids[0, :prefix_len])
 
     def logits(self, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits at END [rows, d_vocab] of `prompts` (indices into the batch), and END in suffix coordinates."""
         end = self.batch.end[prompts] - self.p  # [rows]
         width = int(end.max()) + 1
-        ids = self.batch.ref_ids[prompts, self.p : self.p + width].to(self.device)
-        mask = self.batch.ref_mask[prompts, self.p : self.p + width].to(self.device)
-        if self.cache is None:
-            resid = self.view.final_resid(input_ids=ids, attention_mask=mask, use_cache=False)
-        else:
-            past = prefix_cache(self.view, self.cache, torch.zeros(len(prompts), dtype=torch.long), self.p)
-            full_mask = torch.cat([mask.new_ones(len(prompts), self.p), mask], dim=1)
-            resid = self.view.final_resid(input_ids=ids, attention_mask=full_mask, use_cache=True, **{self.arg: past})
+        columns = slice(self.p, self.p + width)
+        resid = self.shared.final_resid(self.batch.ref_ids[prompts, columns], self.batch.ref_mask[prompts, columns])
         rows = torch.arange(len(prompts), device=resid.device)
         return self.view.vocab_logits(resid[rows, end.to(resid.device)]).float(), end  # as `ModelView.end_logits`
 

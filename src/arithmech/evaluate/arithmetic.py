@@ -45,7 +45,7 @@ Usage
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,7 @@ from arithmech.evaluate.choice import ScoredRow, log_prob_batches, truncate_row
 from arithmech.evaluate.clustered_interval import clustered_wilson
 from arithmech.models.context import context_length
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 ARITHMETIC_SETS: tuple[str, ...] = ("split", "multidigit")
 """What an arithmetic benchmark asks: the split's test (or validation) part, or the multi-digit transfer set."""
@@ -96,7 +97,7 @@ def score_answers(
     prompts: Sequence[str],
     answers: Sequence[str],
     batch_size: int = 8,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> list[AnswerScore]:
     """Score every answer after its prompt (see the module docstring); result[i] for prompts[i]."""
     limit = context_length(view.model)
@@ -143,7 +144,7 @@ def arithmetic_records(
     limit: int | None,
     seed: int,
     batch_size: int,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One record per scored prompt (a seeded subset stratified by operation and template when `limit` is set)."""
     if limit is not None:

@@ -31,7 +31,7 @@ Usage
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from arithmech.data.tokens import continuation_span, pad_id_of
 from arithmech.errors import DataError
 from arithmech.models.context import context_length
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,14 @@ def log_prob_batches(
     rows: Sequence[ScoredRow],
     pad: int,
     batch_size: int = 8,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[tuple[list[ScoredRow], torch.Tensor]]:
     """Per forward pass (longest rows first, `batch_size` rows): the rows and the log softmax at their target
-    positions, [targets of the batch in row order, d_vocab] (see the module docstring)."""
+    positions, [targets of the batch in row order, d_vocab] (see the module docstring); `progress` counts rows."""
     device = view.o_proj(0).weight.device
     order = sorted(range(len(rows)), key=lambda r: -len(rows[r].ids))
+    if progress is not None:
+        progress.total = len(rows)
     for start in range(0, len(order), batch_size):
         batch = [rows[r] for r in order[start : start + batch_size]]
         width = max(len(r.ids) for r in batch)
@@ -116,7 +119,7 @@ def log_prob_batches(
         logits = view.vocab_logits(picked)  # [targets, d_vocab], float32 (float64 for a float64 model)
         yield batch, logits.log_softmax(-1)
         if progress is not None:
-            progress(len(batch))
+            progress.update(len(batch))
 
 
 @torch.no_grad()
@@ -127,7 +130,7 @@ def score_choices(
     options: Sequence[Sequence[str]],
     batch_size: int = 8,
     add_special_tokens: bool = True,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> list[list[ChoiceScore]]:
     """LL of every option of every context: result[i][j] for options[i][j] after contexts[i]."""
     limit = context_length(view.model)

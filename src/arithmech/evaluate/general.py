@@ -31,7 +31,7 @@ Usage
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ from arithmech.data.tokens import pad_id_of
 from arithmech.errors import ConfigError, DataError
 from arithmech.evaluate.general_texts import GeneralText
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def general_scores(
     base_tokenizer: Any = None,
     max_tokens: int = 512,
     batch_size: int = 4,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> GeneralResult:
     """Perplexity of `view`'s model on `texts`, and with `base_view` the base perplexity and KL(base || tuned)."""
     if base_view is not None and base_view.dims.d_vocab != view.dims.d_vocab:
@@ -121,6 +122,8 @@ def general_scores(
         raise DataError(f"general text(s) {', '.join(short)} have fewer than 2 tokens; give longer paragraphs")
     pad = pad_id_of(tokenizer)
     scores: list[TextScore] = []
+    if progress is not None:
+        progress.total = len(encoded)
     for start in range(0, len(encoded), batch_size):
         rows = encoded[start : start + batch_size]
         tuned = _log_probs(view, rows, pad)
@@ -135,5 +138,5 @@ def general_scores(
                 kl = float((lp_b.exp() * (lp_b - lp_t)).sum())
             scores.append(TextScore(texts[start + k].id, len(row) - 1, nll, base_nll, kl))
         if progress is not None:
-            progress(len(rows))
+            progress.update(len(rows))
     return GeneralResult(scores)

@@ -24,7 +24,7 @@ Usage
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 
 from arithmech.data.tokens import pad_id_of
 from arithmech.models.context import context_length
+from arithmech.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def generate_greedy(
     batch_size: int = 8,
     stops: Sequence[str] = (),
     add_special_tokens: bool = True,
-    progress: Callable[[int], object] | None = None,
+    progress: Progress | None = None,
 ) -> list[Generation]:
     """Greedy continuations of `prompts`, in order (see the module docstring)."""
     from transformers import GenerationConfig, StoppingCriteriaList
@@ -98,6 +99,8 @@ def generate_greedy(
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
     out: dict[int, Generation] = {}
+    if progress is not None:
+        progress.total = len(prompts)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         width = max(len(encoded[i]) for i in rows)
@@ -126,5 +129,5 @@ def generate_greedy(
             text, hit = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stops)
             out[i] = Generation(text, len(tokens), hit or at_eos is not None, truncated[i])
         if progress is not None:
-            progress(len(rows))
+            progress.update(len(rows))
     return [out[i] for i in range(len(prompts))]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +50,7 @@ from arithmech.evaluate.generation import generate_greedy
 from arithmech.evaluate.harness import HarnessResult
 from arithmech.evaluate.loading import EvalItem, choice_items, load_rows, math_items, train_overlap
 from arithmech.models.load import ModelHandle
-
-Progress = Callable[[int], object]
+from arithmech.progress import Progress
 
 
 @dataclass(frozen=True)

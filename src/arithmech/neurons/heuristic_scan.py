@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.shared_prefix import common_prefix_length
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.models.hooks import hooks
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.models.view import ModelView, cache_kwarg
 from arithmech.neurons.coefficients import d_mlp
 from arithmech.neurons.log_increase import end_states, neuron_directions, predictions, run_scales

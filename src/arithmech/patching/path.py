@@ -69,8 +69,8 @@ class PatchingBatch:
         first = int(differs.int().argmax()) if bool(differs.any()) else int(differs.shape[0])
         return min(first, int(self.end.min()))
 
-    def select(self, idx: slice) -> PatchingBatch:
-        """A sub-batch of prompts, trimmed to its own longest prompt."""
+    def select(self, idx: slice | torch.Tensor) -> PatchingBatch:
+        """A sub-batch of prompts (a slice, or indices in any order), trimmed to its own longest prompt."""
         end = self.end[idx]
         width = int(end.max()) + 1
         return PatchingBatch(
@@ -177,15 +177,17 @@ def path_patch(
     progress: Callable[[int], None] | None = None,
     resume_dir: Path | None = None,
 ) -> PatchResult:
-    """Effect of every head and MLP (METHODS.md sec. 2), prompts processed `batch_size` at a time.
+    """Effect of every head and MLP (METHODS.md sec. 2), prompts processed `batch_size` at a time, in chunks of
+    about one length (`length_chunks`); results in the batch's order.
 
     `progress(n)` is called with the number of prompts finished after each chunk. With `resume_dir`, each
     finished chunk is saved there and a rerun with the same folder loads it instead of recomputing; the
     caller must make the folder name unique to the model, prompts and settings (see `resume_key`).
     """
     parts: list[dict[str, torch.Tensor]] = []
-    for index, start in enumerate(range(0, len(batch), batch_size)):
-        chunk = batch.select(slice(start, start + batch_size))
+    chunks = length_chunks(batch, batch_size)
+    for index, prompts in enumerate(chunks):
+        chunk = batch.select(prompts)
         saved = resume_dir / f"chunk-{index:05d}.pt" if resume_dir is not None else None
         if saved is not None and saved.exists():
             part = torch.load(saved)
@@ -197,13 +199,34 @@ def path_patch(
         parts.append(part)
         if progress is not None:
             progress(len(chunk))
+    order = torch.cat(chunks).argsort()  # each prompt's place among the chunks' prompts
     return PatchResult(
         components=all_components(view.dims),
-        per_prompt=torch.cat([p["per_prompt"] for p in parts], dim=1),
-        ref_logit=torch.cat([p["ref_logit"] for p in parts]),
-        cf_logit=torch.cat([p["cf_logit"] for p in parts]),
+        per_prompt=torch.cat([p["per_prompt"] for p in parts], dim=1)[:, order],
+        ref_logit=torch.cat([p["ref_logit"] for p in parts])[order],
+        cf_logit=torch.cat([p["cf_logit"] for p in parts])[order],
         variant=variant,
     )
+
+
+def length_chunks(batch: PatchingBatch, batch_size: int) -> list[torch.Tensor]:
+    """The prompts of each chunk: sorted by length (then by where the pair first differs), at most `batch_size`
+    per chunk, and a new chunk wherever the next prompt is more than 1/16 longer than the chunk's first.
+
+    A chunk runs padded to its longest prompt, and its counterfactual pass from the earliest position where one
+    of its pairs differs: prompts of about one length (and template) in a chunk waste little of either.
+    """
+    differs = (batch.ref_ids != batch.cf_ids) | (batch.ref_mask != batch.cf_mask)  # [batch, pos]
+    first = torch.where(differs.any(1), differs.int().argmax(1), differs.shape[1])  # [batch]
+    order = sorted(range(len(batch)), key=lambda i: (int(batch.end[i]), int(first[i])))
+    chunks: list[list[int]] = []
+    for i in order:
+        chunk = chunks[-1] if chunks else None
+        if chunk is None or len(chunk) == batch_size or 16 * int(batch.end[i] + 1) > 17 * int(batch.end[chunk[0]] + 1):
+            chunks.append([i])
+        else:
+            chunk.append(i)
+    return [torch.tensor(c, dtype=torch.long) for c in chunks]
 
 
 def _patch_chunk(view: ModelView, chunk: PatchingBatch, variant: Variant) -> dict[str, torch.Tensor]:

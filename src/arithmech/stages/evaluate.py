@@ -169,8 +169,8 @@ def evaluate_stage(
             results[name] = previous
             reused.append(name)
             continue
-        with tqdm(desc=name, unit="row", disable=quiet) as bar:
-            result = evaluate_benchmark(handle, name, options, base_handle, bar.update)
+        with tqdm(desc=name, unit="row", disable=quiet) as bar:  # the benchmark sets the total it counts
+            result = evaluate_benchmark(handle, name, options, base_handle, bar)
         _write_benchmark(examples, stem, fingerprint, result)
         results[name] = result
     harness_results = run_harness(handle, harness, out / "harness", identity) if harness.tasks else {}

@@ -35,13 +35,13 @@ from arithmech.analysis.ranking import KeyComponents, rank_components
 from arithmech.data import PromptPair, write_prompt_file
 from arithmech.data.pair_checks import describe, pair_location
 from arithmech.data.places import place_name
-from arithmech.data.reference_set import build_reference_set
+from arithmech.data.reference_set import ReferenceSet, build_reference_set
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.errors import DataError
 from arithmech.lineage import identify_fingerprint, move_aside_stale
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import attribution_patch
-from arithmech.patching.path import PatchingBatch, PatchResult, path_patch, resume_key
+from arithmech.patching.path import PatchingBatch, PatchResult, length_chunks, path_patch, resume_key
 from arithmech.patching.variants import Variant
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined_row, git_sha, package_versions
 from arithmech.stages.identify_config import IdentifyConfig
@@ -69,7 +69,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     out = Path(out_dir)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    reference = build_reference_set(handle, cfg)
+    reference = _reference_with_progress(handle, cfg, out, quiet)
     tokenized, accuracy, counts = reference.tokenized, reference.template_accuracy, reference.counts
     timings["reference_set_s"] = time.perf_counter() - start
     logger.info("reference set: %s", reference_counts(counts, cfg.filter_correct))
@@ -131,31 +131,50 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
     return IdentifyResult(patch, key, tokenized.unique_pairs(), accuracy, out, metadata)
 
 
+def _reference_with_progress(handle: ModelHandle, cfg: IdentifyConfig, out: Path, quiet: bool) -> ReferenceSet:
+    """The reference set, with a progress bar of the answer check, whose result is kept in out/.partial so a
+    rerun into the folder reads it instead of running the model again."""
+    from tqdm.auto import tqdm
+
+    show = not quiet and distributed.is_main()
+    with tqdm(desc="checking answers", unit="prompt", disable=not show) as bar:
+        return build_reference_set(handle, cfg, cache_dir=out / ".partial", progress=bar)
+
+
 def _patch_with_progress(
     handle: ModelHandle, batch: PatchingBatch, cfg: IdentifyConfig, out: Path, quiet: bool
 ) -> PatchResult:
     """Path patching with a progress bar; finished chunks are kept in out/.partial so a rerun resumes.
 
-    Under a multi-process launch each process patches its own chunks (`distributed.shard_bounds`, cut at chunk
-    boundaries, so the numbers are those of one process) into its own resume folder, and gets everyone's.
+    Under a multi-process launch each process patches its own chunks (the engine's `length_chunks` of the whole
+    batch, whole chunks per process, so the numbers are those of one process) into its own resume folder, and
+    gets everyone's.
     """
     from tqdm.auto import tqdm
 
     identity = json.dumps(handle.source, sort_keys=True, default=str)
     partial = out / ".partial" / resume_key(batch, cfg.variant, cfg.batch_size, identity)
-    lo, hi = distributed.shard_bounds(len(batch), unit=cfg.batch_size)
+    chunks = length_chunks(batch, cfg.batch_size)
+    order = torch.cat(chunks)  # the prompts chunk by chunk: every chunk a slice of the reordered batch
+    starts = [0, *torch.tensor([len(c) for c in chunks]).cumsum(0).tolist()]
+    first, last = distributed.shard_bounds(len(chunks))
+    lo, hi = starts[first], starts[last]
     if (lo, hi) != (0, len(batch)):
         partial = partial / f"prompts-{lo}-{hi}"  # one folder per shard: processes never share a chunk file
     if partial.exists():
         logger.info("resuming from %d saved chunks in %s", len(list(partial.glob("chunk-*.pt"))), partial)
     variant = cast(Variant, cfg.variant)  # checked in IdentifyConfig.__post_init__
     show = not quiet and distributed.is_main()
-    with tqdm(total=hi - lo, desc=f"{cfg.variant} patching", unit="prompt", disable=not show) as bar:
+    unit = "row" if cfg.answer_digits else "prompt"  # answer digits: a row per answer token
+    with tqdm(total=hi - lo, desc=f"{cfg.variant} patching", unit=unit, disable=not show) as bar:
 
         def scan(mine: PatchingBatch) -> PatchResult:
             return path_patch(handle.view, mine, variant, cfg.batch_size, bar.update, resume_dir=partial)
 
-        return _sharded(batch, lo, hi, scan)
+        ordered = _sharded(batch.select(order), lo, hi, scan)
+    back = order.argsort()  # each prompt's place in the reordered batch
+    return PatchResult(ordered.components, ordered.per_prompt[:, back], ordered.ref_logit[back],
+                       ordered.cf_logit[back], ordered.variant)  # fmt: skip
 
 
 def _attribute_with_progress(
@@ -166,7 +185,8 @@ def _attribute_with_progress(
     lo, hi = distributed.shard_bounds(len(batch), unit=cfg.batch_size)
     variant = cast(Variant, cfg.variant)  # checked in IdentifyConfig.__post_init__
     show = not quiet and distributed.is_main()
-    with tqdm(total=hi - lo, desc=f"attribution ({cfg.variant})", unit="prompt", disable=not show) as bar:
+    unit = "row" if cfg.answer_digits else "prompt"  # answer digits: a row per answer token
+    with tqdm(total=hi - lo, desc=f"attribution ({cfg.variant})", unit=unit, disable=not show) as bar:
 
         def scan(mine: PatchingBatch) -> PatchResult:
             return attribution_patch(handle.view, mine, variant, cfg.batch_size, bar.update)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.shared_prefix import EndValues, common_prefix_length, end_states
+from arithmech.analysis.shared_prefix import EndValues, end_states
 from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.target_sets import TargetSpec, build_target_pairs, target_set
@@ -41,6 +41,7 @@ from arithmech.knockout.ablation import AblationSources, ablation_sources, align
 from arithmech.models.context import context_length
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.patching.path import PatchingBatch
 from arithmech.stages.transfer_config import TransferConfig
 

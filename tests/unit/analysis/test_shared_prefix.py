@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.analysis.shared_prefix import common_prefix_length, end_knockout_scores, end_states
+from arithmech.analysis.shared_prefix import end_knockout_scores, end_states
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.models.predictions import predict_at_end
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.models.sites import Component
 from arithmech.patching.path import PatchingBatch
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.view import ModelView
-from arithmech.patching.path import PatchingBatch, path_patch
+from arithmech.patching.path import PatchingBatch, length_chunks, path_patch
 
 from forward_cost import count_work, plain_forward_macs
 from tiny_models import seeded_rng
@@ -47,28 +47,34 @@ def benchmark_like_batch(vocab: int) -> PatchingBatch:
     return PatchingBatch(ref, mask, cf, mask.clone(), end, torch.randint(3, vocab, (len(LENGTHS),), generator=gen))
 
 
-def predicted_passes(view: ModelView, batch: PatchingBatch, variant: str) -> float:
-    """The README's cost model, in multiply-accumulates of a llama-family model, over one plain forward pass.
+def predicted_passes(
+    view: ModelView, batch: PatchingBatch, variant: str, batch_size: int, unpadded: bool = False
+) -> float:
+    """The README's cost model, in multiply-accumulates of a llama-family model, over one plain forward pass of
+    the batch (right-padded, or with `unpadded` each prompt at its own length).
 
-    Both variants: the reference pass (N x T tokens through L layers) and the counterfactual pass of the
-    positions after the shared start s (N x (T - s)). path: per prompt, an MLP on every (sender so far, layer):
-    (H + 1) L (L - 1) / 2 + H L MLP applications. total: per prompt, one token through the layers above each
-    sender, (H + 1) L (L - 1) / 2 token-layers, plus the head senders' own-layer MLP, H L.
+    Both variants, per chunk of the engine (`length_chunks`): the reference pass (n x W tokens through L layers,
+    W the chunk's longest prompt) and the counterfactual pass of the positions after the chunk's shared start s
+    (n x (W - s)). path: per prompt, an MLP on every (sender so far, layer): (H + 1) L (L - 1) / 2 + H L MLP
+    applications. total: per prompt, one token through the layers above each sender, (H + 1) L (L - 1) / 2
+    token-layers, plus the head senders' own-layer MLP, H L.
     """
     d = view.dims
-    n, width = len(batch), batch.ref_ids.shape[1]
-    shared = min(LENGTHS) - OPERATOR_FROM_END  # the first position where a pair differs
     d_mlp = view.mlp(0).up_proj.out_features
     c_attn = 2 * d.d_model * d.n_heads * d.d_head + 2 * d.d_model * d.n_kv_heads * d.d_head  # q, o; k, v
     c_mlp = 3 * d.d_model * d_mlp  # gate, up, down
     c_layer = c_attn + c_mlp
-    plain = n * width * (d.n_layers * c_layer + d.d_vocab * d.d_model)
-    passes = n * (2 * width - shared) * d.n_layers * c_layer
+    tokens = int(batch.ref_mask.sum()) if unpadded else len(batch) * batch.ref_ids.shape[1]
+    plain = tokens * (d.n_layers * c_layer + d.d_vocab * d.d_model)
+    passes = 0
+    for prompts in length_chunks(batch, batch_size):
+        chunk = batch.select(prompts)
+        passes += len(chunk) * (2 * chunk.ref_ids.shape[1] - chunk.shared_length()) * d.n_layers * c_layer
     triangle = (d.n_heads + 1) * d.n_layers * (d.n_layers - 1) // 2
     if variant == "path":
-        scan = n * c_mlp * (triangle + d.n_heads * d.n_layers)
+        scan = len(batch) * c_mlp * (triangle + d.n_heads * d.n_layers)
     else:
-        scan = n * (triangle * c_layer + d.n_heads * d.n_layers * c_mlp)
+        scan = len(batch) * (triangle * c_layer + d.n_heads * d.n_layers * c_mlp)
     return (passes + scan) / plain
 
 
@@ -80,7 +86,31 @@ def test_scan_costs_what_the_cost_model_says(variant: str, limit: float) -> None
     with count_work(view.model) as work:
         path_patch(view, batch, variant, batch_size=len(batch))
     passes = work.macs / unit
-    assert passes == pytest.approx(predicted_passes(view, batch, variant), rel=0.01)
+    assert passes == pytest.approx(predicted_passes(view, batch, variant, len(batch)), rel=0.01)
     assert passes <= limit, f"{variant} patching costs {passes:.2f} forward passes of the batch (limit {limit})"
     assert count_hooks(view.model) == 0
 
+
+def test_prompts_of_many_lengths_cost_what_unpadded_prompts_would() -> None:
+    """Prompts of 22 to 58 tokens in one batch (the default reference set has 26 to 70): the engine's chunks of
+    about one length cost within 10% of the cost model on every prompt at its own length and shared start; one
+    chunk padded to the longest prompt cost 36% more here (before issue #22)."""
+    view = smollm2_shaped()
+    lengths = [22, 26, 30, 38, 42, 50, 54, 58] * 2
+    gen = torch.Generator().manual_seed(0)
+    vocab = view.dims.d_vocab
+    ref = torch.randint(3, vocab, (len(lengths), max(lengths)), generator=gen)
+    cf, mask = ref.clone(), torch.zeros_like(ref)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        cf[i, n - 7] = (ref[i, n - 7] + 1) % vocab  # the operator, 7 tokens before the end (T - s = 6.75 there)
+    batch = PatchingBatch(ref, mask, cf, mask.clone(), torch.tensor(lengths) - 1, torch.randint(3, vocab, (16,)))
+    per_prompt = sum(
+        plain_forward_macs(view.model, ref[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in enumerate(lengths)
+    )  # the unit: a plain pass of every prompt at its own length
+    with count_work(view.model) as work:
+        path_patch(view, batch, "total", batch_size=len(batch))
+    passes = work.macs / per_prompt
+    assert passes == pytest.approx(predicted_passes(view, batch, "total", len(batch), unpadded=True), rel=0.01)
+    one_prompt_chunks = predicted_passes(view, batch, "total", 1, unpadded=True)  # no padding, each its own s
+    assert passes <= 1.10 * one_prompt_chunks, f"{passes:.2f} passes against {one_prompt_chunks:.2f} unpadded"

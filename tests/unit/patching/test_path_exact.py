@@ -9,7 +9,7 @@ from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks, hooks
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
-from arithmech.patching.path import PatchingBatch, path_patch
+from arithmech.patching.path import PatchingBatch, length_chunks, path_patch
 from arithmech.patching.states import collect_end_states
 from arithmech.patching.total import total_patched_logits
 
@@ -77,6 +77,21 @@ def test_shared_start_equals_reference(arch: str, variant: str) -> None:
     expected = torch.stack([reference.effect(c, variant) for c in all_components(view.dims)])
     torch.testing.assert_close(fast.per_prompt, expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(fast.cf_logit, reference.cf_logit, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["path", "total"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gemma3", "gpt-neox"])
+def test_chunks_of_about_one_length_keep_the_batch_order(arch: str, variant: str) -> None:
+    """Prompts are chunked by length (within 1/16, so some padding is left) and come back in the batch's order,
+    each equal to its own scan alone (no padding, no other prompt)."""
+    view = view_of(arch)
+    batch = answered_batch(view, [34, 6, 32, 33, 7, 32, 20], shared_start=True)
+    chunks = length_chunks(batch, 3)
+    assert [c.tolist() for c in chunks] == [[1], [4], [6], [2, 5, 3], [0]]  # lengths 6, 7, 20, 32-33, 34
+    grouped = path_patch(view, batch, variant=variant, batch_size=3)
+    alone = [path_patch(view, batch.select(slice(i, i + 1)), variant=variant) for i in range(len(batch))]
+    torch.testing.assert_close(grouped.per_prompt, torch.cat([a.per_prompt for a in alone], 1), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grouped.cf_logit, torch.cat([a.cf_logit for a in alone]), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", sorted(TINY_ARCHS))

@@ -1,0 +1,18 @@
+"""How long-running loops report progress: a bar told its total once known, then advanced (tqdm's interface).
+
+A scorer knows how many units (prompts, rows, texts) it will run only after it has built them, and the stage
+that shows the bar does not; so the scorer sets `total` and the bar can show a count of a total and an ETA.
+A `tqdm` bar is a `Progress`; tests can pass any object with the two members.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Progress(Protocol):
+    """A progress bar: `total` is set once the number of units is known, `update(n)` after n more are done."""
+
+    total: float | None
+
+    def update(self, n: float | None = 1) -> bool | None: ...
