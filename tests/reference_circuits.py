@@ -15,9 +15,35 @@ from typing import Any
 
 import torch
 
+from arithmech.circuits.batch import CircuitBatch
 from arithmech.circuits.graph import ROLES, CircuitGraph
+from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.view import ModelView
+
+from tiny_models import TINY_ARCHS, make_tiny_model
+
+SANDWICH = ("gemma2", "gemma3")
+ARCHS = [a for a in TINY_ARCHS if a not in SANDWICH]
+
+
+def tiny_view(arch: str) -> ModelView:
+    model = make_tiny_model(arch)
+    return ModelView(model, spec_for_model_type(model.config.model_type))
+
+
+def tiny_batch(seed: int = 0) -> CircuitBatch:
+    gen = torch.Generator().manual_seed(seed)
+    clean = torch.randint(40, 120, (3, 7), generator=gen)
+    cf = torch.randint(40, 120, (3, 7), generator=gen)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, 5:] = 0  # a shorter prompt, right-padded
+    return CircuitBatch(clean, cf, mask, torch.tensor([50, 51, 52]), torch.tensor([53, 54, 55]))
+
+
+def random_circuit(graph: CircuitGraph, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.rand(graph.n_receivers, graph.n_senders, generator=gen) < 0.5).float() * graph.valid
 
 
 def _head_out(view: ModelView, layer: int, head: int, z: torch.Tensor) -> torch.Tensor:

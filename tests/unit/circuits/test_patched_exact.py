@@ -5,40 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.circuits.batch import CircuitBatch, at_end, logit_difference
+from arithmech.circuits.batch import at_end, logit_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid, projection_weights
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph, collect_sender_outputs
 from arithmech.errors import SpecError
-from arithmech.models.archs import spec_for_model_type
-from arithmech.models.view import ModelView
-from reference_circuits import mean_outputs, naive_end_resid, sender_outputs
-
-from tiny_models import TINY_ARCHS, make_tiny_model
+from reference_circuits import (
+    ARCHS,
+    mean_outputs,
+    naive_end_resid,
+    random_circuit,
+    sender_outputs,
+    tiny_batch,
+    tiny_view,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SANDWICH = ("gemma2", "gemma3")
-ARCHS = [a for a in TINY_ARCHS if a not in SANDWICH]
-
-
-def tiny_view(arch: str) -> ModelView:
-    model = make_tiny_model(arch)
-    return ModelView(model, spec_for_model_type(model.config.model_type))
-
-
-def tiny_batch(seed: int = 0) -> CircuitBatch:
-    gen = torch.Generator().manual_seed(seed)
-    clean = torch.randint(40, 120, (3, 7), generator=gen)
-    cf = torch.randint(40, 120, (3, 7), generator=gen)
-    mask = torch.ones(3, 7, dtype=torch.long)
-    mask[1, 5:] = 0  # a shorter prompt, right-padded
-    return CircuitBatch(clean, cf, mask, torch.tensor([50, 51, 52]), torch.tensor([53, 54, 55]))
-
-
-def random_circuit(graph: CircuitGraph, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.rand(graph.n_receivers, graph.n_senders, generator=gen) < 0.5).float() * graph.valid
 
 
 @pytest.mark.parametrize("arch", ARCHS)
