@@ -111,3 +111,45 @@ def cpr(percents: Sequence[float], f_signed: Sequence[float]) -> float:
 def cmd(percents: Sequence[float], f_absolute: Sequence[float]) -> float:
     """Circuit-model difference: area under |1 - f| over the fraction of edges kept (absolute ranking)."""
     return area_under([p / 100 for p in percents], [abs(1 - f) for f in f_absolute])
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Faithfulness of the top-k % circuits of one ranking, both ways (signed for CPR, absolute for CMD)."""
+
+    percents: tuple[float, ...]
+    edges: tuple[int, ...]  # edges kept at each size
+    f_signed: tuple[float, ...]
+    f_absolute: tuple[float, ...]
+    m_signed: tuple[float, ...]
+    m_absolute: tuple[float, ...]
+    m_full: float
+    m_empty: float
+
+    @property
+    def cpr(self) -> float:
+        return cpr(self.percents, self.f_signed)
+
+    @property
+    def cmd(self) -> float:
+        return cmd(self.percents, self.f_absolute)
+
+
+def faithfulness_sweep(
+    view: ModelView,
+    graph: CircuitGraph,
+    batch: CircuitBatch,
+    scores: torch.Tensor,
+    percents: Sequence[float] = SWEEP_PERCENTS,
+    ablation: Ablation = "counterfactual",
+    batch_size: int = 16,
+) -> SweepResult:
+    """f of the top-k % circuits for every k, ranked by signed and by absolute score: 2 x len(percents) + 2 passes."""
+    circuits = [top_edges(graph, scores, k, absolute) for absolute in (False, True) for k in percents]
+    result = circuit_metrics(view, graph, batch, circuits, ablation=ablation, batch_size=batch_size)
+    f, m, n = result.faithfulness.tolist(), result.m.tolist(), len(percents)
+    return SweepResult(
+        percents=tuple(percents), edges=tuple(int(c.sum()) for c in circuits[:n]),
+        f_signed=tuple(f[:n]), f_absolute=tuple(f[n:]), m_signed=tuple(m[:n]), m_absolute=tuple(m[n:]),
+        m_full=result.m_full, m_empty=result.m_empty,
+    )  # fmt: skip
