@@ -85,7 +85,7 @@ class _Run:
 
     view: ModelView
     graph: CircuitGraph
-    swap: torch.Tensor  # [receiver, sender] (1 - keep) on edges, 0 elsewhere
+    swap: torch.Tensor  # [circuit, receiver, sender] (1 - keep) on edges, 0 elsewhere; batch = circuit x prompt
     ablated: SenderOutputs
     end: torch.Tensor
     batch: int
@@ -100,13 +100,16 @@ class _Run:
 
     def receiver_input(self, receivers: slice, resid: torch.Tensor) -> torch.Tensor:
         """[receivers, batch, pos, d_model]: resid plus the swap terms of the edges outside the circuit."""
-        x = resid[: self.batch][None].expand(receivers.stop - receivers.start, -1, -1, -1)
+        n = receivers.stop - receivers.start
+        x = resid[: self.batch][None].expand(n, -1, -1, -1)
         if self.needs_swaps:
-            coeff = self.swap[receivers].to(resid.dtype)
+            coeff = self.swap[:, receivers].to(resid.dtype)  # [circuit, receivers, sender]
+            circuits = coeff.shape[0]
             for start, term in self.terms:
-                c = coeff[:, start : start + term.shape[0]]
+                c = coeff[:, :, start : start + term.shape[0]]
                 if bool(c.any()):
-                    x = x + torch.einsum("rs,sbpd->rbpd", c, term)
+                    t = term.reshape(term.shape[0], circuits, -1, *term.shape[2:])  # [s, circuit, prompt, pos, d]
+                    x = x + torch.einsum("crs,scbpd->rcbpd", c, t).reshape(n, *x.shape[1:])
         if self.probe:
             probe = torch.zeros_like(x, requires_grad=True)
             self.probes.append(probe)
@@ -230,7 +233,9 @@ def patched_end_resid(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The logits' input at END [batch, d_model] with circuit `keep` [receiver, sender], and the probes.
 
-    keep: 1 = edge in the circuit, 0 = swapped for `ablated` (fractions interpolate linearly). With `probe`,
+    keep: 1 = edge in the circuit, 0 = swapped for `ablated` (fractions interpolate linearly). A batch of
+    circuits, keep [circuit, receiver, sender], runs every prompt under each: rows are circuit-major
+    (row c * prompts + i) and the result is [circuit * prompts, d_model]. With `probe`,
     the returned probes (in order: per layer the 3H head inputs then the MLP input, last the logits) are
     leaves whose gradient is d metric / d receiver input. `extra_post` hooks (e.g. on the input embedding)
     run too. Gradients flow only when called under grad mode.
@@ -239,6 +244,11 @@ def patched_end_resid(
     d = view.dims
     device = view.o_proj(0).weight.device
     swap = ((1 - keep.to(torch.float32)) * graph.valid).to(device)
+    swap = swap if swap.dim() == 3 else swap[None]  # [circuit, receiver, sender]
+    circuits = int(swap.shape[0])
+    if circuits > 1:
+        input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
+        ablated = ablated.repeat(circuits)
     batch = int(input_ids.shape[0])
     run = _Run(
         view=view, graph=graph, swap=swap, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
