@@ -99,3 +99,22 @@ def test_from_a_folder_without_edges_is_refused(tmp_path: Path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     code = main(["circuit", "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "x"), "--quiet"])
     assert code == 2 and "holds no edges.json" in capsys.readouterr().err
+
+
+def test_identify_ranking_as_a_circuit(circuit_run, tmp_path: Path) -> None:
+    model, _ = circuit_run
+    identify = tmp_path / "identify"
+    args = ["identify", "--model", str(model), "--keep-incorrect", "--formations", "equation", "--n-per-template", "2"]
+    assert main([*args, "--out", str(identify), "--quiet"]) == 0
+    out = tmp_path / "pp"
+    args = ["circuit", "--model", str(model), "--method", "path-patching", "--identify", str(identify)]
+    assert main([*args, "--evaluate", *SMALL, "--out", str(out)]) == 0
+    summary = next(csv.DictReader((out / "cpr_cmd.csv").open()))
+    assert summary["method"] == "path-patching"
+    scores = read_edges(out / "edges.json").scores
+    assert scores.abs().max() > 0
+
+
+def test_path_patching_needs_an_identify_run(tmp_path: Path, capsys) -> None:
+    code = main(["circuit", "--method", "path-patching", "--out", str(tmp_path / "x"), "--quiet"])
+    assert code == 2 and "--identify" in capsys.readouterr().err

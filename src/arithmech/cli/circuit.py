@@ -4,6 +4,7 @@ Examples:
     arithmech circuit --method eap-ig --operations addition --out runs/circuit-add     # scores every edge
     arithmech circuit --from runs/circuit-add --evaluate --out runs/circuit-add        # the faithfulness sweep
     arithmech circuit --method random --evaluate --out runs/circuit-random             # the baseline's CPR / CMD
+    arithmech circuit --method path-patching --identify runs/add --evaluate            # identify's heads as a circuit
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def _floats(text: str) -> tuple[float, ...]:
 @app.command()
 @model_options
 def circuit(
-    method: Annotated[str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline) or random.")] = "eap-ig",
+    method: Annotated[
+        str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline), path-patching (--identify) or random.")
+    ] = "eap-ig",
+    identify_run: Annotated[
+        Path | None, typer.Option("--identify", help="Identify run whose node ranking path-patching turns into edges.")
+    ] = None,
     operations: Annotated[str, typer.Option(help="MIB tasks whose prompts are pooled: addition, subtraction.")] = (
         "addition"
     ),
@@ -66,6 +72,7 @@ def circuit(
 
     cfg, out_dir = preflight.check(CircuitConfig(
         method=method,
+        identify_run=str(identify_run) if identify_run else None,
         operations=split(operations),
         n_prompts=n_prompts,
         steps=steps,

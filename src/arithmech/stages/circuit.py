@@ -1,9 +1,10 @@
 """The circuit stage: score every edge of MIB's graph on MIB's arithmetic prompts, and sweep faithfulness.
 
 Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` of them kept where the model's top
-token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`) or at random
-(the baseline), or read back from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate`
-the top k % circuits are evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
+token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify
+run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or their scores are read back
+from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
+evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
 faithfulness.csv and cpr_cmd.csv (with `evaluate`), and metadata.json last.
 """
@@ -24,6 +25,7 @@ from arithmech.circuits.batch import CircuitBatch
 from arithmech.circuits.circuit_file import EDGES_FILE, check_matches, graph_cfg, read_edges, write_edges
 from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top_edges
 from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.node_ranking import node_edge_scores
 from arithmech.circuits.prompts import circuit_batch, predicted_rows
 from arithmech.circuits.senders import check_edge_graph
 from arithmech.data.io import read_prompt_file, write_prompt_file
@@ -34,6 +36,7 @@ from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.circuit_config import CircuitConfig
+from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,9 @@ def rank_edges(handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cf
     if cfg.method == "random":
         gen = torch.Generator().manual_seed(cfg.seed)
         return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
+    if cfg.method == "path-patching":
+        assert cfg.identify_run is not None
+        return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
     method = "eap" if cfg.method == "eap" else "eap-ig"
     return edge_scores(handle.view, graph, batch, method=method, steps=cfg.steps, batch_size=cfg.batch_size)
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from arithmech.errors import ConfigError
 
-CIRCUIT_METHODS = ("eap", "eap-ig", "random")
-"""Edge rankings: EAP, EAP-IG on the inputs, and a seeded random ranking (the baseline)."""
+CIRCUIT_METHODS = ("eap", "eap-ig", "path-patching", "random")
+"""Edge rankings: EAP, EAP-IG on the inputs, identify's node ranking (path patching, weakest link), and a seeded
+random ranking (the baseline)."""
 CIRCUIT_ABLATIONS = ("counterfactual", "mean")
 MIB_OPERATION_NAMES = ("addition", "subtraction")
 MIB_PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -22,7 +23,10 @@ MIB_PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 class CircuitConfig:
     """Settings of the circuit stage."""
 
-    method: str = field(default="eap-ig", metadata={"help": "edge ranking: eap, eap-ig or random"})
+    method: str = field(default="eap-ig", metadata={"help": "edge ranking: eap, eap-ig, path-patching or random"})
+    identify_run: str | None = field(
+        default=None, metadata={"help": "identify run whose node ranking method path-patching turns into edges"}
+    )
     operations: tuple[str, ...] = field(
         default=("addition",), metadata={"help": "MIB arithmetic tasks whose prompts are pooled: addition, subtraction"}
     )
@@ -52,6 +56,11 @@ class CircuitConfig:
                 object.__setattr__(self, name, tuple(value))
         if self.method not in CIRCUIT_METHODS:
             raise ConfigError(f"method {self.method!r} is not one of {', '.join(CIRCUIT_METHODS)}")
+        if (self.method == "path-patching") != (self.identify_run is not None) and self.from_circuit is None:
+            raise ConfigError(
+                "method path-patching ranks edges by an identify run's node effects: give --method path-patching "
+                "together with --identify RUN_DIR (and --identify only with it)"
+            )
         if self.ablation not in CIRCUIT_ABLATIONS:
             raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(CIRCUIT_ABLATIONS)}")
         unknown = [op for op in self.operations if op not in MIB_OPERATION_NAMES]
@@ -77,7 +86,12 @@ class CircuitConfig:
         return path / "edges.json" if path.is_dir() else path
 
     def check_files(self) -> None:
-        """Read --from's circuit file now (preflight), so a missing or malformed one fails before the model loads."""
+        """Read --from's circuit file now (preflight), so a missing or malformed one fails before the model loads;
+        check that --identify is a finished identify run."""
+        if self.identify_run is not None:
+            from arithmech.lineage import identify_folder
+
+            object.__setattr__(self, "identify_run", str(identify_folder(self.identify_run, "--identify")))
         path = self.edges_file()
         if path is None:
             return
