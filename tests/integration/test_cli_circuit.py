@@ -26,7 +26,7 @@ def circuit_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> None:
     _, run = circuit_run
-    for name in ("edges.json", "prompts.jsonl", "faithfulness.csv", "cpr_cmd.csv", "metadata.json"):
+    for name in ("edges.json", "prompts.jsonl", "faithfulness.csv", "cpr_cmd.csv", "faithfulness.png", "metadata.json"):
         assert (run / name).is_file(), name
     data = json.loads((run / "edges.json").read_text())
     graph = CircuitGraph(3, 4)  # the tiny llama: 3 layers, 4 query heads (2 kv heads)
@@ -63,8 +63,9 @@ def test_edges_json_reads_back(circuit_run: tuple[Path, Path]) -> None:
 def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Path, Path], tmp_path: Path) -> None:
     model, run = circuit_run
     again = tmp_path / "again"
-    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", *SMALL, "--out", str(again)]
-    assert main(args) == 0
+    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *SMALL]
+    assert main([*args, "--out", str(again)]) == 0
+    assert (again / "faithfulness.png").is_file()
     first = list(csv.DictReader((run / "faithfulness.csv").open()))
     second = list(csv.DictReader((again / "faithfulness.csv").open()))
     assert [r["method"] for r in second] == ["eap"] * len(first)
@@ -79,6 +80,7 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--percents", "0,10"], "outside (0, 100]"),
         (["--circuit-percent", "150"], "outside (0, 100]"),
         (["--operations", "division"], "have no MIB prompts"),
+        (["--compare", "/no/such/folder"], "holds no faithfulness.csv"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:

@@ -55,6 +55,10 @@ def circuit(
     from_circuit: Annotated[
         Path | None, typer.Option("--from", help="Circuit folder whose edge scores and prompts are reused.")
     ] = None,
+    compare: Annotated[
+        list[Path] | None,
+        typer.Option("--compare", help="Other circuit folders (with faithfulness.csv) drawn in the figure; repeat."),
+    ] = None,
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Keep prompts whose scored token the model does not predict.")
     ] = False,
@@ -81,6 +85,7 @@ def circuit(
         percents=_floats(percents),
         circuit_percent=circuit_percent,
         from_circuit=str(from_circuit) if from_circuit else None,
+        compare=tuple(str(p) for p in compare or ()),
         keep_incorrect=keep_incorrect,
         max_operand=max_operand,
         batch_size=batch_size,

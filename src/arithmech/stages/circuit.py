@@ -6,11 +6,13 @@ run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or
 from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
 evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
-faithfulness.csv and cpr_cmd.csv (with `evaluate`), and metadata.json last.
+faithfulness.csv, cpr_cmd.csv and faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn
+beside this run's), and metadata.json last.
 """
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
 import time
@@ -34,6 +36,7 @@ from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
+from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
 from arithmech.stages.circuit_config import CircuitConfig
 from arithmech.stages.identify_run import read_identify_run
@@ -124,6 +127,9 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     if sweep is not None:
         atomic_write_text(out / "faithfulness.csv", csv_text(faithfulness_rows(method, sweep)))
         atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(method, sweep, len(batch))]))
+        curves = {method: (sweep.percents, sweep.f_signed, sweep.f_absolute), **compared_curves(cfg.compare)}
+        title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
+        faithfulness_curves(curves, out / "faithfulness.png", title)
     metadata: dict[str, Any] = {
         "stage": "circuit",
         "model": handle.source,
@@ -139,6 +145,20 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     }
     atomic_write_json(out / "metadata.json", metadata)
     return CircuitResult(out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep)
+
+
+def compared_curves(folders: tuple[str, ...]) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """method -> (percents, f signed, f absolute) read from other circuit folders' faithfulness.csv."""
+    curves: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for folder in folders:
+        with (Path(folder).expanduser() / "faithfulness.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        method = rows[0]["method"] if rows else Path(folder).name
+        name = method if method not in curves else f"{method} ({Path(folder).name})"
+        signed = [r for r in rows if r["ranking"] == "signed"]
+        absolute = [float(r["f"]) for r in rows if r["ranking"] == "absolute"]
+        curves[name] = ([float(r["percent"]) for r in signed], [float(r["f"]) for r in signed], absolute)
+    return curves
 
 
 def faithfulness_rows(method: str, sweep: SweepResult) -> list[dict[str, Any]]:

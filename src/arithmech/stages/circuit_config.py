@@ -41,6 +41,9 @@ class CircuitConfig:
     from_circuit: str | None = field(
         default=None, metadata={"help": "circuit folder (or its edges.json) whose scores and prompts are reused"}
     )
+    compare: tuple[str, ...] = field(
+        default=(), metadata={"help": "other circuit folders (with faithfulness.csv) drawn in the same figure"}
+    )
     keep_incorrect: bool = field(
         default=False,
         metadata={"help": "keep prompts whose scored token the model does not predict (tests, weak models)"},
@@ -50,7 +53,7 @@ class CircuitConfig:
     seed: int = field(default=0, metadata={"help": "seed of the prompts and of the random ranking"})
 
     def __post_init__(self) -> None:
-        for name in ("operations", "percents"):
+        for name in ("operations", "percents", "compare"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -92,6 +95,11 @@ class CircuitConfig:
             from arithmech.lineage import identify_folder
 
             object.__setattr__(self, "identify_run", str(identify_folder(self.identify_run, "--identify")))
+        for folder in self.compare:
+            if not (Path(folder).expanduser() / "faithfulness.csv").is_file():
+                raise ConfigError(
+                    f"--compare {folder!r} holds no faithfulness.csv; give a folder of `arithmech circuit --evaluate`"
+                )
         path = self.edges_file()
         if path is None:
             return
