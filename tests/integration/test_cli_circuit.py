@@ -20,7 +20,8 @@ SMALL = ["--keep-incorrect", "--n-prompts", "4", "--percents", "1,10,100", "--ba
 def circuit_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     model = tiny_model_dir("llama")
     run = tmp_path_factory.mktemp("circuit") / "run"
-    assert main(["circuit", "--model", str(model), "--method", "eap", "--evaluate", *SMALL, "--out", str(run)]) == 0
+    args = ["circuit", "--model", str(model), "--method", "eap", "--evaluate", "--oracle", "3", *SMALL]
+    assert main([*args, "--out", str(run)]) == 0
     return model, run
 
 
@@ -46,6 +47,14 @@ def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> Non
     assert full == pytest.approx([1.0, 1.0], abs=1e-5)
     summary = next(csv.DictReader((run / "cpr_cmd.csv").open()))
     assert summary["method"] == "eap" and summary["prompts"] == "4"
+
+
+def test_oracle_scores_top_and_random_edges(circuit_run: tuple[Path, Path]) -> None:
+    _, run = circuit_run
+    rows = list(csv.DictReader((run / "oracle.csv").open()))
+    assert [r["chosen"] for r in rows] == ["top"] * 3 + ["random"] * 3
+    agreement = json.loads((run / "metadata.json").read_text())["oracle"]
+    assert agreement["edges"] == 6 and -1 <= agreement["spearman"] <= 1
 
 
 def test_edges_json_reads_back(circuit_run: tuple[Path, Path]) -> None:
@@ -81,6 +90,7 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--circuit-percent", "150"], "outside (0, 100]"),
         (["--operations", "division"], "have no MIB prompts"),
         (["--compare", "/no/such/folder"], "holds no faithfulness.csv"),
+        (["--oracle", "-1"], "oracle must be 0"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:

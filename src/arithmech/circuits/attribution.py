@@ -98,6 +98,7 @@ def _interpolated_embedding(view: ModelView, cf_ids: torch.Tensor, alpha: float)
     return module, fn
 
 
+@torch.no_grad()
 def _contract(
     view: ModelView, graph: CircuitGraph, clean: SenderOutputs, cf: SenderOutputs, grads: torch.Tensor
 ) -> torch.Tensor:

@@ -55,6 +55,9 @@ def circuit(
     from_circuit: Annotated[
         Path | None, typer.Option("--from", help="Circuit folder whose edge scores and prompts are reused.")
     ] = None,
+    oracle: Annotated[
+        int, typer.Option(help="Exact scores of the top N edges and N random ones, against the method's (0: off).")
+    ] = 0,
     compare: Annotated[
         list[Path] | None,
         typer.Option("--compare", help="Other circuit folders (with faithfulness.csv) drawn in the figure; repeat."),
@@ -85,6 +88,7 @@ def circuit(
         percents=_floats(percents),
         circuit_percent=circuit_percent,
         from_circuit=str(from_circuit) if from_circuit else None,
+        oracle=oracle,
         compare=tuple(str(p) for p in compare or ()),
         keep_incorrect=keep_incorrect,
         max_operand=max_operand,
@@ -102,4 +106,12 @@ def circuit(
         for k, n, fs, fa in zip(sweep.percents, sweep.edges, sweep.f_signed, sweep.f_absolute, strict=True):
             typer.echo(f"{k:8.1f}  {n:6d}  {fs:10.3f}  {fa:11.3f}")
         typer.echo(f"CPR {sweep.cpr:.3f} (higher is better), CMD {sweep.cmd:.3f} (lower is better)")
+    if result.oracle is not None:
+        agree = result.oracle
+        typer.echo(f"exact scores of {agree['edges']} edges: Spearman {agree['spearman']:.3f} with the method's, "
+                   f"top-{len_top(agree)} overlap {agree['top_n_overlap']:.0%} (oracle.csv)")  # fmt: skip
     typer.echo(f"results in {result.out_dir}")
+
+
+def len_top(agreement: dict[str, Any]) -> int:
+    return int(agreement["edges"]) // 2

@@ -6,8 +6,9 @@ run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or
 from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
 evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
-faithfulness.csv, cpr_cmd.csv and faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn
-beside this run's), and metadata.json last.
+oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
+method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv and faithfulness.png
+(with `evaluate`; the curves of the `compare` folders drawn beside this run's), and metadata.json last.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from typing import Any
 
 import torch
 
+from arithmech.analysis.agreement import spearman
 from arithmech.circuits.attribution import edge_scores
 from arithmech.circuits.batch import CircuitBatch
 from arithmech.circuits.circuit_file import EDGES_FILE, check_matches, graph_cfg, read_edges, write_edges
 from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top_edges
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.node_ranking import node_edge_scores
+from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
 from arithmech.circuits.prompts import circuit_batch, predicted_rows
 from arithmech.circuits.senders import check_edge_graph
 from arithmech.data.io import read_prompt_file, write_prompt_file
@@ -54,6 +57,7 @@ class CircuitResult:
     n_edges: int
     n_prompts: int
     sweep: SweepResult | None
+    oracle: dict[str, Any] | None = None
 
 
 def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> list[PromptPair]:
@@ -120,8 +124,11 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         sweep = faithfulness_sweep(view, graph, batch, scores, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
         if abs(sweep.m_full - sweep.m_empty) < 1e-6:
             raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
+    oracle = oracle_rows(handle, graph, batch, scores, cfg) if cfg.oracle else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if oracle is not None:
+        atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
     write_edges(out / EDGES_FILE, model_cfg, scores, top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0)
     write_prompt_file(out / "prompts.jsonl", pairs)
     if sweep is not None:
@@ -137,6 +144,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "config": {**asdict(cfg), "method": method},
         "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
         "counts": {"prompts": len(batch)},
+        "oracle": None if oracle is None else oracle[1],
         "seed": cfg.seed,
         "timings": {"scores_s": scored_s, "total_s": time.perf_counter() - start},
         "versions": package_versions(),
@@ -144,7 +152,33 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     atomic_write_json(out / "metadata.json", metadata)
-    return CircuitResult(out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep)
+    return CircuitResult(
+        out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
+        oracle=None if oracle is None else oracle[1],
+    )  # fmt: skip
+
+
+def oracle_rows(
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Exact scores of the top n edges by |score| and n random ones; rows and agreement (Spearman, top-n overlap)."""
+    edges = oracle_subset(graph, scores, cfg.oracle, cfg.seed)
+    exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size).tolist()
+    estimate = [float(scores[r, s]) for r, s in edges]
+    rows = [
+        {"edge": f"{graph.sender_names[s]}->{graph.receiver_names[r]}", "chosen": "top" if i < cfg.oracle else "random",
+         "score": est, "exact": ex}
+        for i, ((r, s), est, ex) in enumerate(zip(edges, estimate, exact, strict=True))
+    ]  # fmt: skip
+    n = cfg.oracle
+    top_est = set(sorted(range(len(edges)), key=lambda i: -abs(estimate[i]))[:n])
+    top_exact = set(sorted(range(len(edges)), key=lambda i: -abs(exact[i]))[:n])
+    agreement = {
+        "edges": len(edges),
+        "spearman": spearman(estimate, exact),
+        "top_n_overlap": len(top_est & top_exact) / n,
+    }
+    return rows, agreement
 
 
 def compared_curves(folders: tuple[str, ...]) -> dict[str, tuple[list[float], list[float], list[float]]]:

@@ -41,6 +41,9 @@ class CircuitConfig:
     from_circuit: str | None = field(
         default=None, metadata={"help": "circuit folder (or its edges.json) whose scores and prompts are reused"}
     )
+    oracle: int = field(
+        default=0, metadata={"help": "exact scores of the top n edges and n random ones, against the method's (0: off)"}
+    )
     compare: tuple[str, ...] = field(
         default=(), metadata={"help": "other circuit folders (with faithfulness.csv) drawn in the same figure"}
     )
@@ -77,6 +80,8 @@ class CircuitConfig:
                 raise ConfigError(f"a circuit size of {k} % is outside (0, 100]; give a percentage of edges kept")
         if not self.percents or list(self.percents) != sorted(set(self.percents)):
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
+        if self.oracle < 0:
+            raise ConfigError(f"oracle must be 0 (off) or a number of edges (got {self.oracle})")
         for name in ("n_prompts", "steps", "batch_size", "max_operand"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")

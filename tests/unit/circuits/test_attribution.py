@@ -54,8 +54,9 @@ def test_eap_ig_equals_naive_integrated_gradients(arch: str) -> None:
     assert (fast - eap).abs().max() > 1e-3  # the interpolation changes the scores
 
 
-def test_scores_are_zero_off_the_edges() -> None:
+def test_scores_are_zero_off_the_edges_and_hold_no_graph() -> None:
     view = tiny_view("llama")
     graph = CircuitGraph.from_dims(view.dims)
     scores = edge_scores(view, graph, tiny_batch(), method="eap")
     assert bool((scores[~graph.valid] == 0).all())
+    assert not scores.requires_grad
