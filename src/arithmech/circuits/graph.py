@@ -40,6 +40,7 @@ from functools import cached_property
 import torch
 
 from arithmech.errors import ConfigError
+from arithmech.models.view import Dims
 
 ROLES = ("q", "k", "v")
 """The three inputs of an attention head, in receiver order."""
@@ -58,9 +59,9 @@ class CircuitGraph:
     """Attention and MLP of a layer read the same residual (GPT-NeoX): no edge from a head to its own MLP."""
 
     @classmethod
-    def from_dims(cls, dims: object, parallel: bool = False) -> CircuitGraph:
+    def from_dims(cls, dims: Dims, parallel: bool = False) -> CircuitGraph:
         """The graph of a model with `dims.n_layers` layers and `dims.n_heads` query heads."""
-        return cls(int(dims.n_layers), int(dims.n_heads), bool(parallel))  # type: ignore[attr-defined]
+        return cls(dims.n_layers, dims.n_heads, bool(parallel))
 
     # -- sizes and indices ----------------------------------------------------------------------------------
     @property
