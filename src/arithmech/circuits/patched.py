@@ -21,11 +21,12 @@ How it runs as one forward pass of the unmodified Hugging Face model (hooks only
     mlp_norm pre-hook    replaces the MLP's input; mlp post-hook records its output.
     final_norm pre-hook  replaces the logits' input and keeps it at END for the metric.
     Grouped-query attention: the keys of kv head k may differ for each of its g query heads (their inputs
-    differ), but the attention kernel takes one key per kv head. The batch is therefore run as g replicas:
-    replica j holds the keys/values of query head k g + j for every kv head k, and head h's z is read from
-    replica h mod g; the o_proj input is then the same in all replicas, so the residual stream is too. The
-    key/value weights are never copied (one [kv head, d_head, d_model] view, applied by einsum); the price
-    is g times the compute of one forward pass (g = 1 without grouped-query attention).
+    differ), but the attention kernel takes one key per kv head. The attention module therefore runs on g
+    replicas of the batch (a pre-hook repeats its hidden states, mask and rotary tables): replica j holds the
+    keys/values of query head k g + j for every kv head k, and head h's z is read from replica h mod g, so the
+    o_proj input, and everything after it, is one batch again. The key/value weights are never copied (one
+    [kv head, d_head, d_model] view, applied by einsum); the price is g times the attention's compute (the MLPs
+    run once; g = 1 without grouped-query attention).
 
 Gradients (for EAP, `attribution.py`): with `probe=True` a zero tensor requiring grad is added to every
 receiver's input, so d metric / d probe = d metric / d x_r for each receiver separately.
@@ -47,6 +48,9 @@ from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
+
+_BATCH_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
+"""Keyword arguments of an attention module that hold one row per prompt (or one row for all)."""
 
 
 def projection_weights(view: ModelView, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
@@ -181,6 +185,24 @@ class _Run:
 
         return [(self.view.module(layer, str(s.qkv_proj)), fused)]
 
+    def attention_replicas(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The attention module's batch inputs repeated `replicas` times (replica-major); others unchanged."""
+        if args:
+            args = (self.tiled(args[0]), *args[1:])
+        else:
+            kwargs = {**kwargs, "hidden_states": self.tiled(kwargs["hidden_states"])}
+        for name in _BATCH_KWARGS:
+            value = kwargs.get(name)
+            if isinstance(value, torch.Tensor):
+                kwargs[name] = self.batch_tiled(value)
+            elif isinstance(value, tuple):
+                kwargs[name] = tuple(self.batch_tiled(v) if isinstance(v, torch.Tensor) else v for v in value)
+        return args, kwargs
+
+    def batch_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-prompt tensor [batch, ...] repeated over the replicas; one broadcast over the batch stays."""
+        return self.tiled(x) if x.shape[0] == self.batch and self.batch > 1 else x
+
     def head_outputs(self, layer: int) -> PreHook:
         d = self.view.dims
         g = self.replicas
@@ -194,7 +216,7 @@ class _Run:
             if self.needs_swaps:
                 run_out = self.view.head_outputs(layer, z).permute(2, 0, 1, 3)  # [head, batch, pos, d_model]
                 self.add_terms(self.graph.head_sender(layer, 0), run_out, self.ablated.head_outputs(self.view, layer))
-            return (self.tiled(z),) if g > 1 else None
+            return (z,) if g > 1 else None
 
         return fn
 
@@ -202,8 +224,7 @@ class _Run:
         receiver = self.graph.mlp_receiver(layer)
 
         def fn(_module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
-            x = self.receiver_input(slice(receiver, receiver + 1), args[0])[0]  # [batch, pos, d_model]
-            return (self.tiled(x),)
+            return (self.receiver_input(slice(receiver, receiver + 1), args[0])[0],)  # [batch, pos, d_model]
 
         return fn
 
@@ -218,7 +239,7 @@ class _Run:
         r = self.graph.logits_receiver
         x = self.receiver_input(slice(r, r + 1), args[0])[0]  # [batch, pos, d_model]
         self.end_resid = at_end(x, self.end)
-        return (self.tiled(x),)
+        return (x,)
 
 
 def patched_end_resid(
@@ -264,7 +285,8 @@ def patched_end_resid(
         ]
         post += [*run.projection_hooks(layer), (view.mlp(layer), run.mlp_output(layer))]
     ids, mask = input_ids.to(device), attention_mask.to(device)
-    with hooks(pre=pre, post=post):
-        view.model.base_model(input_ids=run.tiled(ids), attention_mask=run.tiled(mask), use_cache=False)
+    replicas = [(view.attn(layer), run.attention_replicas) for layer in range(d.n_layers)] if run.replicas > 1 else []
+    with hooks(pre=pre, post=post, pre_kwargs=replicas):
+        view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
     assert run.end_resid is not None
     return run.end_resid, run.probes
