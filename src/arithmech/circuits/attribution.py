@@ -17,9 +17,10 @@ Formula, receiver r and sender s ([batch, pos, d_model] each, sum over batch, po
     g_r(alpha) = d m / d x_r on the run whose token embeddings are e(cf) + alpha (e(clean) - e(cf)).
     m = logit[answer] - logit[cf answer] at END, summed over prompts (so each prompt's gradient is its own).
 
-Cost, per chunk of prompts: 2 plain forward passes + (1 or m) forward passes with gradients and backward
-passes; then a [receiver, sender] contraction over batch x pos x d_model. Under grouped-query attention the
-patched pass runs g replicas (`patched.py`), so keys and values get a gradient per query head, as MIB counts.
+Cost, per chunk of prompts: 2 plain forward passes + (1 or m) patched forward passes with gradients and their
+backward passes; then a [receiver, sender] contraction over batch x pos x d_model. Under grouped-query attention
+the patched pass runs the attention on g replicas (`patched.py`), so keys and values get a gradient per query
+head, as MIB counts.
 
 References: Syed, Rager & Conmy 2023 (arXiv:2310.10348); Hanna, Pezzelle & Belinkov 2024 (COLM, EAP-IG);
 Mueller et al. 2025 (MIB, m = 5 steps); METHODS.md sec. 9.
