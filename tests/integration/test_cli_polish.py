@@ -48,7 +48,7 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
              ["analyze", "attention", "--help"], ["analyze", "mlp", "--help"], ["analyze", "agreement", "--help"],
              ["analyze", "heuristics", "--help"],
              ["mediate", "--help"], ["neurons", "--help"], ["finetune", "--help"], ["evaluate", "--help"],
-             ["run", "--help"], ["report", "--help"]]  # fmt: skip
+             ["run", "--help"], ["report", "--help"], ["circuit", "--help"]]  # fmt: skip
     bad = {  # argv -> a word of the sentence that names the cause
         ("identify", "--variant", "bogus", "--out", str(tmp_path / "i")): "variant",
         ("identify", "--max-prompts", "0", "--out", str(tmp_path / "i")): "max_prompts",
@@ -71,6 +71,8 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         ("evaluate", "--benchmarks", "nosuch", "--out", str(tmp_path / "e")): "nosuch",
         ("neurons", "--prune-by", "x", "--out", str(tmp_path / "n")): "prune_by",
         ("analyze", "heuristics", "--grid-size", "1", "--out", str(tmp_path / "h")): "grid",
+        ("circuit", "--method", "bogus", "--out", str(tmp_path / "c")): "method",
+        ("circuit", "--percents", "0,150", "--out", str(tmp_path / "c")): "(0, 100]",
         ("run", "--config", str(configs / "dtype.yaml")): "dtype",
         ("run", "--config", str(configs / "ok.yaml"), "--set", "knockout.max_k=abc"): "knockout.max_k",
     }  # fmt: skip
@@ -112,7 +114,7 @@ def test_every_help_shows_flags_as_flags_and_brackets_as_written(capsys) -> None
     from arithmech.cli import main
 
     commands = _commands()
-    assert len(commands) == 14  # analyze fourier and analyze heuristics (issue #15) are the 13th and 14th
+    assert len(commands) == 15  # analyze fourier and heuristics (issue #15) are the 13th and 14th, circuit the 15th
     bracketed = 0
     for argv, command in commands:
         assert main([*argv, "--help"]) == 0

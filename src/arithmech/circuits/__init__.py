@@ -1,0 +1,1 @@
+"""Edge-level circuits (MIB): nodes, edges, exact patched evaluation, edge attribution, faithfulness."""

@@ -1,0 +1,155 @@
+"""Faithfulness of circuits, the sweep over circuit sizes, and MIB's CPR and CMD.
+
+Background (MIB, Mueller et al. 2025, section 4)
+    A circuit is judged by how much of the model's behaviour it keeps when every edge outside it is ablated
+    (`patched.py`). With m the mean logit difference (answer minus counterfactual answer, at END):
+        f(C) = (m(C) - m(empty)) / (m(full) - m(empty))
+    m(full) is the clean run and m(empty) the run with every edge ablated (the counterfactual run under
+    counterfactual ablation). A ranking of the edges gives circuits of every size: the top k % of edges,
+    k in SWEEP_PERCENTS. Two areas summarise the curve, over x = k / 100 by the trapezoid rule:
+        CPR = area under f(x),       edges ranked by signed score (higher is better: the circuit helps);
+        CMD = area under |1 - f(x)|, edges ranked by |score|      (lower is better: the circuit is faithful).
+
+Circuit of k %: the int(k / 100 x edges) edges of highest score (stable sort, ties kept in edge order), at
+least one edge.
+
+References: Mueller et al., ICML 2025 (MIB), section 4 and its circuit-track code; METHODS.md sec. 9.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.patched import patched_end_resid
+from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs
+from arithmech.models.view import ModelView
+
+Ablation = Literal["counterfactual", "mean"]
+ABLATIONS: tuple[str, ...] = ("counterfactual", "mean")
+SWEEP_PERCENTS: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+@dataclass(frozen=True)
+class CircuitMetrics:
+    """Mean metric of each circuit and of the full and empty circuits."""
+
+    m: torch.Tensor  # [circuit]
+    m_full: float
+    m_empty: float
+
+    @property
+    def faithfulness(self) -> torch.Tensor:
+        """[circuit] f(C) = (m(C) - m(empty)) / (m(full) - m(empty))."""
+        return (self.m - self.m_empty) / (self.m_full - self.m_empty)
+
+
+def mean_sender_outputs(view: ModelView, batch: CircuitBatch, batch_size: int) -> SenderOutputs:
+    """Every sender's output averaged over the counterfactual prompts and their real positions."""
+    parts = []
+    for chunk in batch.chunks(batch_size):
+        cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
+        weight = float(chunk.mask.sum())
+        parts.append((cf.mean(chunk.mask), weight))
+    total = sum(w for _, w in parts)
+    return SenderOutputs(
+        embed=sum(p.embed * (w / total) for p, w in parts),  # type: ignore[arg-type]
+        z=sum(p.z * (w / total) for p, w in parts),  # type: ignore[arg-type]
+        mlp_out=sum(p.mlp_out * (w / total) for p, w in parts),  # type: ignore[arg-type]
+    )
+
+
+@torch.no_grad()
+def circuit_metrics(
+    view: ModelView,
+    graph: CircuitGraph,
+    batch: CircuitBatch,
+    circuits: Sequence[torch.Tensor],
+    ablation: Ablation = "counterfactual",
+    batch_size: int = 16,
+) -> CircuitMetrics:
+    """m of each circuit (keep [receiver, sender]), of the full and of the empty circuit: one patched pass each."""
+    means = mean_sender_outputs(view, batch, batch_size) if ablation == "mean" else None
+    full = torch.ones(graph.n_receivers, graph.n_senders)
+    keeps = [full, torch.zeros_like(full), *circuits]
+    sums = torch.zeros(len(keeps), dtype=torch.float64)
+    for chunk in batch.chunks(batch_size):
+        ablated = means if means is not None else collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
+        for i, keep in enumerate(keeps):
+            end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keep, ablated)
+            sums[i] += logit_difference(view, end_resid, chunk).double().sum().cpu()
+    m = (sums / len(batch)).float()
+    return CircuitMetrics(m=m[2:], m_full=float(m[0]), m_empty=float(m[1]))
+
+
+def top_edges(graph: CircuitGraph, scores: torch.Tensor, percent: float, absolute: bool) -> torch.Tensor:
+    """Circuit keep [receiver, sender] of the top `percent` % of edges by score (or |score|)."""
+    values = graph.to_edges(scores.float())
+    values = values.abs() if absolute else values
+    n = max(1, int(percent / 100 * graph.n_edges))
+    order = torch.sort(values, descending=True, stable=True).indices[:n]
+    kept = torch.zeros(graph.n_edges)
+    kept[order] = 1.0
+    return graph.to_dense(kept)
+
+
+def area_under(x: Sequence[float], y: Sequence[float]) -> float:
+    """Trapezoid area of y over x (x increasing)."""
+    return float(sum((x[i + 1] - x[i]) * (y[i] + y[i + 1]) / 2 for i in range(len(x) - 1)))
+
+
+def cpr(percents: Sequence[float], f_signed: Sequence[float]) -> float:
+    """Circuit performance ratio: area under f over the fraction of edges kept (signed ranking)."""
+    return area_under([p / 100 for p in percents], list(f_signed))
+
+
+def cmd(percents: Sequence[float], f_absolute: Sequence[float]) -> float:
+    """Circuit-model difference: area under |1 - f| over the fraction of edges kept (absolute ranking)."""
+    return area_under([p / 100 for p in percents], [abs(1 - f) for f in f_absolute])
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Faithfulness of the top-k % circuits of one ranking, both ways (signed for CPR, absolute for CMD)."""
+
+    percents: tuple[float, ...]
+    edges: tuple[int, ...]  # edges kept at each size
+    f_signed: tuple[float, ...]
+    f_absolute: tuple[float, ...]
+    m_signed: tuple[float, ...]
+    m_absolute: tuple[float, ...]
+    m_full: float
+    m_empty: float
+
+    @property
+    def cpr(self) -> float:
+        return cpr(self.percents, self.f_signed)
+
+    @property
+    def cmd(self) -> float:
+        return cmd(self.percents, self.f_absolute)
+
+
+def faithfulness_sweep(
+    view: ModelView,
+    graph: CircuitGraph,
+    batch: CircuitBatch,
+    scores: torch.Tensor,
+    percents: Sequence[float] = SWEEP_PERCENTS,
+    ablation: Ablation = "counterfactual",
+    batch_size: int = 16,
+) -> SweepResult:
+    """f of the top-k % circuits for every k, ranked by signed and by absolute score: 2 x len(percents) + 2 passes."""
+    circuits = [top_edges(graph, scores, k, absolute) for absolute in (False, True) for k in percents]
+    result = circuit_metrics(view, graph, batch, circuits, ablation=ablation, batch_size=batch_size)
+    f, m, n = result.faithfulness.tolist(), result.m.tolist(), len(percents)
+    return SweepResult(
+        percents=tuple(percents), edges=tuple(int(c.sum()) for c in circuits[:n]),
+        f_signed=tuple(f[:n]), f_absolute=tuple(f[n:]), m_signed=tuple(m[:n]), m_absolute=tuple(m[n:]),
+        m_full=result.m_full, m_empty=result.m_empty,
+    )  # fmt: skip

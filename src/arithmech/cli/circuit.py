@@ -1,0 +1,117 @@
+"""`arithmech circuit`: edge-level circuits on MIB's arithmetic prompts, scored by faithfulness.
+
+Examples:
+    arithmech circuit --method eap-ig --operations addition --out runs/circuit-add     # scores every edge
+    arithmech circuit --from runs/circuit-add --evaluate --out runs/circuit-add        # the faithfulness sweep
+    arithmech circuit --method random --evaluate --out runs/circuit-random             # the baseline's CPR / CMD
+    arithmech circuit --method path-patching --identify runs/add --evaluate            # identify's heads as a circuit
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from arithmech.cli.app import app
+from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    from arithmech.errors import ConfigError
+
+    try:
+        return tuple(float(part) for part in split(text))
+    except ValueError:
+        raise ConfigError(f"--percents takes numbers separated by commas, e.g. 0.1,1,10,100 (got {text!r})") from None
+
+
+@app.command()
+@model_options
+def circuit(
+    method: Annotated[
+        str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline), path-patching (--identify) or random.")
+    ] = "eap-ig",
+    identify_run: Annotated[
+        Path | None, typer.Option("--identify", help="Identify run whose node ranking path-patching turns into edges.")
+    ] = None,
+    operations: Annotated[str, typer.Option(help="MIB tasks whose prompts are pooled: addition, subtraction.")] = (
+        "addition"
+    ),
+    n_prompts: Annotated[int, typer.Option(help="Prompt pairs kept (the model predicts the scored token).")] = 32,
+    steps: Annotated[int, typer.Option(help="EAP-IG interpolation steps (MIB uses 5).")] = 5,
+    ablation: Annotated[str, typer.Option(help="What edges outside the circuit carry: counterfactual or mean.")] = (
+        "counterfactual"
+    ),
+    evaluate: Annotated[bool, typer.Option("--evaluate", help="Sweep faithfulness over circuit sizes (CPR, CMD).")] = (
+        False
+    ),
+    percents: Annotated[
+        str, typer.Option(help="Circuit sizes of the sweep, % of edges.")
+    ] = "0.1,0.2,0.5,1,2,5,10,20,50,100",
+    circuit_percent: Annotated[float, typer.Option(help="Size marked in_graph in edges.json, % of edges.")] = 5.0,
+    from_circuit: Annotated[
+        Path | None, typer.Option("--from", help="Circuit folder whose edge scores and prompts are reused.")
+    ] = None,
+    oracle: Annotated[
+        int, typer.Option(help="Exact scores of the top N edges and N random ones, against the method's (0: off).")
+    ] = 0,
+    compare: Annotated[
+        list[Path] | None,
+        typer.Option("--compare", help="Other circuit folders (with faithfulness.csv) drawn in the figure; repeat."),
+    ] = None,
+    keep_incorrect: Annotated[
+        bool, typer.Option("--keep-incorrect", help="Keep prompts whose scored token the model does not predict.")
+    ] = False,
+    max_operand: Annotated[int, typer.Option(help="Largest operand of the prompts.")] = 99,
+    batch_size: Annotated[int, typer.Option(help="Prompts per patched forward pass.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed of the prompts and of the random ranking.")] = 0,
+    load: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Run folder; default runs/circuit-<time>.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Score every edge of MIB's graph and measure how faithful the top circuits are (MIB's CPR and CMD)."""
+    setup_logging(quiet)
+    from arithmech import preflight
+    from arithmech.stages.circuit_config import CircuitConfig
+
+    cfg, out_dir = preflight.check(CircuitConfig(
+        method=method,
+        identify_run=str(identify_run) if identify_run else None,
+        operations=split(operations),
+        n_prompts=n_prompts,
+        steps=steps,
+        ablation=ablation,
+        evaluate=evaluate,
+        percents=_floats(percents),
+        circuit_percent=circuit_percent,
+        from_circuit=str(from_circuit) if from_circuit else None,
+        oracle=oracle,
+        compare=tuple(str(p) for p in compare or ()),
+        keep_incorrect=keep_incorrect,
+        max_operand=max_operand,
+        batch_size=batch_size,
+        seed=seed,
+    ), out or Path("runs") / time.strftime("circuit-%Y%m%d-%H%M%S"), "circuit")  # fmt: skip
+    from arithmech.stages.circuit import circuit as run_circuit
+
+    result = run_circuit(load(), cfg, out_dir, quiet=quiet)
+    typer.echo(f"graph: {result.n_edges:,} edges (MIB's count); {result.n_prompts} prompts; ranking: {result.method}")
+    if result.sweep is not None:
+        sweep = result.sweep
+        typer.echo(f"m(full) = {sweep.m_full:.3f}, m(empty) = {sweep.m_empty:.3f}")
+        typer.echo("     k %   edges  f (signed)  f (|score|)")
+        for k, n, fs, fa in zip(sweep.percents, sweep.edges, sweep.f_signed, sweep.f_absolute, strict=True):
+            typer.echo(f"{k:8.1f}  {n:6d}  {fs:10.3f}  {fa:11.3f}")
+        typer.echo(f"CPR {sweep.cpr:.3f} (higher is better), CMD {sweep.cmd:.3f} (lower is better)")
+    if result.oracle is not None:
+        agree = result.oracle
+        typer.echo(f"exact scores of {agree['edges']} edges: Spearman {agree['spearman']:.3f} with the method's, "
+                   f"top-{len_top(agree)} overlap {agree['top_n_overlap']:.0%} (oracle.csv)")  # fmt: skip
+    typer.echo(f"results in {result.out_dir}")
+
+
+def len_top(agreement: dict[str, Any]) -> int:
+    return int(agreement["edges"]) // 2

@@ -1,0 +1,212 @@
+"""The circuit stage: score every edge of MIB's graph on MIB's arithmetic prompts, and sweep faithfulness.
+
+Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` of them kept where the model's top
+token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify
+run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or their scores are read back
+from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
+evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
+Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
+oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
+method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv and faithfulness.png
+(with `evaluate`; the curves of the `compare` folders drawn beside this run's), and metadata.json last.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arithmech.analysis.agreement import spearman
+from arithmech.circuits.attribution import edge_scores
+from arithmech.circuits.batch import CircuitBatch
+from arithmech.circuits.circuit_file import EDGES_FILE, check_matches, graph_cfg, read_edges, write_edges
+from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top_edges
+from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.node_ranking import node_edge_scores
+from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
+from arithmech.circuits.prompts import circuit_batch, predicted_rows
+from arithmech.circuits.senders import check_edge_graph
+from arithmech.data.io import read_prompt_file, write_prompt_file
+from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.prompts import PromptPair
+from arithmech.errors import DataError
+from arithmech.lineage import read_metadata
+from arithmech.models.load import ModelHandle
+from arithmech.report.circuit_plots import faithfulness_curves
+from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
+from arithmech.stages.circuit_config import CircuitConfig
+from arithmech.stages.identify_run import read_identify_run
+
+logger = logging.getLogger(__name__)
+
+CANDIDATES_PER_PROMPT = 16
+"""Pairs drawn per prompt wanted: the rows the model gets wrong are dropped (SmolLM2-135M answers about 1 in 12
+MIB addition prompts with operands up to 99 by its top token)."""
+
+
+@dataclass
+class CircuitResult:
+    out_dir: Path
+    method: str
+    n_edges: int
+    n_prompts: int
+    sweep: SweepResult | None
+    oracle: dict[str, Any] | None = None
+
+
+def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> list[PromptPair]:
+    """MIB pairs of each operation, the first n_prompts / operations that the model answers with its top token."""
+    quota = math.ceil(cfg.n_prompts / len(cfg.operations))
+    kept: list[PromptPair] = []
+    for operation in cfg.operations:
+        pairs = mib_pairs(handle.tokenizer, operation, quota * CANDIDATES_PER_PROMPT, cfg.seed, cfg.max_operand)
+        if not pairs:
+            continue
+        if cfg.keep_incorrect:
+            right = [True] * len(pairs)
+        else:
+            right = predicted_rows(handle.view, circuit_batch(handle.tokenizer, pairs), cfg.batch_size).tolist()
+        chosen = [p for p, ok in zip(pairs, right, strict=True) if ok][:quota]
+        logger.info("%s: the model predicts %d of %d MIB prompts; %d kept", operation, sum(right), len(pairs),
+                    len(chosen))  # fmt: skip
+        kept += chosen
+    if not kept:
+        raise DataError(
+            f"the model predicts the scored answer token on none of the MIB prompts of {', '.join(cfg.operations)}; "
+            "try smaller operands (--max-operand 9) or another model"
+        )
+    return kept[: cfg.n_prompts]
+
+
+def rank_edges(handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig) -> torch.Tensor:
+    """[receiver, sender] signed scores by `cfg.method`."""
+    if cfg.method == "random":
+        gen = torch.Generator().manual_seed(cfg.seed)
+        return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
+    if cfg.method == "path-patching":
+        assert cfg.identify_run is not None
+        return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
+    method = "eap" if cfg.method == "eap" else "eap-ig"
+    return edge_scores(handle.view, graph, batch, method=method, steps=cfg.steps, batch_size=cfg.batch_size)
+
+
+def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet: bool = False) -> CircuitResult:
+    """Score the edges (or read their scores), optionally sweep faithfulness, and write the run folder."""
+    start = time.perf_counter()
+    view = handle.view
+    check_edge_graph(view)
+    graph = CircuitGraph.from_dims(handle.dims, view.parallel_residual)
+    model_cfg = graph_cfg(graph, handle.dims.d_model, handle.dims.n_kv_heads)
+    logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
+    edges_path = cfg.edges_file()
+    method = cfg.method
+    if edges_path is not None:
+        stored = read_edges(edges_path)
+        check_matches(stored, model_cfg, str(edges_path))
+        pairs = read_prompt_file(edges_path.parent / "prompts.jsonl")
+        earlier = read_metadata(edges_path.parent) or {}
+        method = str(earlier.get("config", {}).get("method", "file"))
+        scores = stored.scores.nan_to_num(0.0)
+        batch = circuit_batch(handle.tokenizer, pairs)
+    else:
+        pairs = mib_prompt_set(handle, cfg)
+        batch = circuit_batch(handle.tokenizer, pairs)
+        scores = rank_edges(handle, graph, batch, cfg)
+    scored_s = time.perf_counter() - start
+    sweep = None
+    if cfg.evaluate:
+        sweep = faithfulness_sweep(view, graph, batch, scores, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        if abs(sweep.m_full - sweep.m_empty) < 1e-6:
+            raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
+    oracle = oracle_rows(handle, graph, batch, scores, cfg) if cfg.oracle else None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if oracle is not None:
+        atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
+    write_edges(out / EDGES_FILE, model_cfg, scores, top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0)
+    write_prompt_file(out / "prompts.jsonl", pairs)
+    if sweep is not None:
+        atomic_write_text(out / "faithfulness.csv", csv_text(faithfulness_rows(method, sweep)))
+        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(method, sweep, len(batch))]))
+        curves = {method: (sweep.percents, sweep.f_signed, sweep.f_absolute), **compared_curves(cfg.compare)}
+        title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
+        faithfulness_curves(curves, out / "faithfulness.png", title)
+    metadata: dict[str, Any] = {
+        "stage": CircuitConfig.STAGE,
+        "model": handle.source,
+        "dims": asdict(handle.dims),
+        "config": {**asdict(cfg), "method": method},
+        "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
+        "counts": {"prompts": len(batch)},
+        "oracle": None if oracle is None else oracle[1],
+        "seed": cfg.seed,
+        "timings": {"scores_s": scored_s, "total_s": time.perf_counter() - start},
+        "versions": package_versions(),
+        "git_sha": git_sha(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_json(out / "metadata.json", metadata)
+    return CircuitResult(
+        out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
+        oracle=None if oracle is None else oracle[1],
+    )  # fmt: skip
+
+
+def oracle_rows(
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Exact scores of the top n edges by |score| and n random ones; rows and agreement (Spearman, top-n overlap)."""
+    edges = oracle_subset(graph, scores, cfg.oracle, cfg.seed)
+    exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size).tolist()
+    estimate = [float(scores[r, s]) for r, s in edges]
+    rows = [
+        {"edge": f"{graph.sender_names[s]}->{graph.receiver_names[r]}", "chosen": "top" if i < cfg.oracle else "random",
+         "score": est, "exact": ex}
+        for i, ((r, s), est, ex) in enumerate(zip(edges, estimate, exact, strict=True))
+    ]  # fmt: skip
+    n = cfg.oracle
+    top_est = set(sorted(range(len(edges)), key=lambda i: -abs(estimate[i]))[:n])
+    top_exact = set(sorted(range(len(edges)), key=lambda i: -abs(exact[i]))[:n])
+    agreement = {
+        "edges": len(edges),
+        "spearman": spearman(estimate, exact),
+        "top_n_overlap": len(top_est & top_exact) / n,
+    }
+    return rows, agreement
+
+
+def compared_curves(folders: tuple[str, ...]) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """method -> (percents, f signed, f absolute) read from other circuit folders' faithfulness.csv."""
+    curves: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for folder in folders:
+        with (Path(folder).expanduser() / "faithfulness.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        method = rows[0]["method"] if rows else Path(folder).name
+        name = method if method not in curves else f"{method} ({Path(folder).name})"
+        signed = [r for r in rows if r["ranking"] == "signed"]
+        absolute = [float(r["f"]) for r in rows if r["ranking"] == "absolute"]
+        curves[name] = ([float(r["percent"]) for r in signed], [float(r["f"]) for r in signed], absolute)
+    return curves
+
+
+def faithfulness_rows(method: str, sweep: SweepResult) -> list[dict[str, Any]]:
+    rows = []
+    for ranking, fs, ms in (
+        ("signed", sweep.f_signed, sweep.m_signed),
+        ("absolute", sweep.f_absolute, sweep.m_absolute),
+    ):
+        for k, n, f, m in zip(sweep.percents, sweep.edges, fs, ms, strict=True):
+            rows.append({"method": method, "ranking": ranking, "percent": k, "edges": n, "f": f, "m": m})
+    return rows
+
+
+def summary_row(method: str, sweep: SweepResult, prompts: int) -> dict[str, Any]:
+    return {"method": method, "cpr": sweep.cpr, "cmd": sweep.cmd, "m_full": sweep.m_full, "m_empty": sweep.m_empty,
+            "prompts": prompts}  # fmt: skip

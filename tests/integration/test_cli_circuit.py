@@ -1,0 +1,132 @@
+"""`arithmech circuit` end to end on a tiny saved model: scores, the sweep, reading a circuit back, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from arithmech.circuits.circuit_file import read_edges
+from arithmech.circuits.graph import CircuitGraph
+from arithmech.cli import main
+
+SMALL = ["--keep-incorrect", "--n-prompts", "4", "--percents", "1,10,100", "--batch-size", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def circuit_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    model = tiny_model_dir("llama")
+    run = tmp_path_factory.mktemp("circuit") / "run"
+    args = ["circuit", "--model", str(model), "--method", "eap", "--evaluate", "--oracle", "3", *SMALL]
+    assert main([*args, "--out", str(run)]) == 0
+    return model, run
+
+
+def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> None:
+    _, run = circuit_run
+    for name in ("edges.json", "prompts.jsonl", "faithfulness.csv", "cpr_cmd.csv", "faithfulness.png", "metadata.json"):
+        assert (run / name).is_file(), name
+    data = json.loads((run / "edges.json").read_text())
+    graph = CircuitGraph(3, 4)  # the tiny llama: 3 layers, 4 query heads (2 kv heads)
+    assert set(data["edges"]) == set(graph.edge_names)
+    touched = {
+        part.split("<")[0] for name, info in data["edges"].items() if info["in_graph"] for part in name.split("->")
+    }
+    assert data["nodes"] == {node: node in touched for node in graph.node_names}  # MIB: node name -> bool
+    assert data["cfg"]["n_layers"] == 3 and data["cfg"]["n_heads"] == 4
+    rows = list(csv.DictReader((run / "faithfulness.csv").open()))
+    assert [(r["ranking"], r["percent"]) for r in rows][:3] == [
+        ("signed", "1.0"),
+        ("signed", "10.0"),
+        ("signed", "100.0"),
+    ]
+    full = [float(r["f"]) for r in rows if r["percent"] == "100.0"]
+    assert full == pytest.approx([1.0, 1.0], abs=1e-5)
+    summary = next(csv.DictReader((run / "cpr_cmd.csv").open()))
+    assert summary["method"] == "eap" and summary["prompts"] == "4"
+
+
+def test_oracle_scores_top_and_random_edges(circuit_run: tuple[Path, Path]) -> None:
+    _, run = circuit_run
+    rows = list(csv.DictReader((run / "oracle.csv").open()))
+    assert [r["chosen"] for r in rows] == ["top"] * 3 + ["random"] * 3
+    agreement = json.loads((run / "metadata.json").read_text())["oracle"]
+    assert agreement["edges"] == 6 and -1 <= agreement["spearman"] <= 1
+
+
+def test_edges_json_reads_back(circuit_run: tuple[Path, Path]) -> None:
+    _, run = circuit_run
+    stored = read_edges(run / "edges.json")
+    data = json.loads((run / "edges.json").read_text())
+    graph = stored.graph()
+    name = graph.edge_names[5]
+    receiver, sender = graph.parse_edge(name)
+    assert float(stored.scores[receiver, sender]) == pytest.approx(data["edges"][name]["score"])
+    kept = sum(info["in_graph"] for info in data["edges"].values())
+    assert int(stored.in_graph.sum()) == kept == int(0.05 * graph.n_edges)
+
+
+def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Path, Path], tmp_path: Path) -> None:
+    model, run = circuit_run
+    again = tmp_path / "again"
+    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *SMALL]
+    assert main([*args, "--out", str(again)]) == 0
+    assert (again / "faithfulness.png").is_file()
+    first = list(csv.DictReader((run / "faithfulness.csv").open()))
+    second = list(csv.DictReader((again / "faithfulness.csv").open()))
+    assert [r["method"] for r in second] == ["eap"] * len(first)
+    f1, f2 = (torch.tensor([float(r["f"]) for r in rows]) for rows in (first, second))
+    torch.testing.assert_close(f1, f2, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--method", "acdc"], "method 'acdc' is not one of"),
+        (["--percents", "0,10"], "outside (0, 100]"),
+        (["--circuit-percent", "150"], "outside (0, 100]"),
+        (["--operations", "division"], "have no MIB prompts"),
+        (["--compare", "/no/such/folder"], "holds no faithfulness.csv"),
+        (["--oracle", "-1"], "oracle must be 0"),
+    ],
+)
+def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:
+    missing_model = str(tmp_path / "no-such-model")  # loading it would fail with another message
+    code = main(["circuit", "--model", missing_model, *extra, "--out", str(tmp_path / "x"), "--quiet"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and expected in stderr and "Traceback" not in stderr
+
+
+def test_circuit_file_of_another_model_is_refused(circuit_run, tiny_model_dir, tmp_path: Path, capsys) -> None:
+    _, run = circuit_run
+    other = tiny_model_dir("gpt2")
+    code = main(["circuit", "--model", str(other), "--from", str(run), "--out", str(tmp_path / "x"), "--quiet"])
+    assert code == 2 and "was made for a model with" in capsys.readouterr().err
+
+
+def test_from_a_folder_without_edges_is_refused(tmp_path: Path, capsys) -> None:
+    (tmp_path / "empty").mkdir()
+    code = main(["circuit", "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "x"), "--quiet"])
+    assert code == 2 and "holds no edges.json" in capsys.readouterr().err
+
+
+def test_identify_ranking_as_a_circuit(circuit_run, tmp_path: Path) -> None:
+    model, _ = circuit_run
+    identify = tmp_path / "identify"
+    args = ["identify", "--model", str(model), "--keep-incorrect", "--formations", "equation", "--n-per-template", "2"]
+    assert main([*args, "--out", str(identify), "--quiet"]) == 0
+    out = tmp_path / "pp"
+    args = ["circuit", "--model", str(model), "--method", "path-patching", "--identify", str(identify)]
+    assert main([*args, "--evaluate", *SMALL, "--out", str(out)]) == 0
+    summary = next(csv.DictReader((out / "cpr_cmd.csv").open()))
+    assert summary["method"] == "path-patching"
+    scores = read_edges(out / "edges.json").scores
+    assert scores.abs().max() > 0
+
+
+def test_path_patching_needs_an_identify_run(tmp_path: Path, capsys) -> None:
+    code = main(["circuit", "--method", "path-patching", "--out", str(tmp_path / "x"), "--quiet"])
+    assert code == 2 and "--identify" in capsys.readouterr().err

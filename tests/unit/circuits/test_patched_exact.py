@@ -1,0 +1,84 @@
+"""The one-pass circuit evaluation equals the sender-by-sender reference on every tiny architecture (1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arithmech.circuits.batch import at_end, logit_difference
+from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.patched import patched_end_resid, projection_weights
+from arithmech.circuits.senders import SenderOutputs, check_edge_graph, collect_sender_outputs
+from arithmech.errors import SpecError
+from reference_circuits import (
+    ARCHS,
+    mean_outputs,
+    naive_end_resid,
+    random_circuit,
+    sender_outputs,
+    tiny_batch,
+    tiny_view,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_circuits_match_the_sender_by_sender_reference(arch: str) -> None:
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    batch = tiny_batch()
+    cf = collect_sender_outputs(view, batch.cf_ids, batch.mask)
+    cf_naive = sender_outputs(view, batch.cf_ids, batch.mask)
+    full = torch.ones(graph.n_receivers, graph.n_senders)
+    with torch.no_grad():
+        clean_run = at_end(view.final_resid(input_ids=batch.clean_ids, attention_mask=batch.mask), batch.end)
+        cf_run = at_end(view.final_resid(input_ids=batch.cf_ids, attention_mask=batch.mask), batch.end)
+        for keep in (full, 0 * full, random_circuit(graph, 1), random_circuit(graph, 2)):
+            fast, _ = patched_end_resid(view, graph, batch.clean_ids, batch.mask, keep, cf)
+            naive = naive_end_resid(view, batch.clean_ids, batch.mask, keep, cf_naive)
+            m_fast, m_naive = logit_difference(view, fast, batch), logit_difference(view, naive, batch)
+            torch.testing.assert_close(m_fast, m_naive, atol=1e-5, rtol=0)
+        ends = [patched_end_resid(view, graph, batch.clean_ids, batch.mask, k, cf)[0] for k in (full, 0 * full)]
+        m_full, m_empty = (logit_difference(view, end, batch) for end in ends)
+    torch.testing.assert_close(m_full, logit_difference(view, clean_run, batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(m_empty, logit_difference(view, cf_run, batch), atol=1e-5, rtol=0)
+    assert (m_full - m_empty).abs().min() > 1e-3  # the comparison is not between two equal runs
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox"])
+def test_mean_ablation_matches_the_reference(arch: str) -> None:
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    batch = tiny_batch()
+    means = collect_sender_outputs(view, batch.cf_ids, batch.mask).mean(batch.mask)
+    means_naive = mean_outputs(sender_outputs(view, batch.cf_ids, batch.mask), batch.mask)
+    with torch.no_grad():
+        for keep in (torch.zeros(graph.n_receivers, graph.n_senders), random_circuit(graph, 3)):
+            fast, _ = patched_end_resid(view, graph, batch.clean_ids, batch.mask, keep, means)
+            naive = naive_end_resid(view, batch.clean_ids, batch.mask, keep, means_naive)
+            torch.testing.assert_close(
+                logit_difference(view, fast, batch), logit_difference(view, naive, batch), atol=1e-5, rtol=0
+            )
+
+
+def test_key_value_weights_are_views_of_the_model_weights() -> None:
+    """Grouped-query attention: per-query-head k/v edges, but W_K and W_V are never copied."""
+    view = tiny_view("llama")  # 4 query heads, 2 kv heads
+    weights = projection_weights(view, 0)
+    for role, path in (("k", "self_attn.k_proj"), ("v", "self_attn.v_proj")):
+        w, _ = weights[role]
+        assert w.shape[0] == view.dims.n_kv_heads
+        assert w.data_ptr() == view.module(0, path).weight.data_ptr()
+
+
+def test_sandwich_norm_models_are_refused() -> None:
+    with pytest.raises(SpecError, match="sum of head and MLP outputs"):
+        check_edge_graph(tiny_view("gemma2"))
+
+
+def test_sender_outputs_mean_has_one_row() -> None:
+    view = tiny_view("llama")
+    batch = tiny_batch()
+    means = collect_sender_outputs(view, batch.cf_ids, batch.mask).mean(batch.mask)
+    assert isinstance(means, SenderOutputs) and means.embed.shape[:2] == (1, 1)
