@@ -17,10 +17,16 @@ Formula, receiver r and sender s ([batch, pos, d_model] each, sum over batch, po
     g_r(alpha) = d m / d x_r on the run whose token embeddings are e(cf) + alpha (e(clean) - e(cf)).
     m = logit[answer] - logit[cf answer] at END, summed over prompts (so each prompt's gradient is its own).
 
-Cost, per chunk of prompts: 2 plain forward passes + (1 or m) patched forward passes with gradients and their
-backward passes; then a [receiver, sender] contraction over batch x pos x d_model. Under grouped-query attention
-the patched pass runs the attention on g replicas (`patched.py`), so keys and values get a gradient per query
-head, as MIB counts.
+Cost, per chunk of prompts (F = one plain forward pass of the chunk, logits at every position included):
+    1 plain pass for the counterfactual sender outputs (no unembedding: ~0.8 F);
+    m (EAP: 1) forward + backward passes of the intact model (`gradients.py`: ~0.8 F forward, ~0.8 F backward,
+    input gradients only, + the assembly of the 3H head-input gradients per layer); the clean sender outputs
+    are kept from the alpha = 1 pass, which is the clean run;
+    the contraction: edges x batch x pos x d_model multiply-accumulates (~0.5 F on SmolLM2).
+    EAP-IG with m = 5 on SmolLM2-135M: about 15 F by time (benchmarks/circuits.py); the issue's bound is 20.
+Memory: the accumulated gradients, 4 bytes x receivers x pos x d_model per prompt (841 x 576 x 4 B = 1.9 MB per
+token on SmolLM2), the two runs' sender outputs (~2 x (L + 1) x d_model per token) and one forward pass's
+autograd graph.
 
 References: Syed, Rager & Conmy 2023 (arXiv:2310.10348); Hanna, Pezzelle & Belinkov 2024 (COLM, EAP-IG);
 Mueller et al. 2025 (MIB, m = 5 steps); METHODS.md sec. 9.
@@ -29,14 +35,13 @@ Mueller et al. 2025 (MIB, m = 5 steps); METHODS.md sec. 9.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from torch import nn
 
-from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.batch import CircuitBatch
+from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
-from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs
 from arithmech.models.view import ModelView
 
@@ -57,61 +62,37 @@ def edge_scores(
     alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
     total = torch.zeros(graph.n_receivers, graph.n_senders, dtype=torch.float64)
     for chunk in batch.chunks(batch_size):
-        clean = collect_sender_outputs(view, chunk.clean_ids, chunk.mask)
         cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
-        grads = receiver_gradients(view, graph, chunk, cf, alphas)
-        total += _contract(view, graph, clean, cf, grads).double().cpu()
+        grads, clean = receiver_gradients(view, graph, chunk, alphas)  # alpha = 1 is the clean run
+        assert clean is not None
+        total += contract(view, graph, sender_differences(view, clean, cf), grads).double().cpu()
         if progress is not None:
             progress(len(chunk))
     return (total / len(batch)).float() * graph.valid
 
 
-def receiver_gradients(
-    view: ModelView, graph: CircuitGraph, chunk: CircuitBatch, cf: SenderOutputs, alphas: list[float]
-) -> torch.Tensor:
-    """d (sum of m) / d x_r [receiver, batch, pos, d_model], averaged over the interpolation points."""
-    keep = torch.ones(graph.n_receivers, graph.n_senders)
-    mean: torch.Tensor | None = None
-    for alpha in alphas:
-        extra = [] if alpha == 1.0 else [_interpolated_embedding(view, chunk.cf_ids, alpha)]
-        with torch.enable_grad():
-            end_resid, probes = patched_end_resid(
-                view, graph, chunk.clean_ids, chunk.mask, keep, cf, probe=True, extra_post=extra
-            )
-            metric = logit_difference(view, end_resid, chunk).sum()
-            grads = torch.autograd.grad(metric, probes)
-        g = torch.cat([grad.detach() for grad in grads]) / len(alphas)  # [receiver, batch, pos, d_model]
-        mean = g if mean is None else mean + g
-    assert mean is not None
-    return mean
-
-
-def _interpolated_embedding(view: ModelView, cf_ids: torch.Tensor, alpha: float) -> tuple[nn.Module, Any]:
-    """A post-hook on the token embedding: e(cf) + alpha (e(clean) - e(cf)) (batch replicas included)."""
-    module = view.model.get_input_embeddings()
-
-    def fn(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
-        replicas = output.shape[0] // cf_ids.shape[0]
-        with torch.no_grad():
-            cf_embed = module.forward(cf_ids.to(output.device).repeat(replicas, 1))
-        return cf_embed + alpha * (output - cf_embed)
-
-    return module, fn
+@torch.no_grad()
+def sender_differences(view: ModelView, clean: SenderOutputs, cf: SenderOutputs) -> torch.Tensor:
+    """[sender, batch * pos * d_model] float32: out_s(clean) - out_s(cf), in sender order."""
+    rows = [(clean.embed - cf.embed)[None]]
+    for layer in range(view.dims.n_layers):
+        heads = view.head_outputs(layer, clean.z[layer] - cf.z[layer]).permute(2, 0, 1, 3)  # [head, batch, pos, d]
+        rows += [heads, (clean.mlp_out[layer] - cf.mlp_out[layer])[None]]
+    return torch.cat([r.float().flatten(1) for r in rows])
 
 
 @torch.no_grad()
-def _contract(
-    view: ModelView, graph: CircuitGraph, clean: SenderOutputs, cf: SenderOutputs, grads: torch.Tensor
-) -> torch.Tensor:
-    """Sum over batch, pos and d_model of (out_s(clean) - out_s(cf)) x g_r, [receiver, sender]."""
-    scores = grads.new_zeros(graph.n_receivers, graph.n_senders)
+def contract(view: ModelView, graph: CircuitGraph, diffs: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """[receiver, sender]: sum over batch, pos and d_model of diffs[s] x grads[r] (garbage off the edges).
+
+    One matrix product per layer of receivers, with the senders they can read (a prefix in sender order):
+    each gradient row is read once and the multiply-accumulates are about edges x batch x pos x d_model."""
     g = grads.flatten(1)  # [receiver, batch * pos * d_model]
-    scores[:, 0] = g @ (clean.embed - cf.embed).to(g.dtype).flatten()
+    scores = g.new_zeros(graph.n_receivers, graph.n_senders)
     for layer in range(graph.n_layers):
-        first = graph.layer_receivers(layer).start  # no earlier receiver reads this layer
-        heads = view.head_outputs(layer, clean.z[layer] - cf.z[layer]).permute(2, 0, 1, 3)  # [head, batch, pos, d]
-        s0 = graph.head_sender(layer, 0)
-        scores[first:, s0 : s0 + graph.n_heads] = g[first:] @ heads.flatten(1).to(g.dtype).T
-        mlp = (clean.mlp_out[layer] - cf.mlp_out[layer]).to(g.dtype).flatten()
-        scores[first:, graph.mlp_sender(layer)] = g[first:] @ mlp
+        rows = graph.layer_receivers(layer)
+        n = max(graph.senders_before(r) for r in range(rows.start, rows.stop))
+        scores[rows, :n] = g[rows] @ diffs[:n].T
+    r = graph.logits_receiver
+    scores[r] = diffs @ g[r]
     return scores

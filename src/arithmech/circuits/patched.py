@@ -16,17 +16,17 @@ Formula (METHODS.md sec. 9), at every position, with keep[r, s] in [0, 1] (1 = e
 How it runs as one forward pass of the unmodified Hugging Face model (hooks only, `models/hooks.py`)
     attn_norm pre-hook   builds the 3H inputs x_{h,q|k|v} [3H, batch, pos, d_model] and norms them.
     q/k/v post-hooks     replace the projections: query head h's queries from x_{h,q} with its W_Q block;
-                         keys and values from x_{h,k}, x_{h,v} with the W_K, W_V block of h's kv group.
+                         keys and values from x_{h,k}, x_{h,v} with the W_K, W_V block of h's kv group
+                         (a pre-hook makes the module itself compute one position only: `skipped_input`).
     o_proj pre-hook      records z, hence each head's output and its swap term out_s(ablated) - out_s(run).
     mlp_norm pre-hook    replaces the MLP's input; mlp post-hook records its output.
     final_norm pre-hook  replaces the logits' input and keeps it at END for the metric.
     Grouped-query attention: the keys of kv head k may differ for each of its g query heads (their inputs
     differ), but the attention kernel takes one key per kv head. The attention module therefore runs on g
-    replicas of the batch (a pre-hook repeats its hidden states, mask and rotary tables): replica j holds the
-    keys/values of query head k g + j for every kv head k, and head h's z is read from replica h mod g, so the
-    o_proj input, and everything after it, is one batch again. The key/value weights are never copied (one
-    [kv head, d_head, d_model] view, applied by einsum); the price is g times the attention's compute (the MLPs
-    run once; g = 1 without grouped-query attention).
+    replicas of the batch (`replicas.py`): replica j holds the keys/values of query head k g + j for every kv
+    head k, and head h's z is read from replica h mod g, so the o_proj input, and everything after it, is one
+    batch again. The key/value weights are never copied (one [kv head, d_head, d_model] view, applied by
+    einsum); the price is g times the attention scores and mixing (g = 1 without grouped-query attention).
 
 Gradients (for EAP, `attribution.py`): with `probe=True` a zero tensor requiring grad is added to every
 receiver's input, so d metric / d probe = d metric / d x_r for each receiver separately.
@@ -45,12 +45,10 @@ from torch import nn
 
 from arithmech.circuits.batch import at_end
 from arithmech.circuits.graph import ROLES, CircuitGraph
+from arithmech.circuits.replicas import GroupReplicas, skipped_input
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
-
-_BATCH_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
-"""Keyword arguments of an attention module that hold one row per prompt (or one row for all)."""
 
 
 def projection_weights(view: ModelView, layer: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
@@ -93,7 +91,7 @@ class _Run:
     ablated: SenderOutputs
     end: torch.Tensor
     batch: int
-    replicas: int
+    replicas: GroupReplicas
     probe: bool
     needs_swaps: bool
     terms: list[tuple[int, torch.Tensor]] = field(default_factory=list)
@@ -119,10 +117,6 @@ class _Run:
             self.probes.append(probe)
             x = x + probe
         return x
-
-    def tiled(self, x: torch.Tensor) -> torch.Tensor:
-        """[batch, ...] -> [replicas * batch, ...] (replica-major)."""
-        return x if self.replicas == 1 else x.repeat(self.replicas, *([1] * (x.dim() - 1)))
 
     def add_terms(self, start: int, run_out: torch.Tensor, ablated_out: torch.Tensor) -> None:
         if self.needs_swaps:
@@ -152,7 +146,7 @@ class _Run:
         for role, (w, b) in projection_weights(self.view, layer).items():
             x = self.normed[role].to(w.dtype)  # [head, batch, pos, d_model]
             if role == "q":
-                y = torch.einsum("hbpm,hem->bphe", x, w)[None].expand(self.replicas, -1, -1, -1, -1)
+                y = torch.einsum("hbpm,hem->bphe", x, w)[None].expand(self.replicas.replicas, -1, -1, -1, -1)
             else:  # query head k*g + j of kv group k goes to replica j
                 x = x.reshape(d.n_kv_heads, g, *x.shape[1:])  # [kv, group, batch, pos, d_model]
                 y = torch.einsum("kgbpm,kem->gbpke", x, w)  # [replicas = group, batch, pos, kv, d_head]
@@ -185,34 +179,11 @@ class _Run:
 
         return [(self.view.module(layer, str(s.qkv_proj)), fused)]
 
-    def attention_replicas(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The attention module's batch inputs repeated `replicas` times (replica-major); others unchanged."""
-        if args:
-            args = (self.tiled(args[0]), *args[1:])
-        else:
-            kwargs = {**kwargs, "hidden_states": self.tiled(kwargs["hidden_states"])}
-        for name in _BATCH_KWARGS:
-            value = kwargs.get(name)
-            if isinstance(value, torch.Tensor):
-                kwargs[name] = self.batch_tiled(value)
-            elif isinstance(value, tuple):
-                kwargs[name] = tuple(self.batch_tiled(v) if isinstance(v, torch.Tensor) else v for v in value)
-        return args, kwargs
-
-    def batch_tiled(self, x: torch.Tensor) -> torch.Tensor:
-        """A per-prompt tensor [batch, ...] repeated over the replicas; one broadcast over the batch stays."""
-        return self.tiled(x) if x.shape[0] == self.batch and self.batch > 1 else x
-
     def head_outputs(self, layer: int) -> PreHook:
-        d = self.view.dims
-        g = self.replicas
+        g = self.replicas.replicas
 
         def fn(_module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
-            z = args[0]  # [replicas * batch, pos, head * d_head]
-            if g > 1:  # head k*g + j from replica j
-                z6 = z.reshape(g, self.batch, z.shape[1], d.n_kv_heads, g, d.d_head)
-                z = torch.diagonal(z6, dim1=0, dim2=4)  # [batch, pos, kv, d_head, group]
-                z = z.permute(0, 1, 2, 4, 3).reshape(self.batch, z.shape[1], -1)  # [batch, pos, head * d_head]
+            z = self.replicas.heads_from_replicas(args[0])  # [batch, pos, head * d_head]
             if self.needs_swaps:
                 run_out = self.view.head_outputs(layer, z).permute(2, 0, 1, 3)  # [head, batch, pos, d_model]
                 self.add_terms(self.graph.head_sender(layer, 0), run_out, self.ablated.head_outputs(self.view, layer))
@@ -273,7 +244,7 @@ def patched_end_resid(
     batch = int(input_ids.shape[0])
     run = _Run(
         view=view, graph=graph, swap=swap, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
-        replicas=d.group_size, probe=probe, needs_swaps=bool(swap.any()),
+        replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()),
     )  # fmt: skip
     pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input)]
     post: list[tuple[nn.Module, PostHook]] = list(extra_post)
@@ -283,9 +254,12 @@ def patched_end_resid(
             (view.o_proj(layer), run.head_outputs(layer)),
             (view.mlp_norm(layer), run.mlp_input(layer)),
         ]
-        post += [*run.projection_hooks(layer), (view.mlp(layer), run.mlp_output(layer))]
+        projections = run.projection_hooks(layer)
+        pre += [(module, skipped_input) for module, _ in projections]  # their output is replaced
+        post += [*projections, (view.mlp(layer), run.mlp_output(layer))]
     ids, mask = input_ids.to(device), attention_mask.to(device)
-    replicas = [(view.attn(layer), run.attention_replicas) for layer in range(d.n_layers)] if run.replicas > 1 else []
+    tiled = run.replicas.replicas > 1
+    replicas = [(view.attn(layer), run.replicas.attention_inputs) for layer in range(d.n_layers)] if tiled else []
     with hooks(pre=pre, post=post, pre_kwargs=replicas):
         view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
     assert run.end_resid is not None
