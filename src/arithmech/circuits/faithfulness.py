@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.batch import CircuitBatch, at_end, logit_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs
@@ -72,19 +72,57 @@ def circuit_metrics(
     circuits: Sequence[torch.Tensor],
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
+    circuits_per_pass: int = 4,
 ) -> CircuitMetrics:
-    """m of each circuit (keep [receiver, sender]), of the full and of the empty circuit: one patched pass each."""
+    """m of each circuit (keep [receiver, sender]), of the full and of the empty circuit.
+
+    Per chunk of `batch_size` prompts: one plain pass for the counterfactual sender outputs (whose own run is
+    the empty circuit under counterfactual ablation), one plain clean pass (the full circuit), and the other
+    distinct circuits `circuits_per_pass` at a time as circuit x prompt rows of one patched pass. A circuit
+    equal to the full or the empty one, or to another, is not run again."""
     means = mean_sender_outputs(view, batch, batch_size) if ablation == "mean" else None
-    full = torch.ones(graph.n_receivers, graph.n_senders)
-    keeps = [full, torch.zeros_like(full), *circuits]
-    sums = torch.zeros(len(keeps), dtype=torch.float64)
+    valid = graph.valid.float()
+    distinct: list[torch.Tensor] = [torch.zeros_like(valid)] if means is not None else []  # mean: empty is run
+    rows = [_row(distinct, valid, keep.float().cpu() * valid, means is None) for keep in circuits]
+    sums = torch.zeros(2 + len(distinct), dtype=torch.float64)  # full, empty, then the distinct circuits
+    device = view.o_proj(0).weight.device
     for chunk in batch.chunks(batch_size):
-        ablated = means if means is not None else collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
-        for i, keep in enumerate(keeps):
-            end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keep, ablated)
-            sums[i] += logit_difference(view, end_resid, chunk).double().sum().cpu()
+        cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
+        clean = view.final_resid(
+            input_ids=chunk.clean_ids.to(device), attention_mask=chunk.mask.to(device), use_cache=False
+        )
+        sums[0] += _metric_sum(view, at_end(clean, chunk.end), chunk)
+        if means is None:
+            assert cf.end_resid is not None
+            sums[1] += _metric_sum(view, cf.end_resid, chunk)
+        ablated = means if means is not None else cf
+        for start in range(0, len(distinct), circuits_per_pass):
+            keeps = torch.stack(distinct[start : start + circuits_per_pass])  # [circuit, receiver, sender]
+            end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keeps, ablated)
+            for c, resid in enumerate(end_resid.reshape(len(keeps), len(chunk), -1)):  # rows circuit-major
+                sums[2 + start + c] += _metric_sum(view, resid, chunk)
+    if means is not None:
+        sums[1] = sums[2]
     m = (sums / len(batch)).float()
-    return CircuitMetrics(m=m[2:], m_full=float(m[0]), m_empty=float(m[1]))
+    return CircuitMetrics(m=m[torch.tensor(rows, dtype=torch.long)], m_full=float(m[0]), m_empty=float(m[1]))
+
+
+def _row(distinct: list[torch.Tensor], valid: torch.Tensor, keep: torch.Tensor, empty_is_cf: bool) -> int:
+    """The row of `keep`'s metric: 0 = the full circuit, 1 = the counterfactual run (the empty circuit under
+    counterfactual ablation), 2 + i = distinct[i] (appended when new)."""
+    if torch.equal(keep, valid):
+        return 0
+    if empty_is_cf and not bool(keep.any()):
+        return 1
+    for i, other in enumerate(distinct):
+        if torch.equal(other, keep):
+            return 2 + i
+    distinct.append(keep)
+    return 1 + len(distinct)
+
+
+def _metric_sum(view: ModelView, end_resid: torch.Tensor, chunk: CircuitBatch) -> float:
+    return float(logit_difference(view, end_resid, chunk).double().sum())
 
 
 def top_edges(graph: CircuitGraph, scores: torch.Tensor, percent: float, absolute: bool) -> torch.Tensor:
@@ -144,7 +182,7 @@ def faithfulness_sweep(
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
 ) -> SweepResult:
-    """f of the top-k % circuits for every k, ranked by signed and by absolute score: 2 x len(percents) + 2 passes."""
+    """f of the top-k % circuits for every k, ranked by signed and by absolute score (`circuit_metrics`)."""
     circuits = [top_edges(graph, scores, k, absolute) for absolute in (False, True) for k in percents]
     result = circuit_metrics(view, graph, batch, circuits, ablation=ablation, batch_size=batch_size)
     f, m, n = result.faithfulness.tolist(), result.m.tolist(), len(percents)

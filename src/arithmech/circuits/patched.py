@@ -47,6 +47,7 @@ from arithmech.circuits.batch import at_end
 from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.replicas import GroupReplicas, skipped_input
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
+from arithmech.circuits.swaps import SwapTerms
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
 
@@ -83,19 +84,18 @@ def projection_weights(view: ModelView, layer: int) -> dict[str, tuple[torch.Ten
 
 @dataclass
 class _Run:
-    """State of one patched forward pass; replica 0 of the batch carries every recorded tensor."""
+    """State of one patched forward pass; batch = circuit x prompt (circuit-major)."""
 
     view: ModelView
     graph: CircuitGraph
-    swap: torch.Tensor  # [circuit, receiver, sender] (1 - keep) on edges, 0 elsewhere; batch = circuit x prompt
     ablated: SenderOutputs
     end: torch.Tensor
     batch: int
     replicas: GroupReplicas
     probe: bool
     needs_swaps: bool
-    terms: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    """(first sender, [senders, batch, pos, d_model] out(ablated) - out(run)) in sender order."""
+    swaps: SwapTerms
+    """out(ablated) - out(run) of the senders so far, and the receiver inputs they give."""
     normed: dict[str, torch.Tensor] = field(default_factory=dict)
     probes: list[torch.Tensor] = field(default_factory=list)
     end_resid: torch.Tensor | None = None
@@ -103,15 +103,10 @@ class _Run:
     def receiver_input(self, receivers: slice, resid: torch.Tensor) -> torch.Tensor:
         """[receivers, batch, pos, d_model]: resid plus the swap terms of the edges outside the circuit."""
         n = receivers.stop - receivers.start
-        x = resid[: self.batch][None].expand(n, -1, -1, -1)
         if self.needs_swaps:
-            coeff = self.swap[:, receivers].to(resid.dtype)  # [circuit, receivers, sender]
-            circuits = coeff.shape[0]
-            for start, term in self.terms:
-                c = coeff[:, :, start : start + term.shape[0]]
-                if bool(c.any()):
-                    t = term.reshape(term.shape[0], circuits, -1, *term.shape[2:])  # [s, circuit, prompt, pos, d]
-                    x = x + torch.einsum("crs,scbpd->rcbpd", c, t).reshape(n, *x.shape[1:])
+            x = self.swaps.receiver_inputs(receivers, resid[: self.batch])
+        else:
+            x = resid[: self.batch][None].expand(n, -1, -1, -1)
         if self.probe:
             probe = torch.zeros_like(x, requires_grad=True)
             self.probes.append(probe)
@@ -120,7 +115,8 @@ class _Run:
 
     def add_terms(self, start: int, run_out: torch.Tensor, ablated_out: torch.Tensor) -> None:
         if self.needs_swaps:
-            self.terms.append((start, ablated_out - run_out))
+            assert start == self.swaps.count, "swap terms come in sender order"
+            self.swaps.add(ablated_out - run_out)
 
     # -- hooks --------------------------------------------------------------------------------------------
     def attn_inputs(self, layer: int) -> PreHook:
@@ -243,8 +239,8 @@ def patched_end_resid(
         ablated = ablated.repeat(circuits)
     batch = int(input_ids.shape[0])
     run = _Run(
-        view=view, graph=graph, swap=swap, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
-        replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()),
+        view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
+        replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()), swaps=SwapTerms(graph, swap),
     )  # fmt: skip
     pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input)]
     post: list[tuple[nn.Module, PostHook]] = list(extra_post)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from arithmech.circuits.batch import at_end
 from arithmech.errors import SpecError
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.view import ModelView
@@ -32,6 +33,8 @@ class SenderOutputs:
     """[layer, batch, pos, head * d_head]: o_proj input."""
     mlp_out: torch.Tensor
     """[layer, batch, pos, d_model]: MLP module output."""
+    end_resid: torch.Tensor | None = None
+    """[batch, d_model]: the residual entering the final norm at END (a plain run's; None for means)."""
 
     def head_outputs(self, view: ModelView, layer: int) -> torch.Tensor:
         """[head, batch, pos, d_model]: each head's output, z_h W_O[h]."""
@@ -69,7 +72,7 @@ def check_edge_graph(view: ModelView) -> None:
 
 @torch.no_grad()
 def collect_sender_outputs(view: ModelView, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SenderOutputs:
-    """Run the base model once and keep every sender's output at every position."""
+    """Run the base model once and keep every sender's output at every position (and the residual at END)."""
     n = view.dims.n_layers
     embed: list[torch.Tensor] = []
     z: list[Any] = [None] * n
@@ -90,9 +93,14 @@ def collect_sender_outputs(view: ModelView, input_ids: torch.Tensor, attention_m
 
         return fn
 
-    pre = [(view.attn_norm(0), keep_embed)] + [(view.o_proj(layer), keep_z(layer)) for layer in range(n)]
+    def keep_end(_module: Any, args: tuple[Any, ...]) -> None:
+        end.append(at_end(args[0], attention_mask.long().sum(-1) - 1))
+
+    end: list[torch.Tensor] = []
+    pre = [(view.attn_norm(0), keep_embed), (view.final_norm, keep_end)]
+    pre += [(view.o_proj(layer), keep_z(layer)) for layer in range(n)]
     post = [(view.mlp(layer), keep_mlp(layer)) for layer in range(n)]
     device = view.o_proj(0).weight.device
     with hooks(pre=pre, post=post):
         view.model.base_model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False)
-    return SenderOutputs(embed=embed[0], z=torch.stack(z), mlp_out=torch.stack(mlp_out))
+    return SenderOutputs(embed=embed[0], z=torch.stack(z), mlp_out=torch.stack(mlp_out), end_resid=end[0])

@@ -58,3 +58,35 @@ def test_areas_follow_the_trapezoid_rule() -> None:
     assert cmd(SWEEP_PERCENTS, ones) == pytest.approx(0.0)
     assert cmd(SWEEP_PERCENTS, [0.0] * len(SWEEP_PERCENTS)) == pytest.approx(0.999)
     assert cpr([50.0, 100.0], [0.0, 1.0]) == pytest.approx(0.25)
+
+
+def test_sweep_runs_each_distinct_circuit_once_and_equals_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The k = 100 % circuits are the full circuit, the empty one is the counterfactual run, and equal circuits
+    of the two rankings run once; every f still equals one naive forward per circuit."""
+    import arithmech.circuits.faithfulness as faithfulness
+
+    view = tiny_view("llama")
+    graph = CircuitGraph.from_dims(view.dims)
+    batch = tiny_batch()
+    scores = graph.to_dense(torch.linspace(0.1, 1.0, graph.n_edges))  # all positive: signed = absolute ranking
+    run: list[int] = []
+    patched = faithfulness.patched_end_resid
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        run.append(int(args[4].shape[0]))
+        return patched(*args, **kwargs)
+
+    monkeypatch.setattr(faithfulness, "patched_end_resid", counted)
+    percents = (5.0, 50.0, 100.0)
+    sweep = faithfulness.faithfulness_sweep(view, graph, batch, scores, percents, batch_size=3)
+    assert sum(run) == 2  # 5 % and 50 %, once each, for both rankings
+    cf = sender_outputs(view, batch.cf_ids, batch.mask)
+    with torch.no_grad():
+        for k, f, m in zip(percents, sweep.f_absolute, sweep.m_absolute, strict=True):
+            keep = top_edges(graph, scores, k, absolute=True)
+            naive = float(
+                logit_difference(view, naive_end_resid(view, batch.clean_ids, batch.mask, keep, cf), batch).mean()
+            )
+            assert m == pytest.approx(naive, abs=1e-5)
+            assert f == pytest.approx((naive - sweep.m_empty) / (sweep.m_full - sweep.m_empty), abs=1e-4)
+    assert sweep.f_signed == sweep.f_absolute
