@@ -113,6 +113,26 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         "precise_samples_per_s", "full_samples_per_s", "samples/s",
         lambda m: f"peak memory {m['memory_ratio']:.2f}x lower",
     ),
+    "circuits": (
+        Shown(
+            "EAP-IG over all edges of MIB's graph (m = 5) vs one plain forward pass of the same batch; the ratio is "
+            "in forward-pass equivalents (issue #23: at most 20)",
+            "eap_ig_s", "plain_forward_s", "s",
+            lambda m: f"peak {m['eap_ig_peak_mib_per_prompt']:.0f} MiB per prompt (live tensors), "
+            f"{m['eap_ig_stored_mib_per_prompt']:.0f} MiB kept",
+            ratio="eap_ig_passes",
+        ),
+        Shown(
+            "EAP over all edges vs one plain forward pass (forward-pass equivalents)",
+            "eap_s", "plain_forward_s", "s", lambda m: "-", ratio="eap_passes",
+        ),
+        Shown(
+            "faithfulness sweep, 10 sizes, signed and absolute rankings (CPR, CMD) vs one plain forward pass "
+            "(forward-pass equivalents; issue #23: about 25)",
+            "sweep_s", "plain_forward_s", "s", lambda m: "exact (tests: equal to one forward per circuit)",
+            ratio="sweep_passes",
+        ),
+    ),
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
         "component (sampled, scaled)",

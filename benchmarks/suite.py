@@ -40,6 +40,10 @@ SCORE = Performance(higher_is_better=True, same_machine_only=False, worse="agree
 SECONDS = Performance(higher_is_better=False, same_machine_only=True, worse="slower")
 PER_SECOND = Performance(higher_is_better=True, same_machine_only=True, worse="slower")
 GIB = Performance(higher_is_better=False, same_machine_only=True, worse="uses more memory")
+MIB = GIB
+"""Memory in MiB (per prompt): compared like GiB."""
+PASSES = Performance(higher_is_better=False, same_machine_only=False, worse="slower")
+"""A time in forward passes of the same batch, both measured in the same run: lower is better."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,16 @@ BENCHMARKS = (
             "precise_samples_per_s": PER_SECOND, "full_samples_per_s": PER_SECOND,
         },
         full_args=("--steps", "3", "--batch-size", "4", "--max-samples", "64"),  # the defaults are already small
+    ),  # fmt: skip
+    Benchmark(
+        "circuits",
+        ("--prompts", "8", "--repeats", "1"),
+        {
+            "eap_passes": PASSES, "eap_ig_passes": PASSES, "sweep_passes": PASSES, "plain_forward_s": SECONDS,
+            "eap_s": SECONDS, "eap_ig_s": SECONDS, "sweep_s": SECONDS, "eap_ig_peak_mib_per_prompt": MIB,
+            "eap_ig_stored_mib_per_prompt": MIB,
+        },
+        full_args=("--prompts", "16", "--repeats", "2"),
     ),  # fmt: skip
     Benchmark(
         "peers",
