@@ -10,11 +10,11 @@ reference set of the default model (or --model), prints both times, their ratio,
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
 from record import record
+from timing import best_time
 
 from arithmech.analysis.agreement import compare_methods, top_k
 from arithmech.data.reference_config import ReferenceSetConfig
@@ -47,17 +47,7 @@ def main() -> None:
           f"{len(batch)} prompt pairs, {tokens:.1f} tokens per prompt on average; variant {args.variant}")
 
     def timed(fn: Callable[[], PatchResult]) -> tuple[PatchResult, float]:
-        best, result = float("inf"), None
-        for _ in range(args.repeats):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            result = fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
-        assert result is not None
-        return result, best
+        return best_time(fn, args.repeats)
 
     exact, exact_s = timed(lambda: path_patch(handle.view, batch, args.variant, batch_size=args.batch_size))
     approx, approx_s = timed(

@@ -16,13 +16,13 @@ EAP-IG keeps (its accumulated gradients, the two runs' sender outputs and their 
 from __future__ import annotations
 
 import argparse
-import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from record import record
+from timing import best_time
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -34,20 +34,6 @@ from arithmech.data.mib_arithmetic import mib_pairs
 from arithmech.models.load import ModelConfig, load_model
 
 MIB = 2**20
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
-    """The result of `fn` and its best wall time over `repeats` runs."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        result = fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return result, best
 
 
 class LiveTensors(TorchDispatchMode):
@@ -117,10 +103,10 @@ def main() -> None:
     )
 
     with torch.no_grad():
-        _, plain_s = timed(lambda: view.model(input_ids=ids, attention_mask=mask), args.repeats + 1)
-    _, eap_s = timed(lambda: edge_scores(view, graph, batch, "eap", batch_size=n), args.repeats)
-    scores, eap_ig_s = timed(lambda: edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n), 1)
-    sweep, sweep_s = timed(lambda: faithfulness_sweep(view, graph, batch, scores, batch_size=n), 1)
+        _, plain_s = best_time(lambda: view.model(input_ids=ids, attention_mask=mask), args.repeats + 1)
+    _, eap_s = best_time(lambda: edge_scores(view, graph, batch, "eap", batch_size=n), args.repeats)
+    scores, eap_ig_s = best_time(lambda: edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n), 1)
+    sweep, sweep_s = best_time(lambda: faithfulness_sweep(view, graph, batch, scores, batch_size=n), 1)
     peak, how = peak_memory(lambda: edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n),
                             args.device, view.model)  # fmt: skip
     itemsize = torch.finfo(view.o_proj(0).weight.dtype).bits // 8
