@@ -14,10 +14,12 @@ Formula (METHODS.md sec. 9), at every position, with keep[r, s] in [0, 1] (1 = e
     and each MLP input is normed separately.
 
 How it runs as one forward pass of the unmodified Hugging Face model (hooks only, `models/hooks.py`)
-    attn_norm pre-hook   builds the 3H inputs x_{h,q|k|v} [3H, batch, pos, d_model] and norms them.
-    q/k/v post-hooks     replace the projections: query head h's queries from x_{h,q} with its W_Q block;
-                         keys and values from x_{h,k}, x_{h,v} with the W_K, W_V block of h's kv group
-                         (a pre-hook makes the module itself compute one position only: `skipped_input`).
+    attn_norm pre-hook   builds the 3H inputs x_{h,q|k|v}: the input they share in each circuit (the residual,
+                         or for a small circuit the residual with every edge swapped) and the few that deviate
+                         from it (`swaps.py`), and norms each distinct one once.
+    q/k/v post-hooks     replace the projections: every head's from the shared input, then for a deviating
+                         input query head h's queries with its W_Q block, keys and values with the W_K, W_V
+                         block of h's kv group (the module itself computes one position only: `skipped_input`).
     o_proj pre-hook      records z, hence each head's output and its swap term out_s(ablated) - out_s(run).
     mlp_norm pre-hook    replaces the MLP's input; mlp post-hook records its output.
     final_norm pre-hook  replaces the logits' input and keeps it at END for the metric.
@@ -28,8 +30,15 @@ How it runs as one forward pass of the unmodified Hugging Face model (hooks only
     batch again. The key/value weights are never copied (one [kv head, d_head, d_model] view, applied by
     einsum); the price is g times the attention scores and mixing (g = 1 without grouped-query attention).
 
-Gradients (for EAP, `attribution.py`): with `probe=True` a zero tensor requiring grad is added to every
-receiver's input, so d metric / d probe = d metric / d x_r for each receiver separately.
+Cost of one circuit x prompt row (SmolLM2-135M, ~16 positions; F = one plain forward pass with logits at every
+position): the model without its unembedding (~0.8 F) plus the swap terms (`swaps.py`: up to edges x pos x
+d_model multiply-accumulates, ~0.5 F for a dense circuit, near 0 for a small one) plus the deviating head inputs'
+norms and per-head projections (up to 3H of them per layer). Memory: the swap terms of every sender,
+4 bytes x senders x pos x d_model per row (301 x 576 x 4 B = 0.7 MB per position on SmolLM2).
+
+Gradients: with `probe=True` a zero tensor requiring grad is added to every receiver's input, so
+d metric / d probe = d metric / d x_r for each receiver separately (EAP uses the cheaper `gradients.py`; the two
+agree, tested).
 
 References: Mueller et al. 2025 (MIB), section 4 and appendix on circuit evaluation; METHODS.md sec. 9.
 """
@@ -96,7 +105,11 @@ class _Run:
     needs_swaps: bool
     swaps: SwapTerms
     """out(ablated) - out(run) of the senders so far, and the receiver inputs they give."""
-    normed: dict[str, torch.Tensor] = field(default_factory=dict)
+    normed_base: torch.Tensor | None = None
+    """[batch, pos, d_model] the normed input that every head input of the current layer shares by default."""
+    normed_heads: dict[int, tuple[list[int], torch.Tensor]] = field(default_factory=dict)
+    """head receiver (within the layer) -> the circuits where its input differs, and its normed input there
+    [circuits, prompt, pos, d_model]."""
     probes: list[torch.Tensor] = field(default_factory=list)
     end_resid: torch.Tensor | None = None
 
@@ -123,32 +136,59 @@ class _Run:
         norm = self.view.attn_norm(layer)
 
         def fn(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            resid = args[0]
+            resid = args[0][: self.batch]
             if layer == 0:
-                self.add_terms(0, resid[: self.batch][None], self.ablated.embed[None])
+                self.add_terms(0, resid[None], self.ablated.embed[None])
             heads = self.graph.layer_receivers(layer)
-            x = self.receiver_input(slice(heads.start, heads.stop - 1), resid)  # [3H, batch, pos, d_model]
-            normed = norm.forward(x)  # forward: not through this hook again
-            h = self.view.dims.n_heads
-            self.normed = {role: normed[i * h : (i + 1) * h] for i, role in enumerate(ROLES)}
+            receivers = slice(heads.start, heads.stop - 1)
+            circuits = list(range(self.swaps.circuits))
+            if self.probe:  # every receiver its own input, with its probe
+                x = norm.forward(self.receiver_input(receivers, resid))  # [3H, batch, pos, d_model]
+                self.normed_base = x[0]
+                self.normed_heads = {
+                    r: (circuits, xr.reshape(len(circuits), -1, *xr.shape[1:])) for r, xr in enumerate(x)
+                }
+                return
+            base, deviations = self.swaps.split(receivers, resid) if self.needs_swaps else (resid, [])
+            self.normed_base = norm.forward(base)  # forward: not through this hook again
+            self.normed_heads = {}
+            if deviations:  # the receivers whose input is not the base, normed together
+                base_rows = base.reshape(len(circuits), -1)
+                x = torch.cat([base_rows[dev.circuit][None] + dev.delta for dev in deviations])
+                normed = norm.forward(x.reshape(len(x), -1, *resid.shape[1:]))  # [deviating, prompt, pos, d_model]
+                i = 0
+                for dev in deviations:
+                    for r in dev.rows.tolist():
+                        cs, xs = self.normed_heads.setdefault(r, ([], []))
+                        cs.append(dev.circuit)
+                        xs.append(normed[i])
+                        i += 1
+                self.normed_heads = {r: (cs, torch.stack(xs)) for r, (cs, xs) in self.normed_heads.items()}
 
         return fn
 
     def projections(self, layer: int) -> dict[str, torch.Tensor]:
-        """Module-layout outputs [replicas * batch, pos, n * d_head] of q, k and v from the per-head inputs."""
+        """Module-layout outputs [replicas * batch, pos, n, d_head] of q, k and v: every head's from the shared
+        normed input, then the receivers with their own input overwritten (query head h = k g + j reads the
+        keys and values of kv head k in replica j)."""
         d = self.view.dims
-        g = d.group_size
+        g, circuits = self.replicas.replicas, self.swaps.circuits
         out = {}
-        for role, (w, b) in projection_weights(self.view, layer).items():
-            x = self.normed[role].to(w.dtype)  # [head, batch, pos, d_model]
-            if role == "q":
-                y = torch.einsum("hbpm,hem->bphe", x, w)[None].expand(self.replicas.replicas, -1, -1, -1, -1)
-            else:  # query head k*g + j of kv group k goes to replica j
-                x = x.reshape(d.n_kv_heads, g, *x.shape[1:])  # [kv, group, batch, pos, d_model]
-                y = torch.einsum("kgbpm,kem->gbpke", x, w)  # [replicas = group, batch, pos, kv, d_head]
-            if b is not None:
-                y = y + b  # [replicas, batch, pos, n, d_head]
-            out[role] = y.reshape(-1, *y.shape[2:])  # [replicas * batch, pos, n, d_head]
+        for i, (role, (w, b)) in enumerate(projection_weights(self.view, layer).items()):
+            y = torch.einsum("bpm,nem->bpne", self.normed_base.to(w.dtype), w)  # [batch, pos, n, d_head]
+            y = y if b is None else y + b
+            own = {
+                r - i * d.n_heads: v for r, v in self.normed_heads.items() if i * d.n_heads <= r < (i + 1) * d.n_heads
+            }
+            if not own:
+                out[role] = y[None].expand(g, *y.shape).reshape(-1, *y.shape[1:])
+                continue
+            y = y[None].repeat(g, 1, 1, 1, 1).reshape(g, circuits, -1, *y.shape[1:])  # [g, circuit, prompt, pos, n, e]
+            for head, (cs, x) in own.items():
+                slot = head if role == "q" else head // g
+                yh = torch.einsum("cbpm,em->cbpe", x.to(w.dtype), w[slot])  # [circuits, prompt, pos, d_head]
+                y[head % g, cs, :, :, slot] = yh if b is None else yh + b[slot]
+            out[role] = y.reshape(-1, *y.shape[3:])  # [replicas * batch, pos, n, d_head]
         return out
 
     def projection_hooks(self, layer: int) -> list[tuple[nn.Module, PostHook]]:

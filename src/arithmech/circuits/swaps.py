@@ -8,9 +8,10 @@ forward pass on SmolLM2, whatever the circuit. A small circuit swaps almost ever
 from the edges it keeps instead:
     delta_r = P_r - sum_s keep'[r, s] t_s,      P_r = sum of t_s over all senders r reads (a prefix sum),
 with keep' = 1 - swap on the edges. Per circuit and layer of receivers, the side with fewer nonzero entries is
-used, as one matrix product over the receivers and senders that have one. The sweep's circuits (0.1 % to 50 %
-of the edges) then cost sum_k min(k, 1 - k) of the dense sum, and a receiver whose edges are all swapped costs
-one add of its prefix.
+used, as one matrix product over the receivers and senders that have one. A small circuit's receivers with no
+kept edge then all read one input, resid + P (a large circuit's receivers with no swapped edge: resid), so the
+receivers of a layer are returned as that shared base plus the few that deviate from it (`split`): the patched
+pass norms and projects the base once and only the deviating receivers one by one.
 
 Terms are stored per circuit, [circuit, sender, prompt x pos x d_model] (rows of a patched batch are circuit-major),
 with the prefix sums at each block boundary (embedding, a layer's heads, an MLP).
@@ -53,15 +54,21 @@ class SwapTerms:
         self.prefix[self.count + s] = total if before is None else before + total
         self.count += s
 
-    def receiver_inputs(self, receivers: slice, resid: torch.Tensor) -> torch.Tensor:
-        """[receivers, batch, pos, d_model]: resid [batch, pos, d_model] plus each receiver's swapped terms."""
-        n, batch = receivers.stop - receivers.start, int(resid.shape[0])
-        x = resid.reshape(self.circuits, -1)[None].repeat(n, 1, 1)  # [receiver, circuit, prompt * pos * d]
+    def split(self, receivers: slice, resid: torch.Tensor) -> tuple[torch.Tensor, list[Deviation]]:
+        """The receivers' inputs as a base shared by all of them, [batch, pos, d_model] (resid, plus the prefix
+        of the circuits summed from their kept edges), and the receivers of each circuit that differ from it.
+
+        The receivers must read the same senders (a layer's 3H head inputs, or one receiver)."""
+        reads = {self.graph.senders_before(r) for r in range(receivers.start, receivers.stop)}
+        assert len(reads) == 1, "the receivers of one split read the same senders"
+        (count,) = reads
+        base = resid.reshape(self.circuits, -1)  # [circuit, prompt * pos * d_model]
+        deviations: list[Deviation] = []
         if self.terms is None:
-            return x.reshape(n, *resid.shape)
-        swap = self.swap[:, receivers, : self.count].to(x.dtype)  # [circuit, receiver, sender]
-        valid = self.graph.valid[receivers, : self.count].to(swap.device, x.dtype)
-        reads = [self.graph.senders_before(r) for r in range(receivers.start, receivers.stop)]
+            return resid, deviations
+        swap = self.swap[:, receivers, : self.count].to(base.dtype)  # [circuit, receiver, sender]
+        valid = self.graph.valid[receivers, : self.count].to(swap.device, base.dtype)
+        shifted = []
         for c in range(self.circuits):
             swapped = swap[c]
             kept = valid - swapped  # nonzero on edges (partly) kept
@@ -71,34 +78,42 @@ class SwapTerms:
             coeff = swapped
             if n_kept < n_swapped:  # delta = prefix - the kept edges' terms
                 coeff = -kept
-                for start, stop, count in _runs(reads):
-                    x[start:stop, c] += self.prefix[count][c]
-            self._add_product(x[:, c], coeff, self.terms[c])
-        return x.reshape(n, batch, *resid.shape[1:])
+                shifted.append(c)
+            deviation = self._product(c, coeff, self.terms[c])
+            if deviation is not None:
+                deviations.append(deviation)
+        if shifted:
+            base = base.clone()
+            base[shifted] += self.prefix[count][shifted]
+        return base.reshape(resid.shape), deviations
+
+    def receiver_inputs(self, receivers: slice, resid: torch.Tensor) -> torch.Tensor:
+        """[receivers, batch, pos, d_model]: resid [batch, pos, d_model] plus each receiver's swapped terms."""
+        n = receivers.stop - receivers.start
+        base, deviations = self.split(receivers, resid)
+        x = base.reshape(self.circuits, -1)[None].repeat(n, 1, 1)  # [receiver, circuit, prompt * pos * d]
+        for dev in deviations:
+            x[:, dev.circuit].index_add_(0, dev.rows, dev.delta)
+        return x.reshape(n, *resid.shape)
 
     @staticmethod
-    def _add_product(out: torch.Tensor, coeff: torch.Tensor, terms: torch.Tensor) -> None:
-        """out [receiver, K] += coeff [receiver, sender] @ terms [sender, K], over the nonzero rows and columns."""
+    def _product(circuit: int, coeff: torch.Tensor, terms: torch.Tensor) -> Deviation | None:
+        """coeff [receiver, sender] @ terms [sender, K] on the receivers (rows) and senders with a nonzero entry."""
         nonzero = coeff != 0
         rows, cols = nonzero.any(1).nonzero().flatten(), nonzero.any(0).nonzero().flatten()
         if len(rows) == 0:
-            return
+            return None
         if 2 * len(cols) > coeff.shape[1]:  # most senders: the stored prefix as it is, no gathered copy
-            product = coeff[rows] @ terms[: coeff.shape[1]]
-        else:
-            product = coeff[rows][:, cols] @ terms.index_select(0, cols)
-        if len(rows) == coeff.shape[0]:
-            out += product
-        else:
-            out.index_add_(0, rows, product)
+            return Deviation(circuit, rows, coeff[rows] @ terms[: coeff.shape[1]])
+        return Deviation(circuit, rows, coeff[rows][:, cols] @ terms.index_select(0, cols))
 
 
-def _runs(values: list[int]) -> list[tuple[int, int, int]]:
-    """(start, stop, value) of each run of equal consecutive values."""
-    runs: list[tuple[int, int, int]] = []
-    for i, v in enumerate(values):
-        if runs and runs[-1][2] == v:
-            runs[-1] = (runs[-1][0], i + 1, v)
-        else:
-            runs.append((i, i + 1, v))
-    return runs
+@dataclass(frozen=True)
+class Deviation:
+    """Receivers of one circuit whose input differs from the base: base + delta."""
+
+    circuit: int
+    rows: torch.Tensor
+    """[n] receiver positions within the split."""
+    delta: torch.Tensor
+    """[n, prompt * pos * d_model]."""

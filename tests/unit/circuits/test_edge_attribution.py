@@ -7,7 +7,10 @@ import torch
 
 from arithmech.circuits.attribution import edge_scores
 from arithmech.circuits.batch import logit_difference
+from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.patched import patched_end_resid
+from arithmech.circuits.senders import collect_sender_outputs
 from reference_circuits import ARCHS, naive_end_resid, sender_outputs, tiny_batch, tiny_view
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -60,3 +63,19 @@ def test_scores_are_zero_off_the_edges_and_hold_no_graph() -> None:
     scores = edge_scores(view, graph, tiny_batch(), method="eap")
     assert bool((scores[~graph.valid] == 0).all())
     assert not scores.requires_grad
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gpt-neox"])
+def test_intact_run_gradients_equal_the_patched_pass_probes(arch: str) -> None:
+    """Two implementations of d m / d x_r: the intact run's assembled gradients (`gradients.py`) and a probe on
+    every receiver input of the patched pass with the full circuit (`patched.py`)."""
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    batch = tiny_batch()
+    assembled, _ = receiver_gradients(view, graph, batch, [1.0])
+    cf = collect_sender_outputs(view, batch.cf_ids, batch.mask)
+    with torch.enable_grad():
+        full = torch.ones(graph.n_receivers, graph.n_senders)
+        end, probes = patched_end_resid(view, graph, batch.clean_ids, batch.mask, full, cf, probe=True)
+        grads = torch.autograd.grad(logit_difference(view, end, batch).sum(), probes)
+    torch.testing.assert_close(assembled, torch.cat(grads), atol=1e-5, rtol=1e-4)
