@@ -109,7 +109,8 @@ class _Run:
     """[batch, pos, d_model] the normed input that every head input of the current layer shares by default."""
     normed_heads: dict[int, tuple[list[int], torch.Tensor]] = field(default_factory=dict)
     """head receiver (within the layer) -> the circuits where its input differs, and its normed input there
-    [circuits, prompt, pos, d_model]."""
+    from `normed_start` on [circuits, prompt, pos - normed_start, d_model]."""
+    normed_start: int = 0
     probes: list[torch.Tensor] = field(default_factory=list)
     end_resid: torch.Tensor | None = None
 
@@ -144,18 +145,18 @@ class _Run:
             circuits = list(range(self.swaps.circuits))
             if self.probe:  # every receiver its own input, with its probe
                 x = norm.forward(self.receiver_input(receivers, resid))  # [3H, batch, pos, d_model]
-                self.normed_base = x[0]
+                self.normed_base, self.normed_start = x[0], 0
                 self.normed_heads = {
                     r: (circuits, xr.reshape(len(circuits), -1, *xr.shape[1:])) for r, xr in enumerate(x)
                 }
                 return
             base, deviations = self.swaps.split(receivers, resid) if self.needs_swaps else (resid, [])
             self.normed_base = norm.forward(base)  # forward: not through this hook again
-            self.normed_heads = {}
-            if deviations:  # the receivers whose input is not the base, normed together
-                base_rows = base.reshape(len(circuits), -1)
-                x = torch.cat([base_rows[dev.circuit][None] + dev.delta for dev in deviations])
-                normed = norm.forward(x.reshape(len(x), -1, *resid.shape[1:]))  # [deviating, prompt, pos, d_model]
+            self.normed_heads, self.normed_start = {}, self.swaps.start
+            if deviations:  # the receivers whose input is not the base, normed together from `start` on
+                late = self.swaps.per_circuit(base)[:, :, self.normed_start :]  # [circuit, prompt, pos', d_model]
+                x = torch.cat([late[dev.circuit][None] + dev.delta.reshape(-1, *late.shape[1:]) for dev in deviations])
+                normed = norm.forward(x)  # [deviating, prompt, pos', d_model]
                 i = 0
                 for dev in deviations:
                     for r in dev.rows.tolist():
@@ -187,7 +188,7 @@ class _Run:
             for head, (cs, x) in own.items():
                 slot = head if role == "q" else head // g
                 yh = torch.einsum("cbpm,em->cbpe", x.to(w.dtype), w[slot])  # [circuits, prompt, pos, d_head]
-                y[head % g, cs, :, :, slot] = yh if b is None else yh + b[slot]
+                y[head % g, cs, :, self.normed_start :, slot] = yh if b is None else yh + b[slot]
             out[role] = y.reshape(-1, *y.shape[3:])  # [replicas * batch, pos, n, d_head]
         return out
 

@@ -33,10 +33,13 @@ class SwapTerms:
     graph: CircuitGraph
     swap: torch.Tensor
     """[circuit, receiver, sender] 1 - keep on the edges, 0 elsewhere."""
-    terms: torch.Tensor | None = None  # [circuit, sender, prompt * pos * d_model]
+    terms: torch.Tensor | None = None  # [circuit, sender, prompt * (pos - start) * d_model]
     count: int = 0
     prefix: dict[int, torch.Tensor] = field(default_factory=dict)
-    """n -> [circuit, prompt * pos * d_model], the sum of the first n terms."""
+    """n -> [circuit, prompt * (pos - start) * d_model], the sum of the first n terms."""
+    start: int = 0
+    """The first position with a swap term: before it the prompts and their ablation share their tokens, so
+    every sender's output is the same in both runs (causal attention); set from the first term added."""
 
     @property
     def circuits(self) -> int:
@@ -45,7 +48,10 @@ class SwapTerms:
     def add(self, term: torch.Tensor) -> None:
         """Append the terms of the next senders, [senders, batch, pos, d_model] (batch = circuit x prompt)."""
         s = int(term.shape[0])
-        t = term.reshape(s, self.circuits, -1).transpose(0, 1)  # [circuit, senders, prompt * pos * d_model]
+        if self.terms is None:  # the input embedding's term
+            differs = (term != 0).any(-1).flatten(0, 1).any(0).nonzero()  # [pos]
+            self.start = int(differs[0]) if len(differs) else int(term.shape[2]) - 1
+        t = term[:, :, self.start :].reshape(s, self.circuits, -1).transpose(0, 1)  # [circuit, senders, K]
         if self.terms is None:
             self.terms = t.new_empty(self.circuits, self.graph.n_senders, t.shape[-1])
         self.terms[:, self.count : self.count + s] = t
@@ -62,12 +68,11 @@ class SwapTerms:
         reads = {self.graph.senders_before(r) for r in range(receivers.start, receivers.stop)}
         assert len(reads) == 1, "the receivers of one split read the same senders"
         (count,) = reads
-        base = resid.reshape(self.circuits, -1)  # [circuit, prompt * pos * d_model]
         deviations: list[Deviation] = []
         if self.terms is None:
             return resid, deviations
-        swap = self.swap[:, receivers, : self.count].to(base.dtype)  # [circuit, receiver, sender]
-        valid = self.graph.valid[receivers, : self.count].to(swap.device, base.dtype)
+        swap = self.swap[:, receivers, : self.count].to(resid.dtype)  # [circuit, receiver, sender]
+        valid = self.graph.valid[receivers, : self.count].to(swap.device, resid.dtype)
         shifted = []
         for c in range(self.circuits):
             swapped = swap[c]
@@ -82,19 +87,27 @@ class SwapTerms:
             deviation = self._product(c, coeff, self.terms[c])
             if deviation is not None:
                 deviations.append(deviation)
-        if shifted:
-            base = base.clone()
-            base[shifted] += self.prefix[count][shifted]
-        return base.reshape(resid.shape), deviations
+        if not shifted:
+            return resid, deviations
+        base = resid.clone()
+        late = self.per_circuit(base)[shifted, :, self.start :]  # [shifted, prompt, pos - start, d_model]
+        self.per_circuit(base)[shifted, :, self.start :] = late + self.prefix[count][shifted].reshape(late.shape)
+        return base, deviations
+
+    def per_circuit(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, pos, d_model] -> [circuit, prompt, pos, d_model] (a view)."""
+        return x.view(self.circuits, -1, *x.shape[1:])
 
     def receiver_inputs(self, receivers: slice, resid: torch.Tensor) -> torch.Tensor:
         """[receivers, batch, pos, d_model]: resid [batch, pos, d_model] plus each receiver's swapped terms."""
         n = receivers.stop - receivers.start
         base, deviations = self.split(receivers, resid)
-        x = base.reshape(self.circuits, -1)[None].repeat(n, 1, 1)  # [receiver, circuit, prompt * pos * d]
+        x = base[None].repeat(n, 1, 1, 1)  # [receiver, batch, pos, d_model]
+        per_circuit = x.view(n, self.circuits, -1, *x.shape[2:])  # [receiver, circuit, prompt, pos, d_model]
         for dev in deviations:
-            x[:, dev.circuit].index_add_(0, dev.rows, dev.delta)
-        return x.reshape(n, *resid.shape)
+            late = per_circuit[:, dev.circuit, :, self.start :]
+            late.index_add_(0, dev.rows, dev.delta.reshape(len(dev.rows), *late.shape[1:]))
+        return x
 
     @staticmethod
     def _product(circuit: int, coeff: torch.Tensor, terms: torch.Tensor) -> Deviation | None:
@@ -116,4 +129,4 @@ class Deviation:
     rows: torch.Tensor
     """[n] receiver positions within the split."""
     delta: torch.Tensor
-    """[n, prompt * pos * d_model]."""
+    """[n, prompt * (pos - start) * d_model]: at positions from `SwapTerms.start` on."""

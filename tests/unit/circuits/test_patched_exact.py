@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.circuits.batch import at_end, logit_difference
+from arithmech.circuits.batch import CircuitBatch, at_end, logit_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid, projection_weights
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph, collect_sender_outputs
+from arithmech.circuits.swaps import SwapTerms
 from arithmech.errors import SpecError
 from reference_circuits import (
     ARCHS,
@@ -103,4 +104,38 @@ def test_small_and_large_circuits_in_one_pass_match_the_reference(arch: str) -> 
             rows = fast[c * len(batch) : (c + 1) * len(batch)]
             torch.testing.assert_close(
                 logit_difference(view, rows, batch), logit_difference(view, naive, batch), atol=1e-5, rtol=0
+            )
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_prompts_sharing_their_first_tokens_match_the_reference(arch: str) -> None:
+    """Where the prompts and their counterfactuals share the first tokens, no swap term is kept there
+    (`SwapTerms.start`); the circuits still equal the reference."""
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    batch = tiny_batch()
+    shared = CircuitBatch(
+        batch.clean_ids, torch.cat([batch.clean_ids[:, :3], batch.cf_ids[:, 3:]], 1), batch.mask,
+        batch.answer_ids, batch.cf_answer_ids,
+    )  # fmt: skip
+    cf = collect_sender_outputs(view, shared.cf_ids, shared.mask)
+    cf_naive = sender_outputs(view, shared.cf_ids, shared.mask)
+    keeps = [random_circuit(graph, 7), (torch.rand(graph.n_receivers, graph.n_senders) < 0.05).float() * graph.valid]
+    starts = []
+    record = SwapTerms.add
+
+    def add(self: SwapTerms, term: torch.Tensor) -> None:
+        record(self, term)
+        starts.append(self.start)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SwapTerms, "add", add)
+        fast, _ = patched_end_resid(view, graph, shared.clean_ids, shared.mask, torch.stack(keeps), cf)
+    assert set(starts) == {3}
+    with torch.no_grad():
+        for c, keep in enumerate(keeps):
+            naive = naive_end_resid(view, shared.clean_ids, shared.mask, keep, cf_naive)
+            rows = fast[c * len(shared) : (c + 1) * len(shared)]
+            torch.testing.assert_close(
+                logit_difference(view, rows, shared), logit_difference(view, naive, shared), atol=1e-5, rtol=0
             )
