@@ -128,9 +128,12 @@ class _Run:
         return x
 
     def add_terms(self, start: int, run_out: torch.Tensor, ablated_out: torch.Tensor) -> None:
+        """Swap terms of the senders from `start`: run_out [s, batch, pos, d_model], ablated_out [s, prompt, ...]
+        (the same for every circuit; one row for a mean)."""
         if self.needs_swaps:
             assert start == self.swaps.count, "swap terms come in sender order"
-            self.swaps.add(ablated_out - run_out)
+            per_circuit = run_out.reshape(run_out.shape[0], self.swaps.circuits, -1, *run_out.shape[2:])
+            self.swaps.add((ablated_out[:, None] - per_circuit).flatten(1, 2))
 
     # -- hooks --------------------------------------------------------------------------------------------
     def attn_inputs(self, layer: int) -> PreHook:
@@ -275,9 +278,8 @@ def patched_end_resid(
     swap = ((1 - keep.to(torch.float32)) * graph.valid).to(device)
     swap = swap if swap.dim() == 3 else swap[None]  # [circuit, receiver, sender]
     circuits = int(swap.shape[0])
-    if circuits > 1:
+    if circuits > 1:  # the ablated outputs stay one per prompt: each swap term broadcasts them over circuits
         input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
-        ablated = ablated.repeat(circuits)
     batch = int(input_ids.shape[0])
     run = _Run(
         view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,

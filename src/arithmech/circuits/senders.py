@@ -40,16 +40,6 @@ class SenderOutputs:
         """[head, batch, pos, d_model]: each head's output, z_h W_O[h]."""
         return view.head_outputs(layer, self.z[layer]).permute(2, 0, 1, 3)
 
-    def repeat(self, times: int) -> SenderOutputs:
-        """The prompts `times` over (row c * prompts + i), for a batch of circuits; a mean stays one row."""
-        if self.embed.shape[0] == 1:
-            return self
-        return SenderOutputs(
-            embed=self.embed.repeat(times, 1, 1),
-            z=self.z.repeat(1, times, 1, 1),
-            mlp_out=self.mlp_out.repeat(1, times, 1, 1),
-        )
-
     def mean(self, mask: torch.Tensor) -> SenderOutputs:
         """Mean over prompts and real positions (mask [batch, pos]); MIB's mean ablation source."""
         weights = (mask / mask.sum()).to(self.embed.dtype).to(self.embed.device)[..., None]  # [batch, pos, 1]
