@@ -1,6 +1,7 @@
 """Edge circuits on the default model: EAP, EAP-IG and the faithfulness sweep against one plain forward pass.
 
-Times, in one run on the same batch of MIB-format prompts (one chunk: --batch-size = --prompts):
+Times (wall, and the process's CPU time, which a loaded machine disturbs less), in one run on the same batch of
+MIB-format prompts (one chunk of --prompts prompts):
 - one plain forward pass of the batch (`model(input_ids, attention_mask)`, logits at every position), the unit;
 - EAP and EAP-IG (m = --steps) over all edges, and the faithfulness sweep (10 sizes, signed and absolute
   rankings, CPR and CMD) of the EAP-IG scores;
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 from record import record
-from timing import best_time
+from timing import best_times
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -102,28 +103,34 @@ def main() -> None:
         f"({dims.n_kv_heads} kv heads), {graph.n_edges:,} edges; {n} MIB addition prompts, {pos} positions"
     )
 
+    def eap_ig() -> torch.Tensor:
+        return edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n)
+
     with torch.no_grad():
-        _, plain_s = best_time(lambda: view.model(input_ids=ids, attention_mask=mask), args.repeats + 1)
-    _, eap_s = best_time(lambda: edge_scores(view, graph, batch, "eap", batch_size=n), args.repeats)
-    scores, eap_ig_s = best_time(lambda: edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n), 1)
-    sweep, sweep_s = best_time(lambda: faithfulness_sweep(view, graph, batch, scores, batch_size=n), 1)
-    peak, how = peak_memory(lambda: edge_scores(view, graph, batch, "eap-ig", steps=args.steps, batch_size=n),
-                            args.device, view.model)  # fmt: skip
+        _, plain_s, plain_cpu = best_times(lambda: view.model(input_ids=ids, attention_mask=mask), args.repeats + 1)
+    _, eap_s, eap_cpu = best_times(lambda: edge_scores(view, graph, batch, "eap", batch_size=n), args.repeats)
+    scores, eap_ig_s, eap_ig_cpu = best_times(eap_ig, 1)
+    sweep, sweep_s, sweep_cpu = best_times(lambda: faithfulness_sweep(view, graph, batch, scores, batch_size=n), 1)
+    peak, how = peak_memory(eap_ig, args.device, view.model)
     itemsize = torch.finfo(view.o_proj(0).weight.dtype).bits // 8
     senders = dims.d_model + dims.n_layers * (dims.n_heads * dims.d_head + dims.d_model)  # numbers per position
     stored = pos * (4 * graph.n_receivers * dims.d_model + 2 * itemsize * senders + 4 * graph.n_senders * dims.d_model)
 
-    print(f"one plain forward pass of the batch: {plain_s:.3f} s (the unit below)")
-    print(f"EAP, all edges:                {eap_s:8.2f} s = {eap_s / plain_s:6.2f} forward passes")
-    print(f"EAP-IG, all edges, m = {args.steps}:      {eap_ig_s:8.2f} s = {eap_ig_s / plain_s:6.2f} forward passes "
-          "(issue #23: at most 20)")  # fmt: skip
-    print(f"faithfulness sweep, 10 sizes:  {sweep_s:8.2f} s = {sweep_s / plain_s:6.2f} forward passes "
-          f"(issue #23: about 25); CPR {sweep.cpr:.3f}, CMD {sweep.cmd:.3f}")  # fmt: skip
+    print(f"one plain forward pass of the batch: {plain_s:.3f} s wall, {plain_cpu:.3f} s CPU (the unit below)")
+    rows = [("EAP, all edges", eap_s, eap_cpu, ""),
+            (f"EAP-IG, all edges, m = {args.steps}", eap_ig_s, eap_ig_cpu, " (issue #23: at most 20)"),
+            ("faithfulness sweep, 10 sizes", sweep_s, sweep_cpu, " (issue #23: about 25)")]  # fmt: skip
+    for what, wall, cpu, bound in rows:
+        print(f"{what:<32} {wall:8.2f} s = {wall / plain_s:6.2f} forward passes by wall time, "
+              f"{cpu / plain_cpu:6.2f} by CPU time{bound}")  # fmt: skip
+    print(f"sweep of the EAP-IG scores: CPR {sweep.cpr:.3f}, CMD {sweep.cmd:.3f}")
     print(f"EAP-IG peak memory per prompt: {peak / n / MIB:.1f} MiB ({how}); "
           f"its stored tensors: {stored / MIB:.1f} MiB per prompt ({pos} positions)")  # fmt: skip
     record("circuits", args, {
         "plain_forward_s": plain_s, "eap_s": eap_s, "eap_ig_s": eap_ig_s, "sweep_s": sweep_s,
         "eap_passes": eap_s / plain_s, "eap_ig_passes": eap_ig_s / plain_s, "sweep_passes": sweep_s / plain_s,
+        "eap_cpu_passes": eap_cpu / plain_cpu, "eap_ig_cpu_passes": eap_ig_cpu / plain_cpu,
+        "sweep_cpu_passes": sweep_cpu / plain_cpu,
         "eap_ig_peak_mib_per_prompt": peak / n / MIB, "eap_ig_stored_mib_per_prompt": stored / MIB,
     })  # fmt: skip
 

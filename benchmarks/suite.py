@@ -147,6 +147,7 @@ BENCHMARKS = (
         ("--prompts", "8", "--repeats", "1"),
         {
             "eap_passes": PASSES, "eap_ig_passes": PASSES, "sweep_passes": PASSES, "plain_forward_s": SECONDS,
+            "eap_cpu_passes": PASSES, "eap_ig_cpu_passes": PASSES, "sweep_cpu_passes": PASSES,
             "eap_s": SECONDS, "eap_ig_s": SECONDS, "sweep_s": SECONDS, "eap_ig_peak_mib_per_prompt": MIB,
             "eap_ig_stored_mib_per_prompt": MIB,
         },

@@ -13,6 +13,14 @@ Background (MIB, Mueller et al. 2025, section 4)
 Circuit of k %: the int(k / 100 x edges) edges of highest score (stable sort, ties kept in edge order), at
 least one edge.
 
+Cost, per chunk of prompts (F = one plain forward pass of the chunk, logits at every position included): the
+counterfactual sender outputs (one plain pass, ~0.8 F; that run is the empty circuit under counterfactual
+ablation), the clean run (~0.8 F; the full circuit, which is also k = 100 %), and every other distinct circuit
+once, as circuit x prompt rows of patched passes (`patched.py`: from ~0.9 F per row for a small circuit to ~2.5 F
+for one that keeps and swaps edges everywhere). The sweep (10 sizes, two rankings) is 2 + 18 rows: about 30 F on
+SmolLM2-135M by CPU time (benchmarks/circuits.py, 8 prompts), above the issue's "about 25". Memory: the swap
+terms of every sender per row (`patched.py`), circuits_per_pass x prompts rows at once.
+
 References: Mueller et al., ICML 2025 (MIB), section 4 and its circuit-track code; METHODS.md sec. 9.
 """
 
@@ -181,10 +189,11 @@ def faithfulness_sweep(
     percents: Sequence[float] = SWEEP_PERCENTS,
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
+    circuits_per_pass: int = 4,
 ) -> SweepResult:
     """f of the top-k % circuits for every k, ranked by signed and by absolute score (`circuit_metrics`)."""
     circuits = [top_edges(graph, scores, k, absolute) for absolute in (False, True) for k in percents]
-    result = circuit_metrics(view, graph, batch, circuits, ablation=ablation, batch_size=batch_size)
+    result = circuit_metrics(view, graph, batch, circuits, ablation, batch_size, circuits_per_pass)
     f, m, n = result.faithfulness.tolist(), result.m.tolist(), len(percents)
     return SweepResult(
         percents=tuple(percents), edges=tuple(int(c.sum()) for c in circuits[:n]),
