@@ -127,9 +127,14 @@ class _Run:
             x = x + probe
         return x
 
+    def late(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """x from the first position with swap terms on (`SwapTerms.start`) along `dim`; a mean's one position stays."""
+        start = self.swaps.start
+        return x if x.shape[dim] == 1 or start == 0 else x.narrow(dim, start, x.shape[dim] - start)
+
     def add_terms(self, start: int, run_out: torch.Tensor, ablated_out: torch.Tensor) -> None:
         """Swap terms of the senders from `start`: run_out [s, batch, pos, d_model], ablated_out [s, prompt, ...]
-        (the same for every circuit; one row for a mean)."""
+        (the same for every circuit; one row for a mean); after the first, from `SwapTerms.start` on."""
         if self.needs_swaps:
             assert start == self.swaps.count, "swap terms come in sender order"
             per_circuit = run_out.reshape(run_out.shape[0], self.swaps.circuits, -1, *run_out.shape[2:])
@@ -224,9 +229,10 @@ class _Run:
 
         def fn(_module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
             z = self.replicas.heads_from_replicas(args[0])  # [batch, pos, head * d_head]
-            if self.needs_swaps:
-                run_out = self.view.head_outputs(layer, z).permute(2, 0, 1, 3)  # [head, batch, pos, d_model]
-                self.add_terms(self.graph.head_sender(layer, 0), run_out, self.ablated.head_outputs(self.view, layer))
+            if self.needs_swaps:  # heads' outputs from the first position with swap terms on
+                run_out = self.view.head_outputs(layer, self.late(z, 1)).permute(2, 0, 1, 3)  # [head, batch, pos', d]
+                ablated = self.view.head_outputs(layer, self.late(self.ablated.z[layer], 1)).permute(2, 0, 1, 3)
+                self.add_terms(self.graph.head_sender(layer, 0), run_out, ablated)
             return (z,) if g > 1 else None
 
         return fn
@@ -242,7 +248,9 @@ class _Run:
     def mlp_output(self, layer: int) -> PostHook:
         def fn(_module: nn.Module, _args: Any, output: Any) -> None:
             out = first_tensor(output)[: self.batch]
-            self.add_terms(self.graph.mlp_sender(layer), out[None], self.ablated.mlp_out[layer][None])
+            if self.needs_swaps:
+                ablated = self.late(self.ablated.mlp_out[layer], 1)[None]
+                self.add_terms(self.graph.mlp_sender(layer), self.late(out, 1)[None], ablated)
 
         return fn
 

@@ -46,12 +46,14 @@ class SwapTerms:
         return int(self.swap.shape[0])
 
     def add(self, term: torch.Tensor) -> None:
-        """Append the terms of the next senders, [senders, batch, pos, d_model] (batch = circuit x prompt)."""
+        """Append the terms of the next senders, [senders, batch, pos, d_model] (batch = circuit x prompt): the
+        first (the input embedding's) at every position, the later ones from `start` on."""
         s = int(term.shape[0])
-        if self.terms is None:  # the input embedding's term
+        if self.terms is None:  # the input embedding's term, at every position
             differs = (term != 0).any(-1).flatten(0, 1).any(0).nonzero()  # [pos]
             self.start = int(differs[0]) if len(differs) else int(term.shape[2]) - 1
-        t = term[:, :, self.start :].reshape(s, self.circuits, -1).transpose(0, 1)  # [circuit, senders, K]
+            term = term[:, :, self.start :]
+        t = term.reshape(s, self.circuits, -1).transpose(0, 1)  # [circuit, senders, K]
         if self.terms is None:
             self.terms = t.new_empty(self.circuits, self.graph.n_senders, t.shape[-1])
         self.terms[:, self.count : self.count + s] = t
