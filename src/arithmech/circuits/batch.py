@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from arithmech.errors import DataError
+from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.models.view import ModelView
 
 
@@ -41,6 +42,13 @@ class CircuitBatch:
     def end(self) -> torch.Tensor:
         """[batch] index of each prompt's last real token."""
         return self.mask.long().sum(-1) - 1
+
+    @property
+    def shared_positions(self) -> int:
+        """How many first positions hold the same token in every clean and counterfactual prompt (short of the
+        earliest END): no edge changes anything there (`patched_end_resid(shared=...)`)."""
+        ids = torch.cat([self.clean_ids, self.cf_ids])
+        return common_prefix_length(ids, self.end.repeat(2))
 
     def select(self, idx: slice) -> CircuitBatch:
         """A sub-batch of prompts, trimmed to its own longest prompt."""

@@ -17,9 +17,11 @@ Cost, per chunk of prompts (F = one plain forward pass of the chunk, logits at e
 counterfactual sender outputs (one plain pass, ~0.8 F; that run is the empty circuit under counterfactual
 ablation), the clean run (~0.8 F; the full circuit, which is also k = 100 %), and every other distinct circuit
 once, as circuit x prompt rows of patched passes (`patched.py`: from ~0.9 F per row for a small circuit to ~2.5 F
-for one that keeps and swaps edges everywhere). The sweep (10 sizes, two rankings) is 2 + 18 rows: about 30 F on
-SmolLM2-135M by CPU time (benchmarks/circuits.py, 8 prompts), above the issue's "about 25". Memory: the swap
-terms of every sender per row (`patched.py`), circuits_per_pass x prompts rows at once.
+for one that keeps and swaps edges everywhere). Under counterfactual ablation the first positions that every
+prompt and counterfactual share (MIB's "Q: How much is", 6 of 16 tokens on SmolLM2) run once as a key/value
+cache and the patched rows start after them. The sweep (10 sizes, two rankings) is 2 passes + 18 rows: about
+24 F on SmolLM2-135M by CPU time (benchmarks/circuits.py, 8 prompts; about 30 F without the shared start).
+Memory: the swap terms of every sender per row (`patched.py`), circuits_per_pass x prompts rows at once.
 
 References: Mueller et al., ICML 2025 (MIB), section 4 and its circuit-track code; METHODS.md sec. 9.
 """
@@ -106,7 +108,8 @@ def circuit_metrics(
         ablated = means if means is not None else cf
         for start in range(0, len(distinct), circuits_per_pass):
             keeps = torch.stack(distinct[start : start + circuits_per_pass])  # [circuit, receiver, sender]
-            end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keeps, ablated)
+            shared = chunk.shared_positions if means is None else 0  # a mean differs at every position
+            end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keeps, ablated, shared=shared)
             for c, resid in enumerate(end_resid.reshape(len(keeps), len(chunk), -1)):  # rows circuit-major
                 sums[2 + start + c] += _metric_sum(view, resid, chunk)
     if means is not None:

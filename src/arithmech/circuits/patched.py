@@ -57,7 +57,9 @@ from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.replicas import GroupReplicas, skipped_input
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
 from arithmech.circuits.swaps import SwapTerms
+from arithmech.models.from_layer import prefix_cache
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
+from arithmech.models.shared_prefix import SharedPrefix
 from arithmech.models.view import ModelView
 
 
@@ -270,6 +272,7 @@ def patched_end_resid(
     ablated: SenderOutputs,
     probe: bool = False,
     extra_post: Sequence[tuple[nn.Module, PostHook]] = (),
+    shared: int = 0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The logits' input at END [batch, d_model] with circuit `keep` [receiver, sender], and the probes.
 
@@ -279,6 +282,10 @@ def patched_end_resid(
     the returned probes (in order: per layer the 3H head inputs then the MLP input, last the logits) are
     leaves whose gradient is d metric / d receiver input. `extra_post` hooks (e.g. on the input embedding)
     run too. Gradients flow only when called under grad mode.
+
+    shared: how many first positions hold the same tokens in every prompt and in the ablation's prompts
+    (`shared_positions`): no edge changes anything there, so they run once, as a key/value cache, and the
+    patched pass runs on the later positions only.
     """
     check_edge_graph(view)
     d = view.dims
@@ -289,8 +296,17 @@ def patched_end_resid(
     if circuits > 1:  # the ablated outputs stay one per prompt: each swap term broadcasts them over circuits
         input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
     batch = int(input_ids.shape[0])
+    inputs: dict[str, Any] = {"use_cache": False}
+    if shared:
+        prefix = SharedPrefix(view, input_ids[0, :shared])
+        rows = batch * d.group_size  # the attention's replicas read the cache too
+        inputs = {
+            "use_cache": True,
+            prefix.arg: prefix_cache(view, prefix.cache, torch.zeros(rows, dtype=torch.long), shared),
+        }
+        input_ids, ablated = input_ids[:, shared:], ablated.positions_from(shared)  # the mask stays whole
     run = _Run(
-        view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
+        view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1 - shared, batch=batch,
         replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()), swaps=SwapTerms(graph, swap),
     )  # fmt: skip
     pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input)]
@@ -308,6 +324,6 @@ def patched_end_resid(
     tiled = run.replicas.replicas > 1
     replicas = [(view.attn(layer), run.replicas.attention_inputs) for layer in range(d.n_layers)] if tiled else []
     with hooks(pre=pre, post=post, pre_kwargs=replicas):
-        view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+        view.model.base_model(input_ids=ids, attention_mask=mask, **inputs)
     assert run.end_resid is not None
     return run.end_resid, run.probes

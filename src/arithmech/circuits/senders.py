@@ -40,6 +40,12 @@ class SenderOutputs:
         """[head, batch, pos, d_model]: each head's output, z_h W_O[h]."""
         return view.head_outputs(layer, self.z[layer]).permute(2, 0, 1, 3)
 
+    def positions_from(self, start: int) -> SenderOutputs:
+        """The outputs at positions start.. (a mean, one position for all, stays)."""
+        if self.embed.shape[1] == 1 or start == 0:
+            return self
+        return SenderOutputs(self.embed[:, start:], self.z[:, :, start:], self.mlp_out[:, :, start:], self.end_resid)
+
     def mean(self, mask: torch.Tensor) -> SenderOutputs:
         """Mean over prompts and real positions (mask [batch, pos]); MIB's mean ablation source."""
         weights = (mask / mask.sum()).to(self.embed.dtype).to(self.embed.device)[..., None]  # [batch, pos, 1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.circuits.batch import logit_difference
+from arithmech.circuits.batch import CircuitBatch, logit_difference
 from arithmech.circuits.faithfulness import SWEEP_PERCENTS, area_under, circuit_metrics, cmd, cpr, top_edges
 from arithmech.circuits.graph import CircuitGraph
 from reference_circuits import mean_outputs, naive_end_resid, random_circuit, sender_outputs, tiny_batch, tiny_view
@@ -90,3 +90,25 @@ def test_sweep_runs_each_distinct_circuit_once_and_equals_the_reference(monkeypa
             assert m == pytest.approx(naive, abs=1e-5)
             assert f == pytest.approx((naive - sweep.m_empty) / (sweep.m_full - sweep.m_empty), abs=1e-4)
     assert sweep.f_signed == sweep.f_absolute
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox", "phi3"])
+def test_positions_shared_by_every_prompt_run_once_and_change_nothing(arch: str) -> None:
+    """Prompts and counterfactuals that start with the same tokens: those positions run once as a key/value cache
+    (`patched_end_resid(shared=...)`), and every circuit's m still equals one naive forward per circuit."""
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    base = tiny_batch()
+    start = torch.tensor([[60, 61, 62]]).expand(len(base), -1)
+    batch = CircuitBatch(
+        torch.cat([start, base.clean_ids[:, 3:]], 1), torch.cat([start, base.cf_ids[:, 3:]], 1), base.mask,
+        base.answer_ids, base.cf_answer_ids,
+    )  # fmt: skip
+    assert batch.shared_positions == 3
+    circuits = [random_circuit(graph, 3), (torch.rand(graph.n_receivers, graph.n_senders) < 0.05).float()]
+    result = circuit_metrics(view, graph, batch, circuits, batch_size=3)
+    cf = sender_outputs(view, batch.cf_ids, batch.mask)
+    with torch.no_grad():
+        for got, keep in zip(result.m.tolist(), circuits, strict=True):
+            naive = naive_end_resid(view, batch.clean_ids, batch.mask, keep * graph.valid, cf)
+            assert got == pytest.approx(float(logit_difference(view, naive, batch).mean()), abs=1e-5)
