@@ -65,8 +65,9 @@ def edge_scores(
     alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
     total = torch.zeros(graph.n_receivers, graph.n_senders, dtype=torch.float64)
     for chunk in batch.chunks(batch_size):
-        cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
-        grads, clean = receiver_gradients(view, graph, chunk, alphas)  # alpha = 1 is the clean run
+        shared = chunk.shared_positions  # no sender's output differs there: no score comes from them
+        cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask).positions_from(shared)
+        grads, clean = receiver_gradients(view, graph, chunk, alphas, shared)  # alpha = 1 is the clean run
         assert clean is not None
         total += contract(view, graph, sender_differences(view, clean, cf), grads).double().cpu()
         if progress is not None:

@@ -168,23 +168,28 @@ def receiver_gradients(
     graph: CircuitGraph,
     chunk: CircuitBatch,
     alphas: Sequence[float],
+    shared: int = 0,
 ) -> tuple[torch.Tensor, SenderOutputs | None]:
     """Mean over the interpolation points alpha of d (sum of m) / d x_r, [receiver, batch, pos, d_model] float32,
     and the clean run's sender outputs when alpha = 1 is among them (that run is the clean run).
 
-    The run at alpha has token embeddings e(cf) + alpha (e(clean) - e(cf)); alpha = 1 is the clean run."""
+    The run at alpha has token embeddings e(cf) + alpha (e(clean) - e(cf)); alpha = 1 is the clean run.
+    shared: the first positions, the same tokens in every clean and counterfactual prompt
+    (`CircuitBatch.shared_positions`), run once as a key/value cache; both results then start after them
+    (pos - shared positions), where every sender's clean and counterfactual outputs may differ."""
     check_edge_graph(view)
     d = view.dims
     device = view.o_proj(0).weight.device
-    ids, mask = chunk.clean_ids.to(device), chunk.mask.to(device)
+    ids, mask = chunk.clean_ids[:, shared:].to(device), chunk.mask.to(device)  # the mask stays whole
     batch, pos = int(ids.shape[0]), int(ids.shape[1])
     mean = torch.zeros(graph.n_receivers, batch, pos, d.d_model, dtype=torch.float32, device=device)
     clean: SenderOutputs | None = None
     for alpha in alphas:
         run = _Pass(view=view, replicas=GroupReplicas(d, batch), keep_outputs=alpha == 1.0)
         with torch.enable_grad():
-            with hooks(*_hook_lists(view, run, chunk, alpha)):
-                view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+            inputs = run.replicas.shared_start(view, chunk.clean_ids[0, :shared])
+            with hooks(*_hook_lists(view, run, chunk, alpha, shared)):
+                view.model.base_model(input_ids=ids, attention_mask=mask, **inputs)
             assert run.end_resid is not None and run.logits_probe is not None
             metric = logit_difference(view, run.end_resid, chunk).sum()
             probes = [*run.projection_probes, *run.mlp_probes, run.logits_probe]
@@ -196,11 +201,13 @@ def receiver_gradients(
 
 
 def _hook_lists(
-    view: ModelView, run: _Pass, chunk: CircuitBatch, alpha: float
+    view: ModelView, run: _Pass, chunk: CircuitBatch, alpha: float, shared: int
 ) -> tuple[list[tuple[nn.Module, PreHook]], list[tuple[nn.Module, PostHook]], list[tuple[nn.Module, Any]]]:
     s = view.spec
-    pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input(chunk.end))]
-    post: list[tuple[nn.Module, PostHook]] = [] if alpha == 1.0 else [interpolated_embedding(view, chunk.cf_ids, alpha)]
+    pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input(chunk.end - shared))]
+    post: list[tuple[nn.Module, PostHook]] = (
+        [] if alpha == 1.0 else [interpolated_embedding(view, chunk.cf_ids[:, shared:], alpha)]
+    )
     for layer in range(view.dims.n_layers):
         paths = [s.q_proj, s.k_proj, s.v_proj] if s.qkv_layout == "separate" else [s.qkv_proj]
         projections = [view.module(layer, str(p)) for p in paths]

@@ -57,9 +57,7 @@ from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.replicas import GroupReplicas, skipped_input
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
 from arithmech.circuits.swaps import SwapTerms
-from arithmech.models.from_layer import prefix_cache
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
-from arithmech.models.shared_prefix import SharedPrefix
 from arithmech.models.view import ModelView
 
 
@@ -296,15 +294,8 @@ def patched_end_resid(
     if circuits > 1:  # the ablated outputs stay one per prompt: each swap term broadcasts them over circuits
         input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
     batch = int(input_ids.shape[0])
-    inputs: dict[str, Any] = {"use_cache": False}
-    if shared:
-        prefix = SharedPrefix(view, input_ids[0, :shared])
-        rows = batch * d.group_size  # the attention's replicas read the cache too
-        inputs = {
-            "use_cache": True,
-            prefix.arg: prefix_cache(view, prefix.cache, torch.zeros(rows, dtype=torch.long), shared),
-        }
-        input_ids, ablated = input_ids[:, shared:], ablated.positions_from(shared)  # the mask stays whole
+    inputs = GroupReplicas(d, batch).shared_start(view, input_ids[0, :shared])
+    input_ids, ablated = input_ids[:, shared:], ablated.positions_from(shared)  # the mask stays whole
     run = _Run(
         view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1 - shared, batch=batch,
         replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()), swaps=SwapTerms(graph, swap),

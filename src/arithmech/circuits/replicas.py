@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from arithmech.models.view import Dims
+from arithmech.models.from_layer import prefix_cache
+from arithmech.models.shared_prefix import SharedPrefix
+from arithmech.models.view import Dims, ModelView
 
 _BATCH_KWARGS = ("attention_mask", "position_embeddings", "position_ids")
 """Keyword arguments of an attention module that hold one row per prompt (or one row for all)."""
@@ -56,6 +58,15 @@ class GroupReplicas:
             elif isinstance(value, tuple):
                 kwargs[name] = tuple(self.batch_tiled(v) if isinstance(v, torch.Tensor) else v for v in value)
         return args, kwargs
+
+    def shared_start(self, view: ModelView, tokens: torch.Tensor) -> dict[str, Any]:
+        """Base-model inputs that continue after `tokens` [shared] (the same in every row): their key/value cache,
+        run once and indexed out for every row of every replica (the attention's replicas read it too)."""
+        if len(tokens) == 0:
+            return {"use_cache": False}
+        prefix = SharedPrefix(view, tokens)
+        rows = torch.zeros(self.batch * self.replicas, dtype=torch.long)
+        return {"use_cache": True, prefix.arg: prefix_cache(view, prefix.cache, rows, len(tokens))}
 
     def heads_from_replicas(self, z: torch.Tensor) -> torch.Tensor:
         """o_proj input [replicas * batch, pos, head * d_head] -> [batch, pos, head * d_head], head h from
