@@ -41,6 +41,16 @@ def tiny_batch(seed: int = 0) -> CircuitBatch:
     return CircuitBatch(clean, cf, mask, torch.tensor([50, 51, 52]), torch.tensor([53, 54, 55]))
 
 
+def shared_start_batch(shared: int = 3) -> CircuitBatch:
+    """`tiny_batch` whose clean and counterfactual prompts all start with the same `shared` tokens."""
+    base = tiny_batch()
+    start = torch.arange(60, 60 + shared)[None].expand(len(base), -1)
+    return CircuitBatch(
+        torch.cat([start, base.clean_ids[:, shared:]], 1), torch.cat([start, base.cf_ids[:, shared:]], 1), base.mask,
+        base.answer_ids, base.cf_answer_ids,
+    )  # fmt: skip
+
+
 def random_circuit(graph: CircuitGraph, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return (torch.rand(graph.n_receivers, graph.n_senders, generator=gen) < 0.5).float() * graph.valid

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from arithmech.circuits.attribution import edge_scores
-from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.batch import logit_difference
 from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import collect_sender_outputs
-from reference_circuits import ARCHS, naive_end_resid, sender_outputs, tiny_batch, tiny_view
+from reference_circuits import ARCHS, naive_end_resid, sender_outputs, shared_start_batch, tiny_batch, tiny_view
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,12 +87,7 @@ def test_positions_shared_by_every_prompt_run_once_and_change_no_score(arch: str
     and carry no score (no sender's output differs there); EAP-IG still equals the naive gradient x difference."""
     view = tiny_view(arch)
     graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
-    base = tiny_batch()
-    start = torch.tensor([[60, 61, 62]]).expand(len(base), -1)
-    batch = CircuitBatch(
-        torch.cat([start, base.clean_ids[:, 3:]], 1), torch.cat([start, base.cf_ids[:, 3:]], 1), base.mask,
-        base.answer_ids, base.cf_answer_ids,
-    )  # fmt: skip
+    batch = shared_start_batch()
     assert batch.shared_positions == 3
     fast = edge_scores(view, graph, batch, method="eap-ig", steps=2)
     torch.testing.assert_close(fast, naive_scores(view, batch, [0.5, 1.0]), atol=1e-5, rtol=1e-4)

@@ -5,10 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.batch import logit_difference
 from arithmech.circuits.faithfulness import SWEEP_PERCENTS, area_under, circuit_metrics, cmd, cpr, top_edges
 from arithmech.circuits.graph import CircuitGraph
-from reference_circuits import mean_outputs, naive_end_resid, random_circuit, sender_outputs, tiny_batch, tiny_view
+from reference_circuits import (
+    mean_outputs,
+    naive_end_resid,
+    random_circuit,
+    sender_outputs,
+    shared_start_batch,
+    tiny_batch,
+    tiny_view,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,12 +106,7 @@ def test_positions_shared_by_every_prompt_run_once_and_change_nothing(arch: str)
     (`patched_end_resid(shared=...)`), and every circuit's m still equals one naive forward per circuit."""
     view = tiny_view(arch)
     graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
-    base = tiny_batch()
-    start = torch.tensor([[60, 61, 62]]).expand(len(base), -1)
-    batch = CircuitBatch(
-        torch.cat([start, base.clean_ids[:, 3:]], 1), torch.cat([start, base.cf_ids[:, 3:]], 1), base.mask,
-        base.answer_ids, base.cf_answer_ids,
-    )  # fmt: skip
+    batch = shared_start_batch()
     assert batch.shared_positions == 3
     circuits = [random_circuit(graph, 3), (torch.rand(graph.n_receivers, graph.n_senders) < 0.05).float()]
     result = circuit_metrics(view, graph, batch, circuits, batch_size=3)
