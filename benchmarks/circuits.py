@@ -9,7 +9,8 @@ and prints each as forward-pass equivalents (its time / the plain pass's), which
 most 20, the sweep about 25. Peak memory per prompt of EAP-IG: torch.cuda.max_memory_allocated above what was
 allocated before (CUDA), else the peak of the live tensors that its torch operations create (counted by a
 dispatch mode until each is freed: what the computation holds at once), beside the analytic size of the tensors
-EAP-IG keeps (its accumulated gradients, the two runs' sender outputs and their differences per sender).
+EAP-IG keeps (its accumulated gradients, the two runs' sender outputs and their differences per sender, at the
+positions after those that every prompt and counterfactual share).
 
     python benchmarks/circuits.py [--prompts 16] [--steps 5] [--model ID_OR_PATH] [--device cpu]
 """
@@ -95,12 +96,13 @@ def main() -> None:
     view, dims = handle.view, handle.dims
     graph = CircuitGraph.from_dims(dims, view.parallel_residual)
     batch = circuit_batch(handle.tokenizer, mib_pairs(handle.tokenizer, "addition", args.prompts))
-    n, pos = len(batch), int(batch.mask.shape[1])
+    n, pos, shared = len(batch), int(batch.mask.shape[1]), batch.shared_positions
     device = view.o_proj(0).weight.device
     ids, mask = batch.clean_ids.to(device), batch.mask.to(device)
     print(
         f"model {handle.source.get('model')}: {dims.n_layers} layers x {dims.n_heads} query heads "
-        f"({dims.n_kv_heads} kv heads), {graph.n_edges:,} edges; {n} MIB addition prompts, {pos} positions"
+        f"({dims.n_kv_heads} kv heads), {graph.n_edges:,} edges; {n} MIB addition prompts, {pos} positions "
+        f"(the first {shared} shared by every prompt and counterfactual)"
     )
 
     def eap_ig() -> torch.Tensor:
@@ -114,7 +116,8 @@ def main() -> None:
     peak, how = peak_memory(eap_ig, args.device, view.model)
     itemsize = torch.finfo(view.o_proj(0).weight.dtype).bits // 8
     senders = dims.d_model + dims.n_layers * (dims.n_heads * dims.d_head + dims.d_model)  # numbers per position
-    stored = pos * (4 * graph.n_receivers * dims.d_model + 2 * itemsize * senders + 4 * graph.n_senders * dims.d_model)
+    per_position = 4 * graph.n_receivers * dims.d_model + 2 * itemsize * senders + 4 * graph.n_senders * dims.d_model
+    stored = (pos - shared) * per_position
 
     print(f"one plain forward pass of the batch: {plain_s:.3f} s wall, {plain_cpu:.3f} s CPU (the unit below)")
     rows = [("EAP, all edges", eap_s, eap_cpu, ""),
@@ -125,7 +128,7 @@ def main() -> None:
               f"{cpu / plain_cpu:6.2f} by CPU time{bound}")  # fmt: skip
     print(f"sweep of the EAP-IG scores: CPR {sweep.cpr:.3f}, CMD {sweep.cmd:.3f}")
     print(f"EAP-IG peak memory per prompt: {peak / n / MIB:.1f} MiB ({how}); "
-          f"its stored tensors: {stored / MIB:.1f} MiB per prompt ({pos} positions)")  # fmt: skip
+          f"its kept tensors: {stored / MIB:.1f} MiB per prompt ({pos - shared} positions after the shared)")  # fmt: skip
     record("circuits", args, {
         "plain_forward_s": plain_s, "eap_s": eap_s, "eap_ig_s": eap_ig_s, "sweep_s": sweep_s,
         "eap_passes": eap_s / plain_s, "eap_ig_passes": eap_ig_s / plain_s, "sweep_passes": sweep_s / plain_s,

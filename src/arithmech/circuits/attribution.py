@@ -23,13 +23,15 @@ Cost, per chunk of prompts (F = one plain forward pass of the chunk, logits at e
     input gradients only, + the assembly of the 3H head-input gradients per layer); the clean sender outputs
     are kept from the alpha = 1 pass, which is the clean run;
     the contraction: edges x batch x pos x d_model multiply-accumulates (~0.5 F on SmolLM2).
-    EAP-IG with m = 5 on SmolLM2-135M: 12 to 18 F by time, EAP 4 to 6 F (benchmarks/circuits.py, 8 and 16
-    prompts, measured on a loaded machine); the issue's bound for EAP-IG is 20.
-Memory: the accumulated gradients, 4 bytes x receivers x pos x d_model per prompt (841 x 576 x 4 B = 1.9 MB per
-position on SmolLM2), the two runs' sender outputs (~2 x (2L + 1) x d_model numbers per position), their
+    The first positions that every clean and counterfactual prompt share (MIB's "Q: How much is", 6 of 16
+    tokens on SmolLM2) carry no score: they run once as a key/value cache and everything above covers the later
+    positions only. EAP-IG with m = 5 on SmolLM2-135M: about 12 F, EAP about 3.5 F, by CPU time
+    (benchmarks/circuits.py, 16 prompts, on a loaded machine); the issue's bound for EAP-IG is 20.
+Memory: the accumulated gradients, 4 bytes x receivers x d_model per position and prompt (841 x 576 x 4 B =
+1.9 MB on SmolLM2), the two runs' sender outputs (~2 x (2L + 1) x d_model numbers per position), their
 differences per sender (4 bytes x senders x d_model per position) and one forward pass's autograd graph: at its
-peak about 81 MiB per prompt of 16 positions on SmolLM2 (live tensors, benchmarks/circuits.py), of which the
-kept tensors are 44 MiB.
+peak about 56 MiB per prompt of 16 positions (10 after the shared ones) on SmolLM2 in float32 (live tensors,
+benchmarks/circuits.py), of which the kept tensors are 28 MiB.
 
 References: Syed, Rager & Conmy 2023 (arXiv:2310.10348); Hanna, Pezzelle & Belinkov 2024 (COLM, EAP-IG);
 Mueller et al. 2025 (MIB, m = 5 steps); METHODS.md sec. 9.

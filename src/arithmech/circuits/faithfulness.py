@@ -20,7 +20,8 @@ once, as circuit x prompt rows of patched passes (`patched.py`: from ~0.9 F per 
 for one that keeps and swaps edges everywhere). Under counterfactual ablation the first positions that every
 prompt and counterfactual share (MIB's "Q: How much is", 6 of 16 tokens on SmolLM2) run once as a key/value
 cache and the patched rows start after them. The sweep (10 sizes, two rankings) is 2 passes + 18 rows: about
-24 F on SmolLM2-135M by CPU time (benchmarks/circuits.py, 8 prompts; about 30 F without the shared start).
+24 F on SmolLM2-135M by CPU time (benchmarks/circuits.py, 8 and 16 prompts; about 30 F without the shared
+start).
 Memory: the swap terms of every sender per row (`patched.py`), circuits_per_pass x prompts rows at once.
 
 References: Mueller et al., ICML 2025 (MIB), section 4 and its circuit-track code; METHODS.md sec. 9.
