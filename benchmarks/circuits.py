@@ -128,7 +128,7 @@ def main() -> None:
               f"{cpu / plain_cpu:6.2f} by CPU time{bound}")  # fmt: skip
     print(f"sweep of the EAP-IG scores: CPR {sweep.cpr:.3f}, CMD {sweep.cmd:.3f}")
     print(f"EAP-IG peak memory per prompt: {peak / n / MIB:.1f} MiB ({how}); "
-          f"its kept tensors: {stored / MIB:.1f} MiB per prompt ({pos - shared} positions after the shared)")  # fmt: skip
+          f"kept: {stored / MIB:.1f} MiB per prompt ({pos - shared} positions after the shared)")  # fmt: skip
     record("circuits", args, {
         "plain_forward_s": plain_s, "eap_s": eap_s, "eap_ig_s": eap_ig_s, "sweep_s": sweep_s,
         "eap_passes": eap_s / plain_s, "eap_ig_passes": eap_ig_s / plain_s, "sweep_passes": sweep_s / plain_s,
