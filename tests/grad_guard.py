@@ -43,6 +43,7 @@ _SRC = "/src/arithmech/"
 _LOADING = ("models/load.py", "load_model")  # from_pretrained creates and ties the parameters; no activations
 GRAPH_ALLOWED = frozenset({
     ("patching/attribution.py", "end_gradients"),  # dm/da of every sender from one backward pass
+    ("circuits/attribution.py", "receiver_gradients"),  # EAP / EAP-IG: dm/d(receiver input) of every edge
     ("neurons/lora_train.py", "train_layer_lora"),  # the neurons stage's LoRA adapter
     ("finetune/train.py", "train"),  # the finetune stage
     _LOADING,

@@ -4,11 +4,14 @@ Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` of the
 token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify
 run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or their scores are read back
 from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
-evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
+evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD; `compare_methods` ranks the same
+prompts by further methods and sweeps them too, so 2024's node ranking and 2025's edge scores meet on one
+protocol.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
 oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
-method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv and faithfulness.png
-(with `evaluate`; the curves of the `compare` folders drawn beside this run's), and metadata.json last.
+method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv (a row per method) and
+faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn beside this run's), circuit.svg
+(the drawing, `drawn_circuit`), and metadata.json last.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
+from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
-from arithmech.stages.circuit_config import CircuitConfig
+from arithmech.stages.circuit_config import DRAWN_DEFAULT, DRAWN_MAX, IDENTIFY_METHOD, CircuitConfig
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,11 @@ logger = logging.getLogger(__name__)
 CANDIDATES_PER_PROMPT = 16
 """Pairs drawn per prompt wanted: the rows the model gets wrong are dropped (SmolLM2-135M answers about 1 in 12
 MIB addition prompts with operands up to 99 by its top token)."""
+
+
+DRAWING_FILE = "circuit.svg"
+DRAWN_F = 0.8
+"""The faithfulness of the circuit drawn by default: the smallest swept one that reaches it."""
 
 
 @dataclass
@@ -59,12 +68,17 @@ class CircuitResult:
     n_prompts: int
     sweep: SweepResult | None
     oracle: dict[str, Any] | None = None
+    compared: dict[str, SweepResult] | None = None
+    """The sweeps of `compare_methods`."""
 
 
-def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> list[PromptPair]:
-    """MIB pairs of each operation, the first n_prompts / operations that the model answers with its top token."""
+def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], dict[str, dict[str, int]]]:
+    """MIB pairs of each operation, the first n_prompts / operations that the model answers with its top token;
+    and per operation how many were drawn, predicted (the others are the rows dropped; not counted with
+    keep_incorrect) and kept."""
     quota = math.ceil(cfg.n_prompts / len(cfg.operations))
     kept: list[PromptPair] = []
+    counts: dict[str, dict[str, int]] = {}
     for operation in cfg.operations:
         pairs = mib_pairs(handle.tokenizer, operation, quota * CANDIDATES_PER_PROMPT, cfg.seed, cfg.max_operand)
         if not pairs:
@@ -76,25 +90,30 @@ def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> list[PromptPair]:
         chosen = [p for p, ok in zip(pairs, right, strict=True) if ok][:quota]
         logger.info("%s: the model predicts %d of %d MIB prompts; %d kept", operation, sum(right), len(pairs),
                     len(chosen))  # fmt: skip
+        counts[operation] = {"drawn": len(pairs), "kept": len(chosen)}
+        if not cfg.keep_incorrect:
+            counts[operation]["predicted"] = sum(right)
         kept += chosen
     if not kept:
         raise DataError(
             f"the model predicts the scored answer token on none of the MIB prompts of {', '.join(cfg.operations)}; "
             "try smaller operands (--max-operand 9) or another model"
         )
-    return kept[: cfg.n_prompts]
+    return kept[: cfg.n_prompts], counts
 
 
-def rank_edges(handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig) -> torch.Tensor:
-    """[receiver, sender] signed scores by `cfg.method`."""
-    if cfg.method == "random":
+def rank_edges(
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str
+) -> torch.Tensor:
+    """[receiver, sender] signed scores by `method`."""
+    if method == "random":
         gen = torch.Generator().manual_seed(cfg.seed)
         return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
-    if cfg.method == "path-patching":
+    if method == IDENTIFY_METHOD:
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
-    method = "eap" if cfg.method == "eap" else "eap-ig"
-    return edge_scores(handle.view, graph, batch, method=method, steps=cfg.steps, batch_size=cfg.batch_size)
+    gradient = "eap" if method == "eap" else "eap-ig"
+    return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
 
 
 def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet: bool = False) -> CircuitResult:
@@ -115,16 +134,21 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         method = str(earlier.get("config", {}).get("method", "file"))
         scores = stored.scores.nan_to_num(0.0)
         batch = circuit_batch(handle.tokenizer, pairs)
+        counts: dict[str, Any] = {"prompts": len(batch), "from": str(edges_path.parent)}
     else:
-        pairs = mib_prompt_set(handle, cfg)
+        pairs, drawn = mib_prompt_set(handle, cfg)
         batch = circuit_batch(handle.tokenizer, pairs)
-        scores = rank_edges(handle, graph, batch, cfg)
+        scores = rank_edges(handle, graph, batch, cfg, method)
+        counts = {"prompts": len(batch), "operations": drawn}
     scored_s = time.perf_counter() - start
-    sweep = None
+    sweeps: dict[str, SweepResult] = {}
     if cfg.evaluate:
-        sweep = faithfulness_sweep(view, graph, batch, scores, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
-        if abs(sweep.m_full - sweep.m_empty) < 1e-6:
+        ranked = {method: scores, **{m: rank_edges(handle, graph, batch, cfg, m) for m in cfg.compare_methods}}
+        for name, ranking in ranked.items():
+            sweeps[name] = faithfulness_sweep(view, graph, batch, ranking, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        if abs(sweeps[method].m_full - sweeps[method].m_empty) < 1e-6:
             raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
+    sweep = sweeps.get(method)
     oracle = oracle_rows(handle, graph, batch, scores, cfg) if cfg.oracle else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,19 +156,26 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
     write_edges(out / EDGES_FILE, model_cfg, scores, top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0)
     write_prompt_file(out / "prompts.jsonl", pairs)
-    if sweep is not None:
-        atomic_write_text(out / "faithfulness.csv", csv_text(faithfulness_rows(method, sweep)))
-        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(method, sweep, len(batch))]))
-        curves = {method: (sweep.percents, sweep.f_signed, sweep.f_absolute), **compared_curves(cfg.compare)}
-        title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
-        faithfulness_curves(curves, out / "faithfulness.png", title)
+    title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
+    if sweeps:
+        rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result)]
+        atomic_write_text(out / "faithfulness.csv", csv_text(rows))
+        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(n, r, len(batch)) for n, r in sweeps.items()]))
+        curves = {n: (r.percents, r.f_signed, r.f_absolute) for n, r in sweeps.items()}
+        faithfulness_curves({**curves, **compared_curves(cfg.compare)}, out / "faithfulness.png", title)
+    drawing = drawn_circuit(graph, scores, cfg.draw_percent, sweep)
+    names = [(f"{graph.sender_names[s]}->{graph.receiver_names[r]}", float(scores[r, s])) for r, s in drawing.edges]
+    svg = circuit_svg(names, graph.n_layers, graph.n_heads, f"{title}; {method}: {drawing.why}")
+    atomic_write_text(out / DRAWING_FILE, svg)
     metadata: dict[str, Any] = {
         "stage": CircuitConfig.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": {**asdict(cfg), "method": method},
         "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
-        "counts": {"prompts": len(batch)},
+        "counts": counts,
+        "identify_run": None if cfg.identify_run is None else read_identify_run(cfg.identify_run, handle).record,
+        "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else oracle[1],
         "seed": cfg.seed,
         "timings": {"scores_s": scored_s, "total_s": time.perf_counter() - start},
@@ -155,8 +186,39 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     atomic_write_json(out / "metadata.json", metadata)
     return CircuitResult(
         out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
-        oracle=None if oracle is None else oracle[1],
+        oracle=None if oracle is None else oracle[1], compared={n: r for n, r in sweeps.items() if n != method},
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Drawing:
+    edges: list[tuple[int, int]]
+    """(receiver, sender) of the drawn edges, the top by signed score."""
+    circuit_edges: int
+    """Edges of the circuit chosen; more than drawn when it exceeds DRAWN_MAX."""
+    why: str
+
+
+def drawn_circuit(
+    graph: CircuitGraph, scores: torch.Tensor, percent: float | None, sweep: SweepResult | None
+) -> Drawing:
+    """The edges to draw: the top `percent` %; without it the smallest swept circuit with f >= DRAWN_F (signed
+    ranking, as CPR's), else the top DRAWN_DEFAULT edges; at most the DRAWN_MAX strongest of them."""
+    if percent is not None:
+        n, why = max(1, int(percent / 100 * graph.n_edges)), f"top {percent:g} % of edges"
+    else:
+        reached = [(k, n) for k, n, f in zip(sweep.percents, sweep.edges, sweep.f_signed, strict=True)
+                   if f >= DRAWN_F] if sweep is not None else []  # fmt: skip
+        if reached:
+            k, n = reached[0]
+            why = f"smallest swept circuit with f >= {DRAWN_F:g} ({k:g} % of edges)"
+        else:
+            n, why = min(DRAWN_DEFAULT, graph.n_edges), f"top {min(DRAWN_DEFAULT, graph.n_edges)} edges"
+    order = torch.sort(graph.to_edges(scores.float()), descending=True, stable=True).indices[: min(n, DRAWN_MAX)]
+    edges = [(int(r), int(s)) for r, s in graph.edge_index[order].tolist()]
+    if n > DRAWN_MAX:
+        why += f", its {DRAWN_MAX} strongest drawn"
+    return Drawing(edges=edges, circuit_edges=n, why=f"{why}: {len(edges)} edges")
 
 
 def oracle_rows(

@@ -1,0 +1,109 @@
+"""`arithmech run` with the circuit stage: EAP-IG beside identify's node ranking and a random one, on tiny models
+of several architectures; an unchanged rerun keeps it, a changed setting reruns it alone; the report shows it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+import yaml
+
+from arithmech.cli import main
+from arithmech.errors import ConfigError
+from arithmech.pipeline import load_run_config, run_pipeline
+from arithmech.report.html import write_report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+IDENTIFY = {"filter_correct": False, "formations": ["equation"], "n_per_template": 2}
+CIRCUIT = {"keep_incorrect": True, "n_prompts": 2, "percents": [1, 10, 100], "batch_size": 2, "steps": 2,
+           "evaluate": True, "compare_methods": ["path-patching", "random"]}  # fmt: skip
+
+
+def _run(tmp_path: Path, model: Path, stages: list[str], **circuit: object) -> tuple[Path, Path]:
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"out": str(tmp_path / "run"), "model": {"model": str(model)}, "stages": stages,
+                                      "identify": IDENTIFY, "circuit": {**CIRCUIT, **circuit}}))  # fmt: skip
+    return config, tmp_path / "run"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox", "gpt2"])  # grouped kv heads; parallel blocks; Conv1D, biases
+def test_run_with_a_circuit_stage_then_rerun(arch: str, tiny_model_dir, tmp_path: Path, capsys) -> None:
+    config, run = _run(tmp_path, tiny_model_dir(arch), ["identify", "circuit"])
+    assert main(["run", "--config", str(config), "--quiet"]) == 0
+    folder = run / "circuit"
+    summary = list(csv.DictReader((folder / "cpr_cmd.csv").open()))
+    assert [r["method"] for r in summary] == ["eap-ig", "path-patching", "random"]
+    faithful = list(csv.DictReader((folder / "faithfulness.csv").open()))
+    assert {r["method"] for r in faithful} == {"eap-ig", "path-patching", "random"}
+    assert all(float(r["f"]) == pytest.approx(1.0, abs=1e-4) for r in faithful if r["percent"] == "100.0")
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["identify_run"]["path"] == str((run / "identify").resolve())  # the run's own identify folder
+    assert meta["counts"]["prompts"] == 2 and meta["config"]["identify_run"] == str(run / "identify")
+    root = ElementTree.parse(folder / "circuit.svg").getroot()
+    drawn = [p for p in root.iter("{http://www.w3.org/2000/svg}path") if p.get("class") == "edge"]
+    assert len(drawn) == meta["drawing"]["edges"] > 0
+    record = json.loads((run / "pipeline.json").read_text())["stages"]
+    assert set(record) == {"identify", "circuit"}
+    stamp = (folder / "metadata.json").stat().st_mtime_ns
+    capsys.readouterr()
+
+    assert main(["run", "--config", str(config), "--quiet"]) == 0  # nothing changed: nothing recomputed
+    assert capsys.readouterr().out.count("kept (unchanged)") == 2
+    assert (folder / "metadata.json").stat().st_mtime_ns == stamp
+
+    assert main(["run", "--config", str(config), "--set", "circuit.draw_percent=1", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "identify   kept (unchanged)" in out and "circuit    done" in out
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert meta["drawing"]["edges"] == max(1, int(meta["graph"]["n_edges"] / 100))
+
+
+def test_the_report_shows_the_circuit(tiny_model_dir, tmp_path: Path) -> None:
+    config, run = _run(tmp_path, tiny_model_dir("llama"), ["identify", "circuit"])
+    assert main(["run", "--config", str(config), "--quiet"]) == 0
+    text = write_report(run).read_text()
+    section = text[text.index('<section id="circuit">') :]
+    section = section[: section.index("</section>")]
+    assert '<span class="status done">' in section
+    assert "fig-circuit-faithfulness-img" in section  # the curves, one per ranking
+    assert "ranked by EAP-IG on 2 prompt pairs" in section and "CPR" in section and "CMD" in section
+    drawing = section[section.index("<svg") : section.index("</svg>") + 6]
+    edges = json.loads((run / "circuit" / "metadata.json").read_text())["drawing"]["edges"]
+    assert drawing.count('<path class="edge"') == edges and drawing.count("&lt;q&gt;") + drawing.count("-&gt;") > 0
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+
+    svg = run / "circuit" / "circuit.svg"  # a drawing that is not arithmech's is not put into the page
+    svg.write_text(svg.read_text().replace("</svg>", '<script>alert(1)</script></svg>'))
+    text = write_report(run).read_text()
+    assert "<script" not in text and "circuit.svg holds a script" in text
+
+
+def test_the_circuit_stage_reads_identify_only_for_the_node_ranking(tiny_model_dir, tmp_path: Path) -> None:
+    model = tiny_model_dir("llama")
+    cfg = load_run_config(_run(tmp_path, model, ["circuit"])[0])
+    with pytest.raises(ConfigError, match="reads the 'identify' stage's results; add it to stages"):
+        run_pipeline(cfg, quiet=True)
+    cfg = load_run_config(_run(tmp_path, model, ["circuit"], compare_methods=[])[0])  # EAP-IG alone: no identify
+    run_pipeline(cfg, quiet=True)
+    assert (tmp_path / "run" / "circuit" / "circuit.svg").is_file()
+    assert not (tmp_path / "run" / "identify").exists()
+    meta = json.loads((tmp_path / "run" / "circuit" / "metadata.json").read_text())
+    assert meta["identify_run"] is None and meta["config"]["identify_run"] is None
+
+
+@pytest.mark.parametrize(
+    ("circuit", "message"),
+    [
+        ({"compare_methods": ["acdc"]}, "method 'acdc' is not one of"),
+        ({"compare_methods": ["random"], "evaluate": False}, "give evaluate"),
+        ({"compare_methods": ["eap-ig"]}, "repeats a method"),
+        ({"draw_percent": 0}, "outside (0, 100]"),
+    ],
+)
+def test_bad_circuit_settings_are_refused_when_the_config_loads(tmp_path: Path, circuit: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        load_run_config(_run(tmp_path, tmp_path / "no-model", ["identify", "circuit"], **circuit)[0])
