@@ -50,7 +50,7 @@ class _Layout:
         self.dy = min(28.0, max(10.0, 720.0 / rows))
         self.dx = 34.0 if n_heads <= 16 else max(9.0, 560.0 / n_heads)
         self.head_w = min(self.dx * 0.72, 24.0)
-        self.left, self.top, self.bottom = 56.0, 64.0, 24.0
+        self.left, self.top, self.bottom = 56.0, 72.0, 24.0
         self.mlp_x = self.left + n_heads * self.dx + self.head_w
         self.width = max(self.mlp_x + 2 * self.head_w, 560.0)
         self.height = self.top + rows * self.dy + self.bottom
@@ -97,8 +97,11 @@ def edge_path(layout: _Layout, edge: str) -> str:
     return f"M{sx:.1f},{sy:.1f} C{sx:.1f},{sy - bend:.1f} {rx:.1f},{ry + bend:.1f} {rx:.1f},{ry:.1f}"
 
 
-def circuit_svg(edges: Sequence[tuple[str, float]], n_layers: int, n_heads: int, title: str) -> str:
-    """The circuit of `edges` ((MIB edge name, score) pairs) drawn on the graph of the model, as an SVG file."""
+def circuit_svg(
+    edges: Sequence[tuple[str, float]], n_layers: int, n_heads: int, title: str, subtitle: str = ""
+) -> str:
+    """The circuit of `edges` ((MIB edge name, score) pairs) drawn on the graph of the model, as an SVG file;
+    `title` and `subtitle` are its two heading lines."""
     layout = _Layout(n_layers, n_heads)
     top = max((abs(score) for _, score in edges), default=0.0) or 1.0
     touched: dict[str, int] = {}
@@ -111,9 +114,10 @@ def circuit_svg(edges: Sequence[tuple[str, float]], n_layers: int, n_heads: int,
         '<?xml version="1.0" encoding="UTF-8"?>',
         f'<svg{_SVG_NS} class="circuit" viewBox="0 0 {w:.0f} {h:.0f}" width="{w:.0f}" height="{h:.0f}" '
         'font-family="sans-serif">',
-        f"<title>{_esc(title)}</title>",
+        f"<title>{_esc(title)}{'; ' if subtitle else ''}{_esc(subtitle)}</title>",
         f'<rect x="0" y="0" width="{w:.0f}" height="{h:.0f}" fill="#ffffff"/>',
-        f'<text x="8" y="16" font-size="11" font-weight="600">{_esc(title)}</text>',
+        f'<text x="8" y="14" font-size="10" font-weight="600">{_esc(title)}</text>',
+        f'<text x="8" y="27" font-size="9">{_esc(subtitle)}</text>',
     ]
     parts += _legend(layout)
     parts += _nodes(layout, touched)
@@ -132,7 +136,7 @@ def circuit_svg(edges: Sequence[tuple[str, float]], n_layers: int, n_heads: int,
 
 
 def _legend(layout: _Layout) -> list[str]:
-    y = 34.0
+    y = 40.0
     items = [(8.0, POSITIVE, "", "positive score"), (118.0, NEGATIVE, "", "negative score")]
     items += [(228.0 + 52 * i, "#333333", DASHES[role], f"<{role}>") for i, role in enumerate("qkv")]
     parts = []

@@ -42,6 +42,7 @@ from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
+from arithmech.patching.attribution import frozen_parameters
 from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
@@ -113,7 +114,8 @@ def rank_edges(
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
     gradient = "eap" if method == "eap" else "eap-ig"
-    return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
+    with frozen_parameters(handle.model):  # gradients of the receivers' inputs only: no graph through the weights
+        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
 
 
 def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet: bool = False) -> CircuitResult:
@@ -165,7 +167,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         faithfulness_curves({**curves, **compared_curves(cfg.compare)}, out / "faithfulness.png", title)
     drawing = drawn_circuit(graph, scores, cfg.draw_percent, sweep)
     names = [(f"{graph.sender_names[s]}->{graph.receiver_names[r]}", float(scores[r, s])) for r, s in drawing.edges]
-    svg = circuit_svg(names, graph.n_layers, graph.n_heads, f"{title}; {method}: {drawing.why}")
+    svg = circuit_svg(names, graph.n_layers, graph.n_heads, title, f"{method}: {drawing.why}")
     atomic_write_text(out / DRAWING_FILE, svg)
     metadata: dict[str, Any] = {
         "stage": CircuitConfig.STAGE,
