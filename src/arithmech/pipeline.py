@@ -256,7 +256,8 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     ModelConfig(**model)  # a bad value (e.g. dtype) is refused here, before torch is imported
     seed = coerce(data.get("seed", 0), int, "seed")
     settings = {s.name: build_stage_config(s, data.get(s.name), seed) for s in STAGES if s.name in stages}
-    read = {n for s in STAGES if s.name in stages for n in (*s.needs, *s.reads) if n not in stages and data.get(n)}
+    read = {n for s in STAGES if s.name in stages for n in (*needs_of(s, settings[s.name]), *s.reads)
+            if n not in stages and data.get(n)}  # fmt: skip
     given = {n: typed_settings(_config_class(stage_by_name(n)), data[n], n) for n in sorted(read)}
     out = coerce(data.get("out", "runs/pipeline"), str, "out")
     return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings, given=given)

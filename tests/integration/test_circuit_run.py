@@ -76,6 +76,11 @@ def test_the_report_shows_the_circuit(tiny_model_dir, tmp_path: Path) -> None:
     assert drawing.count('<path class="edge"') == edges and drawing.count("&lt;q&gt;") + drawing.count("-&gt;") > 0
     assert "http://" not in text and "https://" not in text and "<script" not in text
 
+    # circuit alone on this folder reads its identify run; identify settings that differ from it are refused
+    cfg = load_run_config(config, {"stages": "circuit", "identify.n_per_template": 3})
+    with pytest.raises(ConfigError, match="identify.n_per_template is 3 in this config, but"):
+        run_pipeline(cfg, quiet=True)
+
     svg = run / "circuit" / "circuit.svg"  # a drawing that is not arithmech's is not put into the page
     svg.write_text(svg.read_text().replace("</svg>", '<script>alert(1)</script></svg>'))
     text = write_report(run).read_text()
