@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -112,3 +113,39 @@ def test_the_circuit_stage_reads_identify_only_for_the_node_ranking(tiny_model_d
 def test_bad_circuit_settings_are_refused_when_the_config_loads(tmp_path: Path, circuit: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
         load_run_config(_run(tmp_path, tmp_path / "no-model", ["identify", "circuit"], **circuit)[0])
+
+
+def test_reading_from_known_numbers(tmp_path: Path) -> None:
+    """The circuit section's reading quotes the files: rows dropped, CPR and CMD, the smallest faithful circuit,
+    what f above 1 means; a run without the stage says so and shows none of it."""
+    folder = tmp_path / "run" / "circuit"
+    folder.mkdir(parents=True)
+    addition = {"drawn": 192, "predicted": 20, "kept": 12}
+    meta = {"stage": "circuit", "config": {"method": "eap-ig", "ablation": "counterfactual"},
+            "graph": {"n_edges": 123211, "n_layers": 30, "n_heads": 9},
+            "counts": {"prompts": 12, "operations": {"addition": addition}}}  # fmt: skip
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    (folder / "cpr_cmd.csv").write_text("method,cpr,cmd,m_full,m_empty,prompts\neap-ig,1.31,0.08,2.04,1.08,12\n"
+                                        "path-patching,0.35,0.45,2.04,1.08,12\n")  # fmt: skip
+    rows = ["method,ranking,percent,edges,f,m"]
+    for method, fs in (("eap-ig", (0.5, 0.85, 1.4, 1.0)), ("path-patching", (0.1, 0.2, 0.5, 1.0))):
+        sizes = zip((0.1, 1.0, 10.0, 100.0), (123, 1232, 12321, 123211), fs, strict=True)
+        rows += [f"{method},signed,{k},{n},{f},0" for k, n, f in sizes]
+    (folder / "faithfulness.csv").write_text("\n".join(rows) + "\n")
+    text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
+    assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format (addition: the model's top token is the "
+            "scored answer on 20 of 192 drawn pairs, so 172 rows were dropped; 12 kept)") in text  # fmt: skip
+    assert "rescaled so that the whole model (2.04) is 1 and every edge patched from the counterfactual (1.08" in text
+    assert ("EAP-IG CPR 1.31, CMD 0.08, smallest circuit with f &gt;= 0.8: 1 % (1,232 edges) and path patching "
+            "(identify's node ranking) CPR 0.35, CMD 0.45, smallest circuit with f &gt;= 0.8: 100 % (123,211 "
+            "edges)") in text  # fmt: skip
+    assert "f above 1 (EAP-IG) means a circuit pushes the answer harder than the whole model" in text
+    assert "The highest CPR here is EAP-IG's." in text
+
+    (folder / "metadata.json").unlink()
+    (tmp_path / "run" / "identify").mkdir()  # a run folder without a finished circuit stage
+    (tmp_path / "run" / "identify" / "metadata.json").write_text(json.dumps({"stage": "identify"}))
+    shutil.rmtree(folder)
+    text = write_report(tmp_path / "run").read_text()
+    section = text[text.index('<section id="circuit">') :]
+    assert "This stage was not run" in section[: section.index("</section>")] and "<svg" not in text

@@ -15,6 +15,8 @@ from arithmech.report.run_folder import StageFolder
 
 GOOD_F = 0.8
 """The faithfulness a circuit is called faithful at (the drawn circuit's default, stages/circuit.py)."""
+ABOVE_ONE = 0.05
+"""How far above 1 an f must be for the reading to explain what f > 1 means (not for rounding)."""
 METHOD_NAMES = {"eap": "EAP", "eap-ig": "EAP-IG", "path-patching": "path patching (identify's node ranking)",
                 "random": "a random ranking"}  # fmt: skip
 
@@ -84,6 +86,11 @@ def circuit_body(stage: StageFolder) -> Body:
             "score (higher is better: a circuit that keeps the behaviour with few edges); CMD the area of |1 - f| "
             "with edges ranked by |score| (lower is better: close to the model at every size)."
         )
+        above = sorted({r["method"] for r in rows if r["ranking"] == "signed" and value(r["f"]) > 1 + ABOVE_ONE})
+        if above:
+            text.append(f"f above 1 ({listing([METHOD_NAMES.get(m, m) for m in above])}) means a circuit pushes the "
+                        "answer harder than the whole model: the edges it leaves out include ones that work against "
+                        "the answer (negative scores), so CPR can exceed 1.")  # fmt: skip
         best = max(summary, key=lambda r: value(r["cpr"]))
         if len(summary) > 1:
             text.append(f"The highest CPR here is {METHOD_NAMES.get(best['method'], best['method'])}'s.")
