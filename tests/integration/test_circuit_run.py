@@ -82,6 +82,13 @@ def test_the_report_shows_the_circuit(tiny_model_dir, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="identify.n_per_template is 3 in this config, but"):
         run_pipeline(cfg, quiet=True)
 
+    # identify run again, circuit not: the circuit read another identify run, and the report says so
+    assert main(["run", "--config", str(config), "--stages", "identify", "--set", "identify.n_per_template=3"]) == 0
+    text = write_report(run).read_text()
+    assert '<section id="circuit"><h2>Edge-level circuit, scored by faithfulness (MIB)<span class="status ' \
+           'unfinished">stale</span>' in text  # fmt: skip
+    assert main(["run", "--config", str(config), "--quiet"]) == 0  # reruns circuit on the new identify run
+
     svg = run / "circuit" / "circuit.svg"  # a drawing that is not arithmech's is not put into the page
     svg.write_text(svg.read_text().replace("</svg>", '<script>alert(1)</script></svg>'))
     text = write_report(run).read_text()
