@@ -1,6 +1,6 @@
 """Documentation that cannot drift: the site builds strictly and offline, every `arithmech ...` command shown in
-README.md or docs/*.md parses with the real command-line app, and the API page documents exactly `arithmech`'s
-top-level names. (The tutorial is executed in tests/default_model/test_docs_tutorial.py.)"""
+README.md or any page under docs/ parses with the real command-line app, and the API page documents exactly
+`arithmech`'s top-level names. (The tutorial is executed in tests/default_model/test_docs_tutorial.py.)"""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import arithmech as am
 from arithmech.cli.reference import command_tree
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SHELL_FENCES = ("", "bash", "sh", "shell", "console")
 KNOWN_README_FAILURES: dict[str, str] = {}
 """README commands that do not parse today, each with the reason, until the README is corrected; a fixed one must

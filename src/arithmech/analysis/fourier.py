@@ -41,7 +41,7 @@ High-frequency share (one number per component group, with two references)
                    (Gaussian, seeded; `random_direction_power`), mean and standard deviation over the draws:
                    what the readout rows R alone make of a vector with no preference (they are not orthogonal,
                    so this is not the flat level).
-    A share of one-sided magnitudes |X| (the reading before issue 21) gives f = N/2, one real dimension, the
+    A share of one-sided magnitudes |X| (an earlier reading) gives f = N/2, one real dimension, the
     same single bin as every other f, which stands for two (the parity counts double), and on a white spectrum
     it scores 59.2% for N = 10, not 55.6%.
 
