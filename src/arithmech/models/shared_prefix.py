@@ -17,7 +17,8 @@ Caches
     The run whose start is shared keeps every position of every layer (`full_cache`), also of sliding-window
     layers, so any prefix length of any of its rows can be taken from it. A continuing row gets the model's own
     cache of that prefix (`prefix_cache`): built as the model would build it on those positions (a
-    sliding-window layer keeps its window), so the masks the model makes from it fit.
+    sliding-window layer keeps its window), so the masks the model makes from it fit. The total-effect and
+    mediation engines take it directly, at each position they patch (`patching/total.py`, `patching/mediation.py`).
 
 Usage
     >>> p = common_prefix_length(ids, end)                           # ids [rows, pos], right-padded

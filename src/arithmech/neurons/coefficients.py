@@ -9,7 +9,7 @@ Background
         mlp_out = sum_k m_lk * W_down[:, k] + b_down                     [d_model]
 
     so neuron k adds m_lk * v_lk to the residual stream. The coefficients are exactly the input of the MLP's
-    down projection (`patching.mediation.down_proj`), which is where this module reads and masks them.
+    down projection (`ModelView.down_proj`), which is where this module reads and masks them.
 
 Shapes
     end_coefficients(view, ids, mask, end, layers)  [row, len(layers), d_mlp]  m at each row's END
