@@ -60,6 +60,10 @@ class CircuitConfig:
         default=False,
         metadata={"help": "keep prompts whose scored token the model does not predict (tests, weak models)"},
     )
+    min_prompts: int = field(
+        default=4,
+        metadata={"help": "fewest pairs that may survive the answer filter (at most n_prompts); fewer is refused"},
+    )
     max_operand: int = field(default=99, metadata={"help": "largest operand of the prompts"})
     batch_size: int = field(default=8, metadata={"help": "prompts per patched forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the prompts and of the random ranking"})
@@ -91,7 +95,7 @@ class CircuitConfig:
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
         if self.oracle < 0:
             raise ConfigError(f"oracle must be 0 (off) or a number of edges (got {self.oracle})")
-        for name in ("n_prompts", "steps", "batch_size", "max_operand"):
+        for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
 
