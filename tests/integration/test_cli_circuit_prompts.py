@@ -40,7 +40,7 @@ def test_the_answer_filter_is_counted_in_metadata_and_printout(
     out = tmp_path / "run"
     assert main(["circuit", "--model", str(tiny_model_dir("llama")), *SMALL, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "answer filter, addition: " in printed and "4 of 4 pairs kept" in printed
+    assert "answer filter, addition: " in printed and "4 of 4 pairs pass" in printed
     counts = json.loads((out / "metadata.json").read_text())["answer_filter"]
     assert counts[0]["source"] == "addition" and counts[0]["kept"] == 4
     assert counts[0]["prompts_answered"] <= counts[0]["prompts_drawn"]
@@ -54,3 +54,41 @@ def test_too_few_answered_pairs_are_refused_in_one_sentence(tiny_model_dir, tmp_
     err = capsys.readouterr().err
     assert code == 2 and "survive the answer filter" in err and "Traceback" not in err
     assert "fewer than 4" in err and "addition:" in err
+
+
+def _mib_file(path: Path, n: int) -> Path:
+    """n addition rows in MIB's columns, with operands of two digits (equal token lengths)."""
+    rows = []
+    for i in range(n):
+        a, b, a2, b2 = 10 + i, 20 + 2 * i, 30 + i, 40 + i
+        rows.append({
+            "prompt": f"Q: How much is {a} plus {b}? A:", "label": a + b, "operator": "+",
+            "random_counterfactual": {"prompt": f"Q: How much is {a2} plus {b2}? A:", "label": a2 + b2},
+        })  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_mib_dataset_rows_go_through_the_same_filter(
+    tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _mib_file(tmp_path / "mib.jsonl", 12)
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0 or a >= 30))
+    out = tmp_path / "run"
+    args = ["circuit", "--model", str(tiny_model_dir("llama")), "--mib-dataset", str(data), *SMALL]
+    assert main([*args, "--out", str(out)]) == 0
+    assert f"answer filter, {data} (addition): " in capsys.readouterr().out
+    counts = json.loads((out / "metadata.json").read_text())["answer_filter"][0]
+    assert counts["clean_missed"] >= 1 and counts["cf_missed"] == 0 and counts["kept"] == 6
+    prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    expected = [f"Q: How much is {a} plus {20 + 2 * (a - 10)}? A: " for a in (10, 12, 14, 16)]
+    assert [p["reference"] for p in prompts] == expected
+
+
+def test_bad_mib_dataset_is_refused_before_the_model_loads(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "1+1=", "answer": 2}) + "\n")
+    missing_model = str(tmp_path / "no-such-model")
+    code = main(["circuit", "--model", missing_model, "--mib-dataset", str(bad), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "lacks MIB's column(s)" in err and "Traceback" not in err

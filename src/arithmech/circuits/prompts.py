@@ -63,6 +63,9 @@ class FilterCounts:
     cf_missed: int
     """Pairs whose counterfactual prompt the model does not answer (some miss both)."""
     kept: int
+    """Pairs that pass (the first n_prompts of them are used)."""
+    unusable: int = 0
+    """Dataset rows only: rows dropped before the model sees them (no digit token, unequal lengths, ...)."""
     prompts_drawn: int = 0
     """Built-in prompts only: single prompts drawn and checked before pairing (0 for a dataset)."""
     prompts_answered: int = 0
@@ -76,9 +79,10 @@ class FilterCounts:
             f"{self.prompts_answered} of {self.prompts_drawn} prompts answered, paired; "
             if self.prompts_drawn else ""
         )  # fmt: skip
+        unusable = f"{self.unusable} rows unusable; " if self.unusable else ""
         return (
-            f"{self.source}: {drawn}{self.kept} of {self.pairs} pairs kept ({self.clean_missed} missed on the clean "
-            f"prompt, {self.cf_missed} on the counterfactual)"
+            f"{self.source}: {drawn}{unusable}{self.kept} of {self.pairs} pairs pass ({self.clean_missed} missed on "
+            f"the clean prompt, {self.cf_missed} on the counterfactual)"
         )
 
 
@@ -95,15 +99,26 @@ def answered_rows(view: ModelView, batch: CircuitBatch, batch_size: int = 32) ->
 
 
 def filter_answered(
-    view: ModelView, tokenizer: object, pairs: list[PromptPair], source: str, batch_size: int = 32
+    view: ModelView,
+    tokenizer: object,
+    pairs: list[PromptPair],
+    source: str,
+    batch_size: int = 32,
+    want: int | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
-    """The pairs the model answers on both prompts, in order, and the counts."""
-    if not pairs:
-        return [], FilterCounts(source, 0, 0, 0, 0)
-    clean, cf = answered_rows(view, circuit_batch(tokenizer, pairs), batch_size)
-    kept = [p for p, ok in zip(pairs, (clean & cf).tolist(), strict=True) if ok]
-    counts = FilterCounts(source, len(pairs), int((~clean).sum()), int((~cf).sum()), len(kept))
-    return kept, counts
+    """The pairs the model answers on both prompts, in order, and the counts. With `want`, pairs are checked in
+    rounds until that many are kept (or PROMPTS_PER_PAIR / 2 x want pairs are checked: two prompts each)."""
+    limit = len(pairs) if want is None else min(len(pairs), PROMPTS_PER_PAIR * want // 2)
+    kept: list[PromptPair] = []
+    checked = clean_missed = cf_missed = 0
+    while checked < limit and (want is None or len(kept) < want):
+        size = limit if want is None else min(limit - checked, max(64, 8 * want))
+        chunk = pairs[checked : checked + size]
+        clean, cf = answered_rows(view, circuit_batch(tokenizer, chunk), batch_size)
+        kept += [p for p, ok in zip(chunk, (clean & cf).tolist(), strict=True) if ok]
+        checked += size
+        clean_missed, cf_missed = clean_missed + int((~clean).sum()), cf_missed + int((~cf).sum())
+    return kept[:want], FilterCounts(source, checked, clean_missed, cf_missed, len(kept))
 
 
 def answered_pairs(

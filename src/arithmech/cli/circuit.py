@@ -5,6 +5,7 @@ Examples:
     arithmech circuit --from runs/circuit-add --evaluate --out runs/circuit-add        # the faithfulness sweep
     arithmech circuit --method random --evaluate --out runs/circuit-random             # the baseline's CPR / CMD
     arithmech circuit --method path-patching --identify runs/add --evaluate            # identify's heads as a circuit
+    arithmech circuit --mib-dataset mib-bench/arithmetic_addition --evaluate           # MIB's own prompts
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def circuit(
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Keep prompts whose scored token the model does not predict.")
     ] = False,
+    mib_dataset: Annotated[
+        str | None,
+        typer.Option(help="MIB's own data: mib-bench/arithmetic_addition (or _subtraction), or a local copy of it."),
+    ] = None,
+    mib_split: Annotated[str, typer.Option(help="Split of --mib-dataset.")] = "train",
     min_prompts: Annotated[
         int, typer.Option(help="Fewest pairs that may survive the answer filter; fewer is refused.")
     ] = 4,
@@ -94,6 +100,8 @@ def circuit(
         oracle=oracle,
         compare=tuple(str(p) for p in compare or ()),
         keep_incorrect=keep_incorrect,
+        mib_dataset=mib_dataset,
+        mib_split=mib_split,
         min_prompts=min_prompts,
         max_operand=max_operand,
         batch_size=batch_size,

@@ -18,7 +18,7 @@ import csv
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,11 @@ from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.node_ranking import node_edge_scores
 from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
-from arithmech.circuits.prompts import FilterCounts, answered_pairs, circuit_batch
+from arithmech.circuits.prompts import FilterCounts, answered_pairs, circuit_batch, filter_answered
 from arithmech.circuits.senders import check_edge_graph
 from arithmech.data.io import read_prompt_file, write_prompt_file
 from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.mib_dataset import mib_dataset_pairs, read_mib_rows
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
@@ -62,6 +63,8 @@ class CircuitResult:
 def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], list[FilterCounts] | None]:
     """MIB pairs of each operation (n_prompts / operations each) that pass the answer filter, and its counts."""
     quota = math.ceil(cfg.n_prompts / len(cfg.operations))
+    if cfg.mib_dataset is not None:
+        return dataset_prompt_set(handle, cfg, quota)
     if cfg.keep_incorrect:
         pairs = [p for op in cfg.operations for p in mib_pairs(handle.tokenizer, op, quota, cfg.seed, cfg.max_operand)]
         return pairs[: cfg.n_prompts], None
@@ -73,6 +76,35 @@ def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[Prompt
         )
         logger.info("answer filter: %s", seen.describe())
         kept, counts = kept + pairs, [*counts, seen]
+    check_enough(len(kept), counts, cfg)
+    return kept[: cfg.n_prompts], counts
+
+
+def dataset_prompt_set(
+    handle: ModelHandle, cfg: CircuitConfig, quota: int
+) -> tuple[list[PromptPair], list[FilterCounts] | None]:
+    """The pairs of MIB's own data (`--mib-dataset`) of each operation, through the same answer filter."""
+    assert cfg.mib_dataset is not None
+    rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
+    kept: list[PromptPair] = []
+    counts: list[FilterCounts] = []
+    for operation in cfg.operations:
+        pairs, unusable = mib_dataset_pairs(handle.tokenizer, rows, operation)
+        source = f"{cfg.mib_dataset} ({operation})"
+        if not pairs and not unusable:
+            raise DataError(
+                f"--mib-dataset {cfg.mib_dataset!r} has no {operation} rows (column operator); choose the operation "
+                "its rows hold with --operations"
+            )
+        if cfg.keep_incorrect:
+            kept += pairs[:quota]
+            continue
+        passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
+        seen = replace(seen, unusable=unusable)
+        logger.info("answer filter: %s", seen.describe())
+        kept, counts = kept + passed, [*counts, seen]
+    if cfg.keep_incorrect:
+        return kept[: cfg.n_prompts], None
     check_enough(len(kept), counts, cfg)
     return kept[: cfg.n_prompts], counts
 

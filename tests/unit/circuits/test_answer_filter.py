@@ -81,7 +81,7 @@ def test_built_in_pairs_are_made_of_answered_prompts(monkeypatch: pytest.MonkeyP
         assert int(pair.a) in answered and a_cf in answered  # type: ignore[arg-type]
         assert pair.extra["answer_id"] != pair.extra["cf_answer_id"]
         assert len(tok(pair.reference)["input_ids"]) == len(tok(pair.counterfactual)["input_ids"])
-    assert "6 of 6 pairs kept" in counts.describe()
+    assert "6 of 6 pairs pass" in counts.describe()
 
 
 def test_drawing_stops_when_the_model_answers_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
