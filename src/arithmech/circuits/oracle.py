@@ -6,15 +6,29 @@ Background
     with every other edge clean and every node downstream of r recomputed (METHODS.md sec. 9). It is the
     reference that tells how far the estimates can be trusted (Spearman correlation and top-n overlap).
 
-Batching
-    Each edge is one circuit (all edges kept but one). The edges of one receiver are evaluated together as a
+Batching and where a pass starts
+    Each edge is one circuit (all edges kept but one). The edges of one receiver r are evaluated together as a
     batch of circuits in one patched forward pass (`patched_end_resid` with keep [circuit, receiver, sender]):
-    rows = circuit x prompt, at most `circuits_per_pass` circuits at once. Cost: about
-    edges / circuits_per_pass patched passes of circuits_per_pass x prompts rows, against one pass per edge
-    for the naive loop (which must give the same numbers, tested to 1e-5). Not done here: starting each pass
-    at the receiver's layer and at the first position where the prompts differ (a further saving).
+    rows = circuit x prompt, at most `circuits_per_pass` circuits at once. Each pass starts at r's layer L_r and
+    at p0, the first position where a chunk's clean and counterfactual tokens differ (`clean_prefix.py`): below
+    L_r and before p0 every such circuit computes the clean run, which is run once per chunk. It equals the naive
+    loop (one full forward per edge, every receiver rebuilt sender by sender) to 1e-5 on every tiny architecture
+    (tests/unit/circuits/test_oracle.py).
 
-On the default model every edge would be about 10^5 passes per prompt batch, so the oracle runs on a chosen
+Cost model (work in forward passes of the chunk, i.e. N layers x T positions x prompts; attention's score
+products and the per-layer swap sums are left out, as in tests/forward_cost.py)
+    naive loop:  E                                              one full pass per edge
+    oracle:      3 + sum over edges e of (N - L_e) / N x (T - p0) / T
+                 + sum over passes of L / N x (T - p0) / T / prompts
+    The 3 are the counterfactual run, the clean run (keeping its keys/values) and the clean sender outputs; the
+    last term is the one stand-in row that carries a pass through the layers below L (`run_from_layers`). With
+    grouped-query attention each pass runs the attention of its layers on g replicas (`patched.py`), in both.
+    So an edge into layer L costs (N - L) / N of a pass on the positions from p0: the edges into late layers
+    and the logits are nearly free, and an edge into layer 0 costs (T - p0) / T of the naive loop's pass. On MIB
+    prompts ("Q: How much is A plus B? A: ") p0 is the first operand's position, about a third of the prompt.
+    `benchmarks/circuit_oracle.py` prints the model's prediction beside measured multiply-accumulates and times.
+
+On the default model every edge would still be about 10^4 passes per prompt batch, so the oracle runs on a chosen
 subset: the top n edges of a method and n random ones (`oracle_subset`).
 """
 
@@ -25,6 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.clean_prefix import CleanPrefix
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import collect_sender_outputs
@@ -51,16 +66,24 @@ def exact_edge_scores(
     sums = torch.zeros(len(edges), dtype=torch.float64)
     for chunk in batch.chunks(batch_size):
         cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
-        clean_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, full, cf)
+        prefix = CleanPrefix(view, graph, chunk, cf)
+        last = prefix.start(graph.n_layers)
+        clean_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, full, cf, start=last)
         m_clean = logit_difference(view, clean_resid, chunk).double().cpu()  # [prompt]
         for group in groups:
             keep = full[None].repeat(len(group), 1, 1)  # [circuit, receiver, sender]
             for c, i in enumerate(group):
                 keep[c, edges[i][0], edges[i][1]] = 0.0
-            resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keep, cf)
+            start = prefix.start(receiver_layer(graph, edges[group[0]][0]))
+            resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keep, cf, start=start)
             m = logit_difference(view, resid, _tiled(chunk, len(group))).double().cpu().reshape(len(group), -1)
             sums[group] += (m_clean[None] - m).sum(-1)
     return (sums / len(batch)).float()
+
+
+def receiver_layer(graph: CircuitGraph, receiver: int) -> int:
+    """The layer whose input a receiver is (n_layers for the logits)."""
+    return receiver // graph.receivers_per_layer
 
 
 def _tiled(chunk: CircuitBatch, times: int) -> CircuitBatch:

@@ -5,21 +5,36 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arithmech.circuits.batch import logit_difference
+from arithmech.circuits.batch import CircuitBatch, logit_difference
+from arithmech.circuits.clean_prefix import first_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
-from reference_circuits import naive_end_resid, sender_outputs, tiny_batch, tiny_view
+from reference_circuits import ARCHS, naive_end_resid, sender_outputs, tiny_batch, tiny_view
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox", "phi3"])
-def test_oracle_equals_one_forward_per_edge(arch: str) -> None:
+def shared_start_batch() -> CircuitBatch:
+    """MIB-like pairs: the first 3 tokens are the same in the clean and counterfactual prompts (so a pass starts
+    at position 3, on the clean run's keys and values of positions 0-2), one prompt shorter (right-padded)."""
+    batch = tiny_batch()
+    cf = batch.cf_ids.clone()
+    cf[:, :3] = batch.clean_ids[:, :3]
+    cf[0, 4] = batch.clean_ids[0, 4]  # an equal token after the first difference changes nothing
+    return CircuitBatch(batch.clean_ids, cf, batch.mask, batch.answer_ids, batch.cf_answer_ids)
+
+
+@pytest.mark.parametrize("shared_start", [False, True], ids=["differ-at-0", "shared-start"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_oracle_equals_one_forward_per_edge(arch: str, shared_start: bool) -> None:
+    """Every receiver layer (layer 0, middle, the logits), several senders per receiver, every architecture."""
     view = tiny_view(arch)
     graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
-    batch = tiny_batch()
+    batch = shared_start_batch() if shared_start else tiny_batch()
+    assert first_difference(batch) == (3 if shared_start else 0)
     index = graph.edge_index.tolist()
-    edges = [tuple(e) for e in index[:5] + index[40:44] + index[-6:]]  # several senders per receiver
+    middle = [e for e in index if graph.layer_receivers(1).start <= e[0] < graph.layer_receivers(1).stop]
+    edges = [tuple(e) for e in index[:5] + middle[5:9] + middle[-3:] + index[-6:]]
     fast = exact_edge_scores(view, graph, batch, edges, circuits_per_pass=3, batch_size=2)  # type: ignore[arg-type]
     cf = sender_outputs(view, batch.cf_ids, batch.mask)
     full = torch.ones(graph.n_receivers, graph.n_senders)
