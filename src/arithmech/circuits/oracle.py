@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from arithmech.circuits.batch import CircuitBatch, logit_difference
-from arithmech.circuits.clean_prefix import CleanPrefix
+from arithmech.circuits.clean_prefix import CleanPrefix, first_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import collect_sender_outputs
@@ -56,12 +56,7 @@ def exact_edge_scores(
     batch_size: int = 8,
 ) -> torch.Tensor:
     """[edge] m(clean) - m(only that edge patched), mean over prompts, for edges given as (receiver, sender)."""
-    by_receiver: dict[int, list[int]] = {}
-    for i, (receiver, _) in enumerate(edges):
-        by_receiver.setdefault(receiver, []).append(i)
-    groups = [
-        ids[j : j + circuits_per_pass] for ids in by_receiver.values() for j in range(0, len(ids), circuits_per_pass)
-    ]
+    groups = _passes(edges, circuits_per_pass)
     full = torch.ones(graph.n_receivers, graph.n_senders)
     sums = torch.zeros(len(edges), dtype=torch.float64)
     for chunk in batch.chunks(batch_size):
@@ -79,6 +74,37 @@ def exact_edge_scores(
             m = logit_difference(view, resid, _tiled(chunk, len(group))).double().cpu().reshape(len(group), -1)
             sums[group] += (m_clean[None] - m).sum(-1)
     return (sums / len(batch)).float()
+
+
+def _passes(edges: Sequence[tuple[int, int]], circuits_per_pass: int) -> list[list[int]]:
+    """Indices of the edges of each patched pass: a receiver's edges, at most `circuits_per_pass` at once."""
+    by_receiver: dict[int, list[int]] = {}
+    for i, (receiver, _) in enumerate(edges):
+        by_receiver.setdefault(receiver, []).append(i)
+    step = circuits_per_pass
+    return [ids[j : j + step] for ids in by_receiver.values() for j in range(0, len(ids), step)]
+
+
+def predicted_passes(
+    graph: CircuitGraph,
+    batch: CircuitBatch,
+    edges: Sequence[tuple[int, int]],
+    batch_size: int = 8,
+    circuits_per_pass: int = 16,
+) -> float:
+    """The cost model of the module docstring: the oracle's work on `edges`, in decoder-layer passes of `batch`
+    (every layer on every position of every prompt)."""
+    n, width = graph.n_layers, int(batch.clean_ids.shape[1])
+    total = 0.0
+    for chunk in batch.chunks(batch_size):
+        t = int(chunk.clean_ids.shape[1])
+        tail = (t - first_difference(chunk)) / t  # share of the positions a pass runs
+        work = 3 + tail / n  # counterfactual, clean and clean-senders runs; m(clean) from the last layer
+        for group in _passes(edges, circuits_per_pass):
+            layer = min(receiver_layer(graph, edges[group[0]][0]), n - 1)
+            work += len(group) * (n - layer) / n * tail + layer / n * tail / len(chunk)  # rows; the stand-in row
+        total += work * len(chunk) * t / (len(batch) * width)
+    return total
 
 
 def receiver_layer(graph: CircuitGraph, receiver: int) -> int:
