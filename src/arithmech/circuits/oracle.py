@@ -19,17 +19,20 @@ Cost model (work in forward passes of the chunk, i.e. N layers x T positions x p
 products and the per-layer swap sums are left out, as in tests/forward_cost.py)
     naive loop:  E                                              one full pass per edge
     oracle:      3 + sum over edges e of (N - L_e) / N x (T - p0) / T
-                 + sum over passes of L / N x (T - p0) / T / prompts
+                 + sum over passes of L / N x (T - p0) / T / prompts      (m(clean) is one more pass, at N - 1)
     The 3 are the counterfactual run, the clean run (keeping its keys/values) and the clean sender outputs; the
-    last term is the one stand-in row that carries a pass through the layers below L (`run_from_layers`). With
+    last term is the one stand-in row that carries a pass through the layers below L (`run_from_layers`); the
+    logits' receiver counts as layer N - 1. Per chunk of prompts (T: the chunk's width), weighted by its size. With
     grouped-query attention each pass runs the attention of its layers on g replicas (`patched.py`), in both.
+    Counted exactly in tokens entering decoder layers (tests/unit/circuits/test_oracle.py, `predicted_passes`).
     So an edge into layer L costs (N - L) / N of a pass on the positions from p0: the edges into late layers
     and the logits are nearly free, and an edge into layer 0 costs (T - p0) / T of the naive loop's pass. On MIB
     prompts ("Q: How much is A plus B? A: ") p0 is the first operand's position, about a third of the prompt.
     `benchmarks/circuit_oracle.py` prints the model's prediction beside measured multiply-accumulates and times.
 
-On the default model every edge would still be about 10^4 passes per prompt batch, so the oracle runs on a chosen
-subset: the top n edges of a method and n random ones (`oracle_subset`).
+On the default model all 123,211 edges would still cost about 2.7 x 10^4 passes of the prompt batch (the cost
+model on 16-token MIB prompts that differ from position 6), so the oracle runs on a chosen subset: the top n edges
+of a method and n random ones (`oracle_subset`).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ def predicted_passes(
     for chunk in batch.chunks(batch_size):
         t = int(chunk.clean_ids.shape[1])
         tail = (t - first_difference(chunk)) / t  # share of the positions a pass runs
-        work = 3 + tail / n  # counterfactual, clean and clean-senders runs; m(clean) from the last layer
+        work = 3 + tail / n + (n - 1) / n * tail / len(chunk)  # 3 plain runs; m(clean) from the last layer
         for group in _passes(edges, circuits_per_pass):
             layer = min(receiver_layer(graph, edges[group[0]][0]), n - 1)
             work += len(group) * (n - layer) / n * tail + layer / n * tail / len(chunk)  # rows; the stand-in row

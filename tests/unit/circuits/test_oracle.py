@@ -8,8 +8,10 @@ import torch
 from arithmech.circuits.batch import CircuitBatch, logit_difference
 from arithmech.circuits.clean_prefix import first_difference
 from arithmech.circuits.graph import CircuitGraph
-from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
+from arithmech.circuits.oracle import exact_edge_scores, oracle_subset, predicted_passes
 from reference_circuits import ARCHS, naive_end_resid, sender_outputs, tiny_batch, tiny_view
+
+from forward_cost import count_layer_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,3 +59,19 @@ def test_subset_is_top_n_and_random_others() -> None:
     assert len(edges) == 6 and len(set(edges)) == 6
     assert edges[0] == tuple(graph.edge_index[0].tolist())  # |-1| is the largest
     assert edges == oracle_subset(graph, scores, 3, seed=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox"])
+def test_cost_model_counts_the_decoder_layer_tokens_the_oracle_runs(arch: str) -> None:
+    """`predicted_passes` is the oracle's work exactly, in tokens entering decoder layers (rows x positions)."""
+    view = tiny_view(arch)
+    graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
+    batch = shared_start_batch()
+    index = graph.edge_index.tolist()
+    edges = [tuple(e) for e in index[:5] + index[200:203] + index[-4:]]
+    with count_layer_tokens(view) as seen:
+        exact_edge_scores(view, graph, batch, edges, circuits_per_pass=3, batch_size=2)  # type: ignore[arg-type]
+    one_pass = view.dims.n_layers * batch.clean_ids.numel()  # every layer, every position of every prompt
+    predicted = predicted_passes(graph, batch, edges, batch_size=2, circuits_per_pass=3)  # type: ignore[arg-type]
+    assert sum(seen) / one_pass == pytest.approx(predicted, rel=1e-9)
+    assert predicted < len(edges)  # less than the naive loop's one pass per edge
