@@ -5,11 +5,13 @@ AND the counterfactual's scored answer on the counterfactual prompt. Why both: t
 logit[answer] - logit[counterfactual answer], and faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty)) is
 a fraction of the way from the counterfactual behaviour to the clean one only when the two ends differ in sign.
 m(full) is the clean run's m (> 0 when the model answers the clean prompt); under counterfactual ablation
-m(empty) is the counterfactual run's m (< 0 when the model answers the counterfactual prompt). A clean-only
-filter left m(empty) > 0 on SmolLM2-135M (the counterfactual run still preferred the clean answer's digit),
-which put f above 1 for circuits that merely move m past m(full)'s neighbourhood. MIB's own loader filters only
-by the label being one token (`HFEAPDataset.filter_dataset`, MIB-circuit-track); its models answer most rows,
-ours does not, hence the stricter rule. Dropped rows are counted (`FilterCounts`) and reported.
+m(empty) is the counterfactual run's m (< 0 when the model answers the counterfactual prompt). With a clean-only
+filter, 8 MIB addition pairs on SmolLM2-135M gave m(full) = 2.04 and m(empty) = +1.08 (the counterfactual run
+still preferred the clean answer's digit): a denominator of 0.96 and f up to 3.5 under EAP-IG's signed ranking.
+With both, 8 pairs give m(full) = 1.59 and m(empty) = -1.46. (f above 1 can remain under the signed ranking: a
+circuit of only positive-scored edges ablates the edges that work against the answer.) MIB's own loader filters
+only by the label being one token (`HFEAPDataset.filter_dataset`, MIB-circuit-track): its models answer most
+rows, ours does not, hence the stricter rule. Dropped rows are counted (`FilterCounts`) and reported.
 """
 
 from __future__ import annotations
