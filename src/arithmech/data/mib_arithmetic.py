@@ -8,8 +8,8 @@ Pairs are made from a stream of single prompts (`mib_prompt_stream`) by `PromptP
 counterfactual of the earliest unpaired prompt before it of equal token length and another scored token. A
 counterfactual is thus still a prompt with independent random operands; but a caller that keeps only prompts
 the model answers (`circuits/prompts.answered_pairs`) pairs those, instead of drawing pairs and losing every
-pair where either prompt is missed (on SmolLM2-135M with operands up to 99, about 1 pair in 256 has both
-prompts answered, against 1 prompt in 11).
+pair where either prompt is missed (on SmolLM2-135M with operands up to 99, 1 drawn addition pair in 256 had both
+prompts answered, against 1 prompt in 9 to 11).
 
 Scored token (documented rule): the first token of the answer that carries a digit. Tokenizers that split
 numbers into digits (SmolLM2) also split the space before them into a token of its own, which would be the
