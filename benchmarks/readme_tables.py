@@ -114,6 +114,13 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         "precise_samples_per_s", "full_samples_per_s", "samples/s",
         lambda m: f"peak memory {m['memory_ratio']:.2f}x lower",
     ),
+    "circuit_oracle": Shown(
+        "exact edge oracle (`circuit --oracle`): a receiver's edges batched, each pass from the receiver's layer "
+        "and the first position where the prompts differ, vs one full patched forward pass per edge: ms per edge",
+        "oracle_ms_per_edge", "naive_ms_per_edge", "ms",
+        lambda m: f"max \\|oracle - loop\\| {m['max_abs_diff']:.1e}; {m['oracle_passes_per_edge']:.2f} forward passes "
+        f"per edge (counted; cost model {m['model_passes_per_edge']:.2f})",
+    ),
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
         "component (sampled, scaled)",

@@ -152,6 +152,16 @@ BENCHMARKS = (
         install='pip install "arithmech[peers]"',
     ),  # fmt: skip
     Benchmark(
+        "circuit_oracle",
+        ("--prompts", "4", "--receivers", "4", "--senders", "6"),
+        {
+            "speedup": RATIO, "oracle_ms_per_edge": SECONDS, "naive_ms_per_edge": SECONDS,
+            "max_abs_diff": at_most(1e-4), "oracle_passes_per_edge": at_most(1.0),
+            "model_passes_per_edge": at_most(1.0), "work_ratio": RATIO,
+        },
+        full_args=("--prompts", "8", "--receivers", "6", "--senders", "8"),
+    ),  # fmt: skip
+    Benchmark(
         "gpu_scan",
         ("--prompts", "128", "--layers", "16"),
         {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB,
