@@ -127,10 +127,11 @@ def test_reading_from_known_numbers(tmp_path: Path) -> None:
     what f above 1 means; a run without the stage says so and shows none of it."""
     folder = tmp_path / "run" / "circuit"
     folder.mkdir(parents=True)
-    addition = {"drawn": 192, "predicted": 20, "kept": 12}
+    addition = {"source": "addition", "pairs": 20, "clean_missed": 5, "cf_missed": 6, "kept": 12,
+                "prompts_drawn": 300, "prompts_answered": 40}  # fmt: skip
     meta = {"stage": "circuit", "config": {"method": "eap-ig", "ablation": "counterfactual"},
-            "graph": {"n_edges": 123211, "n_layers": 30, "n_heads": 9},
-            "counts": {"prompts": 12, "operations": {"addition": addition}}}  # fmt: skip
+            "graph": {"n_edges": 123211, "n_layers": 30, "n_heads": 9}, "counts": {"prompts": 12},
+            "answer_filter": [addition]}  # fmt: skip
     (folder / "metadata.json").write_text(json.dumps(meta))
     (folder / "cpr_cmd.csv").write_text("method,cpr,cmd,m_full,m_empty,prompts\neap-ig,1.31,0.08,2.04,1.08,12\n"
                                         "path-patching,0.35,0.45,2.04,1.08,12\n")  # fmt: skip
@@ -140,8 +141,9 @@ def test_reading_from_known_numbers(tmp_path: Path) -> None:
         rows += [f"{method},signed,{k},{n},{f},0" for k, n, f in sizes]
     (folder / "faithfulness.csv").write_text("\n".join(rows) + "\n")
     text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
-    assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format (addition: the model's top token is the "
-            "scored answer on 20 of 192 drawn pairs, so 172 rows were dropped; 12 kept)") in text  # fmt: skip
+    assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format, kept where the model's top token is the "
+            "answer on both prompts (addition: made of the 40 of 300 single prompts the model answers; 12 of 20 pairs "
+            "pass, 8 rows dropped (5 missed on the clean prompt, 6 on the counterfactual))") in text  # fmt: skip
     assert "rescaled so that the whole model (2.04) is 1 and every edge patched from the counterfactual (1.08" in text
     assert ("EAP-IG CPR 1.31, CMD 0.08, smallest circuit with f &gt;= 0.8: 1 % (1,232 edges) and path patching "
             "(identify's node ranking) CPR 0.35, CMD 0.45, smallest circuit with f &gt;= 0.8: 100 % (123,211 "

@@ -15,6 +15,7 @@ import typer
 import arithmech.stages
 from arithmech.cli import app
 from arithmech.pipeline import STAGES, canonical_stage
+from arithmech.runs import STAGE_FOLDERS
 from arithmech.stages.catalog import stage_configs
 
 READS_IDENTIFY = {
@@ -27,6 +28,11 @@ READS_NONE = {"identify", "mediate", "neurons", "heuristics", "evaluate"}
 """The stages known to read none."""
 NOT_STAGES = {"run", "report"}
 """Commands that run no single stage of their own."""
+
+
+def test_run_folders_list_the_pipeline_stages_in_order() -> None:
+    """Reports find a run's stage folders from `runs.STAGE_FOLDERS` (they do not import the pipeline)."""
+    assert tuple(stage.name for stage in STAGES) == STAGE_FOLDERS
 
 
 def _config_modules() -> list[str]:

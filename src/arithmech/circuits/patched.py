@@ -28,6 +28,10 @@ How it runs as one forward pass of the unmodified Hugging Face model (hooks only
     [kv head, d_head, d_model] view, applied by einsum); the price is g times the attention's compute (the MLPs
     run once; g = 1 without grouped-query attention).
 
+Starting later (`clean_prefix.py`, for the oracle): with `start`, a pass whose circuits keep every edge into the
+layers below `start.layer` runs only layers start.layer.. on positions start.position.., from the clean run's
+residual and keys/values, with the swap terms of the senders below given.
+
 Gradients (for EAP, `attribution.py`): with `probe=True` a zero tensor requiring grad is added to every
 receiver's input, so d metric / d probe = d metric / d x_r for each receiver separately.
 
@@ -44,6 +48,7 @@ import torch
 from torch import nn
 
 from arithmech.circuits.batch import at_end
+from arithmech.circuits.clean_prefix import PassStart
 from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
@@ -111,7 +116,9 @@ class _Run:
             circuits = coeff.shape[0]
             for start, term in self.terms:
                 c = coeff[:, :, start : start + term.shape[0]]
-                if bool(c.any()):
+                if bool(c.any()) and term.shape[1] != self.batch:  # [s, prompt, pos, d] shared by circuits (PassStart)
+                    x = x + torch.einsum("crs,sbpd->rcbpd", c, term).reshape(n, *x.shape[1:])
+                elif bool(c.any()):
                     t = term.reshape(term.shape[0], circuits, -1, *term.shape[2:])  # [s, circuit, prompt, pos, d]
                     x = x + torch.einsum("crs,scbpd->rcbpd", c, t).reshape(n, *x.shape[1:])
         if self.probe:
@@ -197,6 +204,9 @@ class _Run:
                 kwargs[name] = self.batch_tiled(value)
             elif isinstance(value, tuple):
                 kwargs[name] = tuple(self.batch_tiled(v) if isinstance(v, torch.Tensor) else v for v in value)
+        for name, value in kwargs.items():
+            if hasattr(value, "update") and not isinstance(value, dict):  # a prefix cache (PassStart)
+                kwargs[name] = _ReplicaCache(value, self.replicas, self.batch)
         return args, kwargs
 
     def batch_tiled(self, x: torch.Tensor) -> torch.Tensor:
@@ -242,6 +252,20 @@ class _Run:
         return (x,)
 
 
+class _ReplicaCache:
+    """A read-only prefix cache seen by the attention's replicas of the batch: each replica the batch's keys."""
+
+    def __init__(self, cache: Any, replicas: int, batch: int) -> None:
+        self.cache, self.replicas, self.batch = cache, replicas, batch
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """[replicas * batch, kv_head, prefix + pos, d_head] each: the prefix repeated, then the new keys."""
+        none = key_states[: self.batch, :, :0], value_states[: self.batch, :, :0]
+        keys, values = self.cache.update(*none, *args, **kwargs)  # [batch, kv_head, prefix, d_head]
+        tiled = [t.repeat(self.replicas, 1, 1, 1) for t in (keys, values)]
+        return torch.cat([tiled[0], key_states], dim=-2), torch.cat([tiled[1], value_states], dim=-2)
+
+
 def patched_end_resid(
     view: ModelView,
     graph: CircuitGraph,
@@ -251,6 +275,7 @@ def patched_end_resid(
     ablated: SenderOutputs,
     probe: bool = False,
     extra_post: Sequence[tuple[nn.Module, PostHook]] = (),
+    start: PassStart | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The logits' input at END [batch, d_model] with circuit `keep` [receiver, sender], and the probes.
 
@@ -259,7 +284,8 @@ def patched_end_resid(
     (row c * prompts + i) and the result is [circuit * prompts, d_model]. With `probe`,
     the returned probes (in order: per layer the 3H head inputs then the MLP input, last the logits) are
     leaves whose gradient is d metric / d receiver input. `extra_post` hooks (e.g. on the input embedding)
-    run too. Gradients flow only when called under grad mode.
+    run too. Gradients flow only when called under grad mode. `start` (no probes): begin at a later layer and
+    position (see above); every circuit must keep all edges into the receivers below `start.layer`.
     """
     check_edge_graph(view)
     d = view.dims
@@ -267,17 +293,24 @@ def patched_end_resid(
     swap = ((1 - keep.to(torch.float32)) * graph.valid).to(device)
     swap = swap if swap.dim() == 3 else swap[None]  # [circuit, receiver, sender]
     circuits = int(swap.shape[0])
+    first, offset = (0, 0) if start is None else (start.layer, start.position)
+    if start is not None:
+        if bool(swap[:, : start.first_receiver].any()) or probe:
+            raise ValueError("a pass that starts late must keep every edge below its layer (and has no probes)")
+        ablated = start.ablated(ablated)
     if circuits > 1:
         input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
         ablated = ablated.repeat(circuits)
     batch = int(input_ids.shape[0])
     run = _Run(
-        view=view, graph=graph, swap=swap, ablated=ablated, end=attention_mask.long().sum(-1) - 1, batch=batch,
-        replicas=d.group_size, probe=probe, needs_swaps=bool(swap.any()),
+        view=view, graph=graph, swap=swap, ablated=ablated, end=attention_mask.long().sum(-1) - 1 - offset,
+        batch=batch, replicas=d.group_size, probe=probe, needs_swaps=bool(swap.any()),
     )  # fmt: skip
+    if start is not None and run.needs_swaps:
+        run.terms = list(start.terms)
     pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input)]
     post: list[tuple[nn.Module, PostHook]] = list(extra_post)
-    for layer in range(d.n_layers):
+    for layer in range(first, d.n_layers):
         pre += [
             (view.attn_norm(layer), run.attn_inputs(layer)),
             (view.o_proj(layer), run.head_outputs(layer)),
@@ -285,8 +318,12 @@ def patched_end_resid(
         ]
         post += [*run.projection_hooks(layer), (view.mlp(layer), run.mlp_output(layer))]
     ids, mask = input_ids.to(device), attention_mask.to(device)
-    replicas = [(view.attn(layer), run.attention_replicas) for layer in range(d.n_layers)] if run.replicas > 1 else []
+    layers = range(first, d.n_layers)
+    replicas = [(view.attn(layer), run.attention_replicas) for layer in layers] if run.replicas > 1 else []
     with hooks(pre=pre, post=post, pre_kwargs=replicas):
-        view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+        if start is None:
+            view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
+        else:
+            start.run(view, circuits)
     assert run.end_resid is not None
     return run.end_resid, run.probes

@@ -7,6 +7,7 @@ Examples:
     arithmech circuit --method path-patching --identify runs/add --evaluate            # identify's heads as a circuit
     arithmech circuit --evaluate --compare-methods path-patching,random --identify runs/add   # side by side
     arithmech circuit --from runs/circuit-add --draw-percent 0.2 --out runs/circuit-draw      # circuit.svg, 0.2 %
+    arithmech circuit --mib-dataset mib-bench/arithmetic_addition --evaluate           # MIB's own prompts
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def circuit(
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Keep prompts whose scored token the model does not predict.")
     ] = False,
+    mib_dataset: Annotated[
+        str | None,
+        typer.Option(help="MIB's own data: mib-bench/arithmetic_addition (or _subtraction), or a local copy of it."),
+    ] = None,
+    mib_split: Annotated[str, typer.Option(help="Split of --mib-dataset.")] = "train",
+    min_prompts: Annotated[
+        int, typer.Option(help="Fewest pairs that may survive the answer filter; fewer is refused.")
+    ] = 4,
     max_operand: Annotated[int, typer.Option(help="Largest operand of the prompts.")] = 99,
     batch_size: Annotated[int, typer.Option(help="Prompts per patched forward pass.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and of the random ranking.")] = 0,
@@ -105,6 +114,9 @@ def circuit(
         oracle=oracle,
         compare=tuple(str(p) for p in compare or ()),
         keep_incorrect=keep_incorrect,
+        mib_dataset=mib_dataset,
+        mib_split=mib_split,
+        min_prompts=min_prompts,
         max_operand=max_operand,
         batch_size=batch_size,
         seed=seed,
@@ -113,6 +125,8 @@ def circuit(
 
     result = run_circuit(load(), cfg, out_dir, quiet=quiet)
     typer.echo(f"graph: {result.n_edges:,} edges (MIB's count); {result.n_prompts} prompts; ranking: {result.method}")
+    for counts in result.filtered or ():
+        typer.echo(f"answer filter, {counts.describe()}")
     if result.sweep is not None:
         sweep = result.sweep
         typer.echo(f"m(full) = {sweep.m_full:.3f}, m(empty) = {sweep.m_empty:.3f}")

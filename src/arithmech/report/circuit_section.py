@@ -27,24 +27,27 @@ def _smallest_faithful(rows: list[dict[str, str]], method: str) -> dict[str, str
     return min(signed, key=lambda r: value(r["percent"])) if signed else None
 
 
-def _prompt_sentence(counts: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
-    """What the prompts were and how many rows were dropped; the per-operation table rows."""
-    ops = counts.get("operations")
-    if not isinstance(ops, dict):
-        source = counts.get("from")
-        return (f"{counts.get('prompts', 'n/a')} prompt pairs" + (f", read back from {source}" if source else ""), [])
+def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
+    """What the prompts were and how many rows the answer filter dropped; the per-source table rows."""
+    counts: dict[str, Any] = meta.get("counts", {})
+    n = counts.get("prompts", "n/a")
+    if counts.get("from"):
+        return f"{n} prompt pairs read back from {counts['from']}", []
+    filtered = meta.get("answer_filter")
+    if not isinstance(filtered, list):
+        return f"{n} prompt pairs in MIB's arithmetic format, kept whether the model answers them or not", []
     parts, rows = [], []
-    for op, c in ops.items():
-        drawn, kept = int(c.get("drawn", 0)), int(c.get("kept", 0))
-        if "predicted" in c:
-            predicted = int(c["predicted"])
-            parts.append(f"{op}: the model's top token is the scored answer on {predicted} of {drawn} drawn pairs, "
-                         f"so {drawn - predicted} rows were dropped; {kept} kept")  # fmt: skip
-            rows.append((op, count(drawn), count(predicted), count(drawn - predicted), count(kept)))
-        else:
-            parts.append(f"{op}: {kept} of {drawn} drawn pairs kept whether the model answers them or not")
-            rows.append((op, count(drawn), "n/a", "0", count(kept)))
-    return f"{counts.get('prompts', 'n/a')} prompt pairs in MIB's arithmetic format ({'; '.join(parts)})", rows
+    for c in filtered:
+        pairs, kept = int(c.get("pairs", 0)), int(c.get("kept", 0))
+        drawn, answered = int(c.get("prompts_drawn", 0)), int(c.get("prompts_answered", 0))
+        made = f"made of the {answered} of {drawn} single prompts the model answers; " if drawn else ""
+        parts.append(f"{c.get('source', '?')}: {made}{kept} of {pairs} pairs pass, {pairs - kept} rows dropped "
+                     f"({c.get('clean_missed', 0)} missed on the clean prompt, {c.get('cf_missed', 0)} on the "
+                     "counterfactual)")  # fmt: skip
+        rows.append((str(c.get("source", "?")), count(drawn) if drawn else "n/a", count(answered) if drawn else "n/a",
+                     count(pairs), count(c.get("clean_missed")), count(c.get("cf_missed")), count(kept)))  # fmt: skip
+    return (f"{n} prompt pairs in MIB's arithmetic format, kept where the model's top token is the answer on both "
+            f"prompts ({'; '.join(parts)})", rows)  # fmt: skip
 
 
 def circuit_body(stage: StageFolder) -> Body:
@@ -53,7 +56,7 @@ def circuit_body(stage: StageFolder) -> Body:
     graph: dict[str, Any] = meta.get("graph", {})
     counts: dict[str, Any] = meta.get("counts", {})
     method = str(config.get("method", "n/a"))
-    prompts, op_rows = _prompt_sentence(counts)
+    prompts, op_rows = _prompt_sentence(meta)
     text = [
         f"Edges of MIB's graph ({count(graph.get('n_edges'))} edges: input, {graph.get('n_layers', '?')} layers of "
         f"{graph.get('n_heads', '?')} heads and an MLP, logits) ranked by {METHOD_NAMES.get(method, method)} on "
@@ -108,8 +111,9 @@ def circuit_body(stage: StageFolder) -> Body:
     else:
         text.append("The faithfulness sweep was not run (evaluate off), so there is no CPR or CMD.")
     if op_rows:
-        tables.append(Table("Prompts (MIB's rule: a row is kept only where the model predicts the scored token)",
-                            ("operation", "drawn", "predicted", "dropped", "kept"), op_rows))  # fmt: skip
+        tables.append(Table("Prompts: the answer filter (a pair is kept only where the model's top token is the answer "
+                            "on both of its prompts)", ("source", "single prompts drawn", "answered", "pairs",
+                            "missed clean", "missed counterfactual", "kept"), op_rows))  # fmt: skip
     oracle = meta.get("oracle")
     if isinstance(oracle, dict):
         text.append(f"Exact scores of {oracle.get('edges', 'n/a')} sampled edges agree with {method}'s by Spearman "

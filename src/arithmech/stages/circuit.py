@@ -1,12 +1,13 @@
 """The circuit stage: score every edge of MIB's graph on MIB's arithmetic prompts, and sweep faithfulness.
 
-Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` of them kept where the model's top
-token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify
-run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or their scores are read back
-from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
-evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD; `compare_methods` ranks the same
-prompts by further methods and sweeps them too, so 2024's node ranking and 2025's edge scores meet on one
-protocol.
+Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` pairs kept where the model's top
+token is the scored answer on the clean prompt and the counterfactual answer on the counterfactual prompt
+(`circuits/prompts.py` says why both); fewer than `min_prompts` surviving is refused. Edges are ranked by EAP,
+EAP-IG (`circuits/attribution.py`), by an identify run's node effects (`circuits/node_ranking.py`), or at random
+(the baseline); or their scores are read back from an earlier circuit folder (`from_circuit`, with its prompts).
+With `evaluate` the top k % circuits are evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD;
+`compare_methods` ranks the same prompts by further methods and sweeps them too, so 2024's node ranking and 2025's
+edge scores meet on one protocol.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
 oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
 method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv (a row per method) and
@@ -20,7 +21,7 @@ import csv
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,11 @@ from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.node_ranking import node_edge_scores
 from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
-from arithmech.circuits.prompts import circuit_batch, predicted_rows
+from arithmech.circuits.prompts import FilterCounts, answered_pairs, circuit_batch, filter_answered
 from arithmech.circuits.senders import check_edge_graph
 from arithmech.data.io import read_prompt_file, write_prompt_file
 from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.mib_dataset import mib_dataset_pairs, read_mib_rows
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
@@ -50,11 +52,6 @@ from arithmech.stages.circuit_config import DRAWN_DEFAULT, DRAWN_MAX, IDENTIFY_M
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
-
-CANDIDATES_PER_PROMPT = 16
-"""Pairs drawn per prompt wanted: the rows the model gets wrong are dropped (SmolLM2-135M answers about 1 in 12
-MIB addition prompts with operands up to 99 by its top token)."""
-
 
 DRAWING_FILE = "circuit.svg"
 DRAWN_F = 0.8
@@ -69,38 +66,72 @@ class CircuitResult:
     n_prompts: int
     sweep: SweepResult | None
     oracle: dict[str, Any] | None = None
+    filtered: list[FilterCounts] | None = None
+    """What the answer filter kept, per operation (None: prompts read back, or kept unfiltered)."""
     compared: dict[str, SweepResult] | None = None
     """The sweeps of `compare_methods`."""
 
 
-def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], dict[str, dict[str, int]]]:
-    """MIB pairs of each operation, the first n_prompts / operations that the model answers with its top token;
-    and per operation how many were drawn, predicted (the others are the rows dropped; not counted with
-    keep_incorrect) and kept."""
+def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], list[FilterCounts] | None]:
+    """MIB pairs of each operation (n_prompts / operations each) that pass the answer filter, and its counts."""
     quota = math.ceil(cfg.n_prompts / len(cfg.operations))
+    if cfg.mib_dataset is not None:
+        return dataset_prompt_set(handle, cfg, quota)
+    if cfg.keep_incorrect:
+        pairs = [p for op in cfg.operations for p in mib_pairs(handle.tokenizer, op, quota, cfg.seed, cfg.max_operand)]
+        return pairs[: cfg.n_prompts], None
     kept: list[PromptPair] = []
-    counts: dict[str, dict[str, int]] = {}
+    counts: list[FilterCounts] = []
     for operation in cfg.operations:
-        pairs = mib_pairs(handle.tokenizer, operation, quota * CANDIDATES_PER_PROMPT, cfg.seed, cfg.max_operand)
-        if not pairs:
-            continue
-        if cfg.keep_incorrect:
-            right = [True] * len(pairs)
-        else:
-            right = predicted_rows(handle.view, circuit_batch(handle.tokenizer, pairs), cfg.batch_size).tolist()
-        chosen = [p for p, ok in zip(pairs, right, strict=True) if ok][:quota]
-        logger.info("%s: the model predicts %d of %d MIB prompts; %d kept", operation, sum(right), len(pairs),
-                    len(chosen))  # fmt: skip
-        counts[operation] = {"drawn": len(pairs), "kept": len(chosen)}
-        if not cfg.keep_incorrect:
-            counts[operation]["predicted"] = sum(right)
-        kept += chosen
-    if not kept:
-        raise DataError(
-            f"the model predicts the scored answer token on none of the MIB prompts of {', '.join(cfg.operations)}; "
-            "try smaller operands (--max-operand 9) or another model"
+        pairs, seen = answered_pairs(
+            handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand, cfg.batch_size
         )
+        logger.info("answer filter: %s", seen.describe())
+        kept, counts = kept + pairs, [*counts, seen]
+    check_enough(len(kept), counts, cfg)
     return kept[: cfg.n_prompts], counts
+
+
+def dataset_prompt_set(
+    handle: ModelHandle, cfg: CircuitConfig, quota: int
+) -> tuple[list[PromptPair], list[FilterCounts] | None]:
+    """The pairs of MIB's own data (`--mib-dataset`) of each operation, through the same answer filter."""
+    assert cfg.mib_dataset is not None
+    rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
+    kept: list[PromptPair] = []
+    counts: list[FilterCounts] = []
+    for operation in cfg.operations:
+        pairs, unusable = mib_dataset_pairs(handle.tokenizer, rows, operation)
+        source = f"{cfg.mib_dataset} ({operation})"
+        if not pairs and not unusable:
+            raise DataError(
+                f"--mib-dataset {cfg.mib_dataset!r} has no {operation} rows (column operator); choose the operation "
+                "its rows hold with --operations"
+            )
+        if cfg.keep_incorrect:
+            kept += pairs[:quota]
+            continue
+        passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
+        seen = replace(seen, unusable=unusable)
+        logger.info("answer filter: %s", seen.describe())
+        kept, counts = kept + passed, [*counts, seen]
+    if cfg.keep_incorrect:
+        return kept[: cfg.n_prompts], None
+    check_enough(len(kept), counts, cfg)
+    return kept[: cfg.n_prompts], counts
+
+
+def check_enough(kept: int, counts: list[FilterCounts], cfg: CircuitConfig) -> None:
+    """A DataError when fewer pairs than `min_prompts` (at most n_prompts) survive the answer filter."""
+    need = min(cfg.min_prompts, cfg.n_prompts)
+    if kept >= need:
+        return
+    seen = "; ".join(c.describe() for c in counts)
+    raise DataError(
+        f"only {kept} prompt pairs survive the answer filter (the model's top token must be the scored answer on "
+        f"the clean prompt and the counterfactual answer on the counterfactual prompt), fewer than {need} ({seen}): "
+        "try smaller operands (--max-operand 9), other prompts, a lower --min-prompts, or another model"
+    )
 
 
 def rank_edges(
@@ -128,6 +159,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
     edges_path = cfg.edges_file()
     method = cfg.method
+    filtered: list[FilterCounts] | None = None
     if edges_path is not None:
         stored = read_edges(edges_path)
         check_matches(stored, model_cfg, str(edges_path))
@@ -138,10 +170,10 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         batch = circuit_batch(handle.tokenizer, pairs)
         counts: dict[str, Any] = {"prompts": len(batch), "from": str(edges_path.parent)}
     else:
-        pairs, drawn = mib_prompt_set(handle, cfg)
+        pairs, filtered = mib_prompt_set(handle, cfg)
         batch = circuit_batch(handle.tokenizer, pairs)
         scores = rank_edges(handle, graph, batch, cfg, method)
-        counts = {"prompts": len(batch), "operations": drawn}
+        counts = {"prompts": len(batch)}
     scored_s = time.perf_counter() - start
     sweeps: dict[str, SweepResult] = {}
     if cfg.evaluate:
@@ -176,6 +208,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "config": {**asdict(cfg), "method": method},
         "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
         "counts": counts,
+        "answer_filter": None if filtered is None else [c.as_dict() for c in filtered],
         "identify_run": None if cfg.identify_run is None else read_identify_run(cfg.identify_run, handle).record,
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else oracle[1],
@@ -188,7 +221,8 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     atomic_write_json(out / "metadata.json", metadata)
     return CircuitResult(
         out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
-        oracle=None if oracle is None else oracle[1], compared={n: r for n, r in sweeps.items() if n != method},
+        oracle=None if oracle is None else oracle[1], filtered=filtered,
+        compared={n: r for n, r in sweeps.items() if n != method},
     )  # fmt: skip
 
 

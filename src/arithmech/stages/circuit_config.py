@@ -85,6 +85,18 @@ class CircuitConfig:
         default=False,
         metadata={"help": "keep prompts whose scored token the model does not predict (tests, weak models)"},
     )
+    mib_dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "MIB's own data instead of the built-in prompts: a Hugging Face name "
+            "(mib-bench/arithmetic_addition) or a local copy (save_to_disk folder, .json/.jsonl/.parquet/.csv)"
+        },
+    )
+    mib_split: str = field(default="train", metadata={"help": "split of --mib-dataset (MIB finds circuits on train)"})
+    min_prompts: int = field(
+        default=4,
+        metadata={"help": "fewest pairs that may survive the answer filter (at most n_prompts); fewer is refused"},
+    )
     max_operand: int = field(default=99, metadata={"help": "largest operand of the prompts"})
     batch_size: int = field(default=8, metadata={"help": "prompts per patched forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the prompts and of the random ranking"})
@@ -120,9 +132,11 @@ class CircuitConfig:
                 raise ConfigError(f"a circuit size of {k} % is outside (0, 100]; give a percentage of edges kept")
         if not self.percents or list(self.percents) != sorted(set(self.percents)):
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
+        if self.mib_dataset is not None and self.from_circuit is not None:
+            raise ConfigError("--from reuses its folder's prompts: give --mib-dataset or --from, not both")
         if self.oracle < 0:
             raise ConfigError(f"oracle must be 0 (off) or a number of edges (got {self.oracle})")
-        for name in ("n_prompts", "steps", "batch_size", "max_operand"):
+        for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
 
@@ -142,6 +156,10 @@ class CircuitConfig:
                 raise ConfigError(
                     f"--compare {folder!r} holds no faithfulness.csv; give a folder of `arithmech circuit --evaluate`"
                 )
+        if self.mib_dataset is not None:
+            from arithmech.data.mib_dataset import read_mib_rows  # reads the rows now: bad data fails before the model
+
+            read_mib_rows(self.mib_dataset, self.mib_split)
         path = self.edges_file()
         if path is None:
             return
