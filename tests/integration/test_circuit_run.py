@@ -142,8 +142,9 @@ def test_reading_from_known_numbers(tmp_path: Path) -> None:
     (folder / "faithfulness.csv").write_text("\n".join(rows) + "\n")
     text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
     assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format, kept where the model's top token is the "
-            "answer on both prompts (addition: made of the 40 of 300 single prompts the model answers; 12 of 20 pairs "
-            "pass, 8 rows dropped (5 missed on the clean prompt, 6 on the counterfactual))") in text  # fmt: skip
+            "answer on both prompts (addition: the model answers 40 of 300 single prompts drawn (260 dropped); of the "
+            "pairs made of them 12 of 20 pass (8 dropped: 5 missed on the clean prompt, 6 on the counterfactual))"
+            ) in text  # fmt: skip
     assert "rescaled so that the whole model (2.04) is 1 and every edge patched from the counterfactual (1.08" in text
     assert ("EAP-IG CPR 1.31, CMD 0.08, smallest circuit with f &gt;= 0.8: 1 % (1,232 edges) and path patching "
             "(identify's node ranking) CPR 0.35, CMD 0.45, smallest circuit with f &gt;= 0.8: 100 % (123,211 "

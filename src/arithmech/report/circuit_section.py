@@ -40,9 +40,11 @@ def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
     for c in filtered:
         pairs, kept = int(c.get("pairs", 0)), int(c.get("kept", 0))
         drawn, answered = int(c.get("prompts_drawn", 0)), int(c.get("prompts_answered", 0))
-        made = f"made of the {answered} of {drawn} single prompts the model answers; " if drawn else ""
-        parts.append(f"{c.get('source', '?')}: {made}{kept} of {pairs} pairs pass, {pairs - kept} rows dropped "
-                     f"({c.get('clean_missed', 0)} missed on the clean prompt, {c.get('cf_missed', 0)} on the "
+        made = (f"the model answers {answered} of {drawn} single prompts drawn ({drawn - answered} dropped); of "
+                "the pairs made of them " if drawn else "")  # fmt: skip
+        unusable = f"{c['unusable']} rows unusable; " if c.get("unusable") else ""
+        parts.append(f"{c.get('source', '?')}: {unusable}{made}{kept} of {pairs} pass ({pairs - kept} dropped: "
+                     f"{c.get('clean_missed', 0)} missed on the clean prompt, {c.get('cf_missed', 0)} on the "
                      "counterfactual)")  # fmt: skip
         rows.append((str(c.get("source", "?")), count(drawn) if drawn else "n/a", count(answered) if drawn else "n/a",
                      count(pairs), count(c.get("clean_missed")), count(c.get("cf_missed")), count(kept)))  # fmt: skip
