@@ -65,8 +65,8 @@ browser:
 	else echo "chromium is not installed (apt-get install chromium chromium-driver); the browser test will be skipped"; fi
 
 # Benchmarks at a quick size (about 7.5 min on 2 idle CPU cores), compared with benchmarks/results.json; fails on a
-# slowdown beyond noise. bench-update stores this run's results as the new previous ones and renders the README's
-# Performance tables from them (then commit both); bench-full-update does the same at the README's full size
+# slowdown beyond noise. bench-update stores this run's results as the new previous ones and renders docs/performance.md's
+# Performance tables from them (then commit both); bench-full-update does the same at the docs' full size
 # (about 19 min).
 bench: dev
 	$(PY) benchmarks/compare.py

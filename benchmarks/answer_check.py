@@ -6,7 +6,7 @@ chunk shares at the start run once, only the read positions unembedded. This scr
 (tests/forward_cost.py: multiply-accumulates of every linear layer, which no machine load changes) in plain
 forward passes of the generated set, one row per prompt, right-padded, logits of every position (the unit of
 `benchmarks/peers.py`), and per unpadded prompt; and the per-row check it replaced (`predict_at_end` on every
-row in chunks of `--batch-size`, the engine before issue #22) on the same prompts. It also says how many prompts
+row in chunks of `--batch-size`, as the engine did before) on the same prompts. It also says how many prompts
 the end-of-number rule (the next top token is no digit) drops.
 
 With `--scaled` the counts are taken on a random-init model of the model's shape with every width divided by 16
@@ -113,7 +113,7 @@ def main() -> None:
           f"rows, {float(mask.sum(1).float().mean()):.1f} tokens per prompt on average ({width} padded), "
           f"{sum(len(r) for r in reads)} positions read")  # fmt: skip
     print(f"answer check: {metrics['check_passes']:.3f} plain forward passes of the generated set "
-          f"({metrics['check_passes_unpadded']:.3f} of the unpadded prompts); the per-row check before issue #22: "
+          f"({metrics['check_passes_unpadded']:.3f} of the unpadded prompts); the per-row check it replaced: "
           f"{metrics['per_row_check_passes']:.3f}")  # fmt: skip
     print(f"kept {metrics['kept']} prompts; every answer token right: {metrics['kept_by_tokens_only']} "
           f"(the end-of-number rule drops {metrics['kept_by_tokens_only'] - metrics['kept']})")

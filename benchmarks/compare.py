@@ -10,11 +10,11 @@ results from the same machine (CPU model, logical cores, torch version, device).
     python benchmarks/compare.py                        # the CPU benchmarks, about 6 min on 2 idle cores
     python benchmarks/compare.py --only knockout,mediation
     python benchmarks/compare.py --update               # accept these results: make bench-update, then commit
-    python benchmarks/compare.py --full --update        # the README's sizes, about 15 min: make bench-full-update
+    python benchmarks/compare.py --full --update        # the docs' full sizes, about 15 min: make bench-full-update
     python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py and gpu_finetune.py
 
 results.json holds the last accepted entry of each benchmark at each size, with its command, machine, date and
-git sha; the README's Performance tables are rendered from it (`readme_tables.py --write`, which the make
+git sha; the Performance tables of docs/performance.md are rendered from it (`readme_tables.py --write`, which the make
 targets run after --update).
 """
 
@@ -287,7 +287,7 @@ def _minutes(seconds: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--update", action="store_true", help="store this run's results as the new previous ones")
-    parser.add_argument("--full", action="store_true", help="the README's sizes instead of the quick ones")
+    parser.add_argument("--full", action="store_true", help="the full sizes the docs report instead of the quick ones")
     parser.add_argument("--only", default=None, help="comma-separated benchmark names (default: all)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the previous results file")
     parser.add_argument("--device", default="cpu", help="torch device passed to each benchmark")
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stamp = {"machine": machine, "date": datetime.date.today().isoformat(), "git_sha": git_sha()}
         entries = {**(previous or {}), **{n: {**e, **stamp} for n, e in current.items()}}
         write_results(args.results, {**(stored or {s: {} for s in SIZES}), size: entries})
-        print(f"stored as the {size}-size results in {args.results}; render the README's tables from it "
+        print(f"stored as the {size}-size results in {args.results}; render docs/performance.md's tables from it "
               "(`python benchmarks/readme_tables.py --write`, which the make targets run) and commit both")
         return 0
     if args.update:

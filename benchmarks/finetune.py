@@ -8,7 +8,7 @@ LLaMA2-7B with 8 A100s: precise SFT about 3.3x the samples/second of full SFT).
 
     python benchmarks/finetune.py [--steps 3] [--batch-size 4] [--from RUN_DIR --top-k 10] [--device cuda]
 
-Without --from, the heads are the top 10 of the README's `make demo` identify run on SmolLM2-135M.
+Without --from, the heads are the top 10 of the `make demo` identify run (docs/results.md) on SmolLM2-135M.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ checked against arithmech's on those heads: the largest |difference| is printed,
 script says so and exits 1. A plain forward pass of the batch (the CausalLM on the right-padded batch) is timed
 as the unit of "forwards per component"; arithmech's scans are also counted in plain forward passes
 (tests/forward_cost.py), which no machine load changes, of the right-padded batch and of every prompt at its own
-length (the README's cost model counts the latter).
+length (the cost model in docs/performance.md counts the latter).
 
 TransformerLens and nnsight are not dependencies of arithmech: `pip install "arithmech[peers]"` (or
 `pip install transformer-lens nnsight`). Without either, this script prints arithmech's counts, says so and

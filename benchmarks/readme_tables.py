@@ -1,18 +1,19 @@
-"""The README's Performance tables, rendered from benchmarks/results.json so the two cannot disagree.
+"""The Performance tables of the docs (docs/performance.md), rendered from benchmarks/results.json so the two cannot
+disagree.
 
 One table per size (`suite.SIZES`): full (each script's defaults, `compare.py --full --update`), then quick (what
 `make bench` compares against). Each row is one measurement of a benchmark as recorded: its exact command, the fast
 side's and the baseline's time (or rate), the ratio of the two measured in that run, and its correctness check
 (a benchmark may show several rows; a row whose metrics an older entry lacks is left out); each caption names the
 date, machine and commit of its runs. The side-by-side comparison with TransformerLens and nnsight
-(benchmarks/peers.py) gets a table of its own per size, in the layout of issue #16.
-The README holds the rendered text between the marker lines
+(benchmarks/peers.py) gets a table of its own per size.
+docs/performance.md holds the rendered text between the marker lines
 `<!-- bench:begin -->` and `<!-- bench:end -->`; tests/unit/test_bench_compare.py fails when it differs from what
 results.json renders.
 
     python benchmarks/readme_tables.py           # print the section
-    python benchmarks/readme_tables.py --write   # rewrite README.md between the markers (make bench-update runs it)
-    python benchmarks/readme_tables.py --check   # exit 1 when README.md differs from results.json
+    python benchmarks/readme_tables.py --write   # rewrite the page between the markers (make bench-update runs it)
+    python benchmarks/readme_tables.py --check   # exit 1 when the page differs from results.json
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from suite import BENCHMARKS, SIZES, Size
 
 from arithmech.runs import atomic_write_text
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
 Metrics = Mapping[str, Any]
@@ -132,6 +133,13 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
             "sweep_s", "plain_forward_s", "s", lambda m: "exact (tests: equal to one forward per circuit)",
             ratio="sweep_passes",
         ),
+    ),
+    "circuit_oracle": Shown(
+        "exact edge oracle (`circuit --oracle`): a receiver's edges batched, each pass from the receiver's layer "
+        "and the first position where the prompts differ, vs one full patched forward pass per edge: ms per edge",
+        "oracle_ms_per_edge", "naive_ms_per_edge", "ms",
+        lambda m: f"max \\|oracle - loop\\| {m['max_abs_diff']:.1e}; {m['oracle_passes_per_edge']:.2f} forward passes "
+        f"per edge (counted; cost model {m['model_passes_per_edge']:.2f})",
     ),
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
@@ -241,7 +249,7 @@ def peers_table(size: Size, entry: Mapping[str, Any] | None) -> str:
 
 
 def render(results: Results) -> str:
-    """The whole README section, markers included."""
+    """The whole section of the page, markers included."""
     tables = "\n\n".join(
         [table(size, results[size]) for size in SIZES] + [peers_table(size, results[size].get(PEERS)) for size in SIZES]
     )
@@ -249,20 +257,20 @@ def render(results: Results) -> str:
     return f"{BEGIN}\n{note}\n{tables}\n{END}"
 
 
-def replace_section(readme: str, section: str) -> str:
-    """`readme` with the text from the BEGIN marker line to the END marker line replaced by `section`."""
-    if readme.count(BEGIN) != 1 or readme.count(END) != 1 or readme.index(BEGIN) > readme.index(END):
-        raise ValueError(f"the README must hold one {BEGIN} line followed by one {END} line")
-    return readme[: readme.index(BEGIN)] + section + readme[readme.index(END) + len(END) :]
+def replace_section(page: str, section: str) -> str:
+    """`page` with the text from the BEGIN marker line to the END marker line replaced by `section`."""
+    if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
+        raise ValueError(f"the page must hold one {BEGIN} line followed by one {END} line")
+    return page[: page.index(BEGIN)] + section + page[page.index(END) + len(END) :]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--page", type=Path, default=PAGE)
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", action="store_true", help="rewrite the README's section")
-    action.add_argument("--check", action="store_true", help="exit 1 when the README's section differs")
+    action.add_argument("--write", action="store_true", help="rewrite the page's section")
+    action.add_argument("--check", action="store_true", help="exit 1 when the page's section differs")
     args = parser.parse_args(argv)
     results = load_results(args.results)
     if results is None:
@@ -271,16 +279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.write or args.check):
         print(section)
         return 0
-    readme = args.readme.read_text(encoding="utf-8")
-    wanted = replace_section(readme, section)
+    page = args.page.read_text(encoding="utf-8")
+    wanted = replace_section(page, section)
     if args.check:
-        if wanted != readme:
-            print(f"{args.readme}'s Performance tables differ from {args.results}; run {Path(__file__).name} --write")
+        if wanted != page:
+            print(f"{args.page}'s Performance tables differ from {args.results}; run {Path(__file__).name} --write")
             return 1
         return 0
-    if wanted != readme:
-        atomic_write_text(args.readme, wanted)
-    print(f"{args.readme}: Performance tables rendered from {args.results}")
+    if wanted != page:
+        atomic_write_text(args.page, wanted)
+    print(f"{args.page}: Performance tables rendered from {args.results}")
     return 0
 
 

@@ -4,11 +4,11 @@ Two sizes of every benchmark are kept in benchmarks/results.json:
 
 - quick (`make bench`, `compare.py`): small enough to run after every change (about 7.5 min on 2 idle CPU cores),
   compared with the previous quick results to catch a slowdown or a broken correctness check;
-- full (`compare.py --full`): the sizes the README reports (each script's defaults; about 19 min on 2 idle
-  cores). `readme_tables.py` renders the README's Performance tables from both, so the README quotes nothing
+- full (`compare.py --full`): the sizes docs/performance.md reports (each script's defaults; about 19 min on 2 idle
+  cores). `readme_tables.py` renders that page's Performance tables from both, so it quotes nothing
   that results.json does not hold.
 
-`compare.py` runs and compares them; `readme_tables.py` says how each is shown in the README.
+`compare.py` runs and compares them; `readme_tables.py` says how each is shown there.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 Size = Literal["quick", "full"]
 SIZES: tuple[Size, ...] = ("full", "quick")
-"""In the order the README shows them."""
+"""In the order docs/performance.md shows them."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Benchmark:
     """Quick size: what `make bench` runs."""
     metrics: Mapping[str, Performance | Check]
     full_args: tuple[str, ...] = ()
-    """Full size: what the README reports (`compare.py --full`); the script's defaults, spelled out."""
+    """Full size: what docs/performance.md reports (`compare.py --full`); the script's defaults, spelled out."""
     needs_cuda: bool = False
     requires: tuple[str, ...] = ()
     """Modules of an optional extra the script compares with; without them `compare.py` leaves it out."""
@@ -165,6 +165,16 @@ BENCHMARKS = (
         full_args=("--prompts", "64", "--heads", "12"),
         requires=("transformer_lens", "nnsight"),
         install='pip install "arithmech[peers]"',
+    ),  # fmt: skip
+    Benchmark(
+        "circuit_oracle",
+        ("--prompts", "4", "--receivers", "4", "--senders", "6"),
+        {
+            "speedup": RATIO, "oracle_ms_per_edge": SECONDS, "naive_ms_per_edge": SECONDS,
+            "max_abs_diff": at_most(1e-4), "oracle_passes_per_edge": at_most(1.0),
+            "model_passes_per_edge": at_most(1.0), "work_ratio": RATIO,
+        },
+        full_args=("--prompts", "8", "--receivers", "6", "--senders", "8"),
     ),  # fmt: skip
     Benchmark(
         "gpu_scan",

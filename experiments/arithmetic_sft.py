@@ -1,11 +1,11 @@
-"""Issues #14, #21: does fine-tuning only the key heads improve arithmetic? The paper's Table 1 where it can be seen.
+"""Does fine-tuning only the key heads improve arithmetic? The paper's Table 1 where it can be seen.
 
-Zhang et al. (2024, Table 1) fine-tune the key heads on math word problems; a 135M model solves almost none of
-those before or after (README, experiments/sft_table.py). Here every row trains on the skill the heads were found
-for, arithmetic prompts of the operations the default model is weak at (subtraction by default), and is tested
-on prompts that share neither a template family nor a fact with any training prompt of their operation
-(src/arithmech/data/arithmetic_split.py). One command runs it all and writes <out>/table.md, table.csv,
-sweep.csv and arithmetic_sft.png; every training and evaluation has its own folder, so a rerun skips what is done.
+Zhang et al. (2024, Table 1) fine-tune the key heads on math word problems; a 135M model solves almost none of those
+before or after (docs/results.md, experiments/sft_table.py). Here every row trains on the skill the heads were found
+for, arithmetic prompts of the operations the default model is weak at (subtraction by default), and is tested on
+prompts that share neither a template family nor a fact with any training prompt of their operation
+(src/arithmech/data/arithmetic_split.py). One command runs it all and writes <out>/table.md, table.csv, sweep.csv
+and arithmetic_sft.png; every training and evaluation has its own folder, so a rerun skips what is done.
 
 Steps
     1. identify on train-part prompts of the training operations only (train templates x train pairs), so not
@@ -26,7 +26,7 @@ Steps
        differences with clustered intervals (plus the seed-to-seed variance), and how many test problems state a
        fact that the training trains in another operation (5 - 3 = 2 trained, 2 + 3 tested).
 
-    python experiments/arithmetic_sft.py --out runs/arithmetic-sft                   # the table (hours, see README)
+    python experiments/arithmetic_sft.py --out runs/arithmetic-sft                   # the table (hours)
     python experiments/arithmetic_sft.py --out runs/arithmetic-sft-estimate --estimate   # time it first (minutes)
     python experiments/arithmetic_sft.py --out runs/arithmetic-sft-smoke --size smoke    # every code path, small
 """

@@ -9,7 +9,7 @@ subfolder, so a rerun skips what is finished (the stages resume).
 The samples/s column is each training's own measurement (the finetune stage's metadata.json). All trainings run
 one after another before any evaluation, so their rates are measured back to back under the same load;
 --train-only stops there: into a fresh --out it remeasures the column alone (about 7 minutes on 2 idle CPU
-cores for the README's table).
+cores for the table in docs/results.md).
 
     python experiments/sft_table.py --from runs/demo --out runs/sft-table            # about an hour on 2 CPU cores
     python experiments/sft_table.py --from runs/demo --out runs/sft-speed --train-only

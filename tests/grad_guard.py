@@ -15,8 +15,9 @@ requires grad while grad mode is on is recorded, with the arithmech frames on th
     weights   a parameter with requires_grad=True is an input: the graph reaches the model's weights.
 
 Only the functions that need gradients may build one (`GRAPH_ALLOWED`): attribution patching's one
-forward/backward pass and the two training loops; of those, only the training loops may reach the weights
-(`WEIGHTS_ALLOWED`): attribution patching freezes the parameters and differentiates the activations only.
+forward/backward pass, the circuit stage's EAP and EAP-IG edge scores, and the two training loops; of those, only
+the training loops may reach the weights (`WEIGHTS_ALLOWED`): attribution patching and the edge scores freeze the
+parameters and differentiate the activations only.
 Loading a model is allowed both (`from_pretrained` creates and ties the parameters; no activation is read).
 `unexpected()` lists every other site.
 
@@ -43,6 +44,7 @@ _SRC = "/src/arithmech/"
 _LOADING = ("models/load.py", "load_model")  # from_pretrained creates and ties the parameters; no activations
 GRAPH_ALLOWED = frozenset({
     ("patching/attribution.py", "end_gradients"),  # dm/da of every sender from one backward pass
+    ("stages/circuit.py", "rank_edges"),  # EAP / EAP-IG: dm/d(receiver input) of every edge, weights frozen
     ("neurons/lora_train.py", "train_layer_lora"),  # the neurons stage's LoRA adapter
     ("finetune/train.py", "train"),  # the finetune stage
     _LOADING,

@@ -153,6 +153,7 @@ TEXT_COLUMNS = frozenset({
     "removed_frequencies", "site", "source", "source_set", "target", "task", "task_a", "task_b", "template_id",
     "token", "top_tokens",
     "high_frequencies",  # fourier_shares.csv: "3-5"
+    "method", "edge", "chosen",  # circuit: faithfulness.csv, cpr_cmd.csv (a ranking), oracle.csv
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from arithmech.stages.agreement import AgreementResult
     from arithmech.stages.analyze_attention import AttentionResult
     from arithmech.stages.analyze_mlp import MlpLensResult
+    from arithmech.stages.circuit import CircuitResult
     from arithmech.stages.finetune import FinetuneResult
     from arithmech.stages.fourier import FourierResult
     from arithmech.stages.heuristics import HeuristicsResult
@@ -235,6 +236,24 @@ def neurons(model: ModelHandle, *, out: Out = None, quiet: bool = False, **setti
     to runs/neurons-<time>.
     """
     return _standalone("neurons", "neurons_config:NeuronsConfig", "neurons:neurons", model, out, quiet, settings)
+
+
+def circuit(
+    model: ModelHandle,
+    identify_run: RunSource | None = None,
+    *,
+    out: Out = None,
+    quiet: bool = False,
+    **settings: Any,
+) -> CircuitResult:
+    """Score every edge of MIB's graph (EAP, EAP-IG, identify's node ranking or random) on MIB's arithmetic
+    prompts and, with evaluate=True, sweep faithfulness (CPR, CMD). Settings are the fields of `CircuitConfig`:
+    method, compare_methods, n_prompts, evaluate, oracle, ... `identify_run` is needed by method "path-patching"
+    (or among compare_methods). `out` defaults to runs/circuit-<time>."""
+    run = {"identify_run": _folder(identify_run)} if identify_run is not None else {}
+    cfg, out_dir = preflight.check(_config("circuit_config:CircuitConfig", "circuit", settings, **run),
+                                   out or _default_out("circuit"), "circuit")  # fmt: skip
+    return _call("circuit:circuit", model, cfg, out_dir, quiet=quiet)
 
 
 def finetune(

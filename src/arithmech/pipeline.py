@@ -6,7 +6,8 @@ A run is described by one YAML file (or the same keys given as flags), for examp
                                                         # (model: <id> is short for model: {model: <id>})
     out: runs/demo
     seed: 0                                             # given to every stage that has a seed
-    stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES but finetune, fourier
+    stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES but finetune, fourier,
+                                                        # heuristics, circuit
     identify: {operations: [addition], fraction_threshold: 0.1}
     knockout: {max_k: 16, n_random: 3}
 
@@ -116,13 +117,18 @@ STAGES: tuple[Stage, ...] = (
           lambda h, c, o, r, q: _call("arithmech.stages.neurons:neurons", h, c, o, quiet=q)),
     Stage("heuristics", "arithmech.stages.heuristics_config:HeuristicsConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.heuristics:heuristics", h, c, o, quiet=q), default_on=False),
+    Stage("circuit", "arithmech.stages.circuit_config:CircuitConfig",
+          lambda h, c, o, r, q: _call("arithmech.stages.circuit:circuit", h,
+                                      _with(c, identify_run=str(r / "identify")) if c.identify_run else c, o,
+                                      quiet=q),
+          default_on=False),
     Stage("finetune", "arithmech.stages.finetune_config:FinetuneConfig",
           lambda h, c, o, r, q: _finetune(h, c, o, r, q), needs=("identify",), default_on=False, sharded=True),
     Stage("evaluate", "arithmech.stages.evaluate_config:EvaluateConfig",
           lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
-"""Every stage in run order. finetune (the slow one), fourier and heuristics (optional analyses) are off unless
-named in `stages`."""
+"""Every stage in run order. finetune (the slow one), fourier, heuristics and circuit (optional analyses) are off
+unless named in `stages`. circuit reads identify's folder only with the path-patching ranking (`needs_of`)."""
 
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""
@@ -176,7 +182,7 @@ def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
 
 
 _PLACEHOLDER = "<from the pipeline>"
-_INJECTED = frozenset({"from_run", "sources"})  # config fields the pipeline fills with upstream folders
+_INJECTED = frozenset({"from_run", "sources", "identify_run"})  # config fields the pipeline fills with upstream folders
 
 
 @dataclass(frozen=True)
@@ -217,9 +223,18 @@ def build_stage_config(stage: Stage, values: Any, seed: int) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     if "seed" in names:
         values.setdefault("seed", seed)
-    for name in _INJECTED & names:
+    for name in {"from_run", "sources"} & names:
         values.setdefault(name, _PLACEHOLDER if name == "from_run" else (_PLACEHOLDER,))
+    if hasattr(cls, "ranks_by_identify") and cls.ranks_by_identify(values):  # circuit's path-patching ranking
+        values.setdefault("identify_run", _PLACEHOLDER)
     return cls(**values)
+
+
+def needs_of(stage: Stage, cfg: Any) -> tuple[str, ...]:
+    """The stages whose folders `stage` reads with the settings `cfg`: its fixed needs, and identify when its
+    config declares that it reads an identify run (circuit with the path-patching ranking)."""
+    reads = type(cfg).reads_identify_run(dataclasses.asdict(cfg)) and "identify" not in stage.needs
+    return (*stage.needs, "identify") if reads else stage.needs
 
 
 def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -241,7 +256,8 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
     ModelConfig(**model)  # a bad value (e.g. dtype) is refused here, before torch is imported
     seed = coerce(data.get("seed", 0), int, "seed")
     settings = {s.name: build_stage_config(s, data.get(s.name), seed) for s in STAGES if s.name in stages}
-    read = {n for s in STAGES if s.name in stages for n in (*s.needs, *s.reads) if n not in stages and data.get(n)}
+    read = {n for s in STAGES if s.name in stages for n in (*needs_of(s, settings[s.name]), *s.reads)
+            if n not in stages and data.get(n)}  # fmt: skip
     given = {n: typed_settings(_config_class(stage_by_name(n)), data[n], n) for n in sorted(read)}
     out = coerce(data.get("out", "runs/pipeline"), str, "out")
     return RunConfig(out=out, model=model, seed=seed, stages=stages, settings=settings, given=given)
@@ -372,13 +388,14 @@ def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: 
     for stage in STAGES:
         if stage.name not in cfg.stages:
             continue
-        missing = [n for n in stage.needs if n not in prints and not (run_dir / n / "metadata.json").is_file()]
+        stage_cfg = settings[stage.name]
+        needs = needs_of(stage, stage_cfg)
+        missing = [n for n in needs if n not in prints and not (run_dir / n / "metadata.json").is_file()]
         if missing:
             raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
-        used = [*stage.needs, *(n for n in stage.reads if n in prints or (run_dir / n / "metadata.json").is_file())]
+        used = [*needs, *(n for n in stage.reads if n in prints or (run_dir / n / "metadata.json").is_file())]
         upstream = {n: prints.get(n) or _result_print(n, run_dir / n) or done.get(n, {}).get("fingerprint", "")
                     for n in used}  # fmt: skip
-        stage_cfg = settings[stage.name]
         mark = fingerprint(stage, stage_cfg, cfg.model, upstream)
         out = run_dir / stage.name
         kept = done.get(stage.name, {})

@@ -48,8 +48,9 @@ from arithmech.lineage import identify_folder, read_metadata, refuse_answer_digi
 FILE_FIELDS = ("prompts_file", "templates_file", "train_file", "general_text")
 FOLDER_FIELDS = {"data_dir": (), "harness_include_path": (), "adapter": ("adapter_config.json",)}
 """Folder settings, with the files each must hold (a peft adapter folder has its adapter_config.json)."""
-RUN_FIELDS = ("from_run", "sources")
-FLAGS = {"from_run": "--from", "sources": "--from", "prompts_file": "--prompts", "templates_file": "--templates"}
+RUN_FIELDS = ("from_run", "sources", "identify_run")
+FLAGS = {"from_run": "--from", "sources": "--from", "identify_run": "--identify", "prompts_file": "--prompts",
+         "templates_file": "--templates"}  # fmt: skip
 """CLI option of a setting whose name differs from --field-name."""
 SUBFOLDERS = {"analyze_attention": "attention", "analyze-mlp": "mlp", "analyze-fourier": "fourier",
               "mediate": "mediation", "pipeline": "run"}  # fmt: skip
@@ -168,7 +169,7 @@ def stage_paths(cfg: Any, prefix: str | None = None, skip: frozenset[str] = froz
         elif name in FOLDER_FIELDS:
             what = "a peft LoRA adapter folder" if name == "adapter" else ""
             changes[name] = str(input_folder(value, option, FOLDER_FIELDS[name], what))
-        elif name == "from_run":
+        elif name in ("from_run", "identify_run"):
             changes[name] = str(identify_folder(value, option))
         elif name == "sources":
             changes[name] = tuple(str(identify_folder(v, option)) for v in value)

@@ -203,6 +203,17 @@ class HeuristicsResults(StageResults):
     patterns = Table("patterns.csv")
 
 
+class CircuitResults(StageResults):
+    """circuit: faithfulness of the top-k % edge circuits and the exact scores of sampled edges."""
+
+    faithfulness = Table("faithfulness.csv")
+    """Per method, ranking and size: edges kept, f and m."""
+    cpr_cmd = Table("cpr_cmd.csv")
+    """Per method: CPR (area under f, signed ranking) and CMD (area under |1 - f|, absolute ranking)."""
+    oracle = Table("oracle.csv")
+    """Per sampled edge (with `oracle`): the method's score beside the exact one."""
+
+
 class FinetuneResults(StageResults):
     """finetune: the training log of the tuned model."""
 
@@ -254,6 +265,7 @@ class Run:
     agreement = _Stage(AgreementResults)
     neurons = _Stage(NeuronsResults)
     heuristics = _Stage(HeuristicsResults)
+    circuit = _Stage(CircuitResults)
     finetune = _Stage(FinetuneResults)
     evaluate = _Stage(EvaluateResults)
 

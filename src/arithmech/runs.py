@@ -31,6 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+STAGE_FOLDERS: tuple[str, ...] = (
+    "identify", "knockout", "transfer", "attention", "mlp", "fourier", "mediation", "agreement", "neurons",
+    "heuristics", "circuit", "finetune", "evaluate",
+)  # fmt: skip
+"""The stages of `arithmech run` in run order: the subfolders of its run folder, which reports read without
+importing the pipeline (`pipeline.STAGES` runs them in this order; a test checks that they agree)."""
+
 DISK_FULL_ERRNOS = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
 """errno values of a full disk (ENOSPC) or an exhausted disk quota (EDQUOT)."""
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from arithmech.circuits.batch import logit_difference
+from arithmech.circuits.faithfulness import circuit_metrics
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
-from arithmech.circuits.prompts import circuit_batch
+from arithmech.circuits.prompts import answered_pairs, circuit_batch
 from arithmech.circuits.senders import collect_sender_outputs
 from arithmech.data.mib_arithmetic import mib_pairs
 from arithmech.models.load import ModelHandle, load_model
@@ -48,3 +49,13 @@ def test_one_pass_circuit_equals_the_reference_on_smollm2(handle: ModelHandle) -
         naive = naive_end_resid(view, batch.clean_ids, batch.mask, keep, sender_outputs(view, batch.cf_ids, batch.mask))
         m_fast, m_naive = logit_difference(view, fast, batch), logit_difference(view, naive, batch)
     torch.testing.assert_close(m_fast, m_naive, atol=1e-4, rtol=0)
+
+
+def test_answer_filter_gives_faithfulness_its_two_ends(handle: ModelHandle) -> None:
+    """On the kept pairs the clean run prefers the answer and the counterfactual run the counterfactual answer,
+    so m(full) > 0 > m(empty) (with a clean-only filter m(empty) came out positive on this model)."""
+    pairs, counts = answered_pairs(handle.view, handle.tokenizer, "addition", 2, seed=0, max_operand=99)
+    assert len(pairs) == counts.kept == 2 and counts.prompts_answered < counts.prompts_drawn
+    graph = CircuitGraph.from_dims(handle.dims)
+    result = circuit_metrics(handle.view, graph, circuit_batch(handle.tokenizer, pairs), [])
+    assert result.m_full > 0 > result.m_empty

@@ -130,3 +130,20 @@ def test_identify_ranking_as_a_circuit(circuit_run, tmp_path: Path) -> None:
 def test_path_patching_needs_an_identify_run(tmp_path: Path, capsys) -> None:
     code = main(["circuit", "--method", "path-patching", "--out", str(tmp_path / "x"), "--quiet"])
     assert code == 2 and "--identify" in capsys.readouterr().err
+
+
+def test_draw_a_chosen_size_from_a_circuit_folder(circuit_run, tmp_path: Path) -> None:
+    """--draw-percent 10 on the tiny llama's 262 edges: the 26 edges of the largest signed scores, one path each."""
+    from xml.etree import ElementTree
+
+    model, run = circuit_run
+    out = tmp_path / "drawn"
+    assert main(["circuit", "--model", str(model), "--from", str(run), "--draw-percent", "10", *SMALL,
+                 "--out", str(out)]) == 0  # fmt: skip
+    paths = [p for p in ElementTree.parse(out / "circuit.svg").getroot().iter("{http://www.w3.org/2000/svg}path")
+             if p.get("class") == "edge"]  # fmt: skip
+    stored = read_edges(run / "edges.json")
+    graph = stored.graph()
+    top = torch.sort(graph.to_edges(stored.scores), descending=True, stable=True).indices[:26].tolist()
+    titles = {p.find("{http://www.w3.org/2000/svg}title").text.split(": score")[0] for p in paths}  # type: ignore[union-attr]
+    assert titles == {graph.edge_names[i] for i in top}

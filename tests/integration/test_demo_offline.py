@@ -40,6 +40,7 @@ SMALL: dict[str, Any] = {  # every stage on a few prompts; transfer keeps its de
     "fourier": {"max_prompts": 4, "cutoffs": [1, 3]},
     "heuristics": {"operations": ["addition", "division"], "filter_correct": False, "few_shot": 1, "max_pairs": 12,
                    "layers": [1], "ks": [1, 2], "n_random": 2, "top_neurons": 2, "batch_size": 8},
+    "circuit": {"keep_incorrect": True, "n_prompts": 2, "percents": [1, 10, 100], "batch_size": 2, "steps": 2},
     "finetune": {"top_k": 2, "max_samples": 8, "batch_size": 2, "micro_batch_size": 2, "max_steps": 1,
                  "max_length": 512},
     "evaluate": {"limit": 2, "n_shot": 0, "general_max_tokens": 32},

@@ -27,7 +27,6 @@ from arithmech.analysis.logit_lens import (
     operand_token_ids,
     update_ranks,
 )
-from arithmech.analysis.shared_prefix import end_knockout_scores, end_states
 from arithmech.data.mediation_generate import MediationDataConfig, generate_mediation_pairs
 from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.data.reference_config import ReferenceSetConfig
@@ -38,6 +37,7 @@ from arithmech.evaluate.general_texts import GeneralText
 from arithmech.evaluate.generation import generate_greedy
 from arithmech.knockout.ablation import ablation_sources, alignment_groups
 from arithmech.knockout.batched import knockout_scores
+from arithmech.knockout.end_only import end_knockout_scores, end_states
 from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.models.predictions import predict_at_end, top_tokens_at
@@ -107,7 +107,7 @@ def _lens(c: Ctx, what: str) -> Any:
     return mlp_cosines(c.view, c.states(), a_ids, b_ids, c.batch.answer_ids, numbers)
 
 
-def _shared_prefix(c: Ctx) -> Any:
+def _end_only_knockout(c: Ctx) -> Any:
     prefix = common_prefix_length(c.batch.ref_ids, c.batch.end)
     _, values = end_states(c.view, c.batch, prefix)
     return end_knockout_scores(c.view, c.batch, values.mean(), [[], [Component(0, 1)]], prefix)
@@ -147,7 +147,7 @@ CASES: dict[str, Callable[[Ctx], Any]] = {
     "logit_lens.mlp_cosines": lambda c: _lens(c, "cosines"),
     "logit_lens.update_ranks": lambda c: _lens(c, "ranks"),
     "attention.end_attention": lambda c: end_attention(c.view, c.batch.ref_ids, c.batch.ref_mask, c.batch.end, [0, 2]),
-    "shared_prefix.end_states+end_knockout_scores": _shared_prefix,
+    "end_only.end_states+end_knockout_scores": _end_only_knockout,
     "path.path_patch-path": lambda c: path_patch(c.view, c.batch, "path"),
     "path.path_patch-direct": lambda c: path_patch(c.view, c.batch, "direct"),
     "path.path_patch-total": lambda c: path_patch(c.view, c.batch, "total"),

@@ -127,3 +127,22 @@ def test_import_and_reading_tables_load_no_torch(run_dir) -> None:
     assert done.returncode == 0, done.stderr
     after_import, after_tables, n = json.loads(done.stdout.splitlines()[-1])
     assert after_import == [] and after_tables == [] and n > 0
+
+
+def test_circuit_from_python_and_its_tables(run_dir, tiny_model_dir) -> None:
+    """am.circuit scores the edges beside identify's node ranking; open_run reads its sweep as DataFrames."""
+    out, found, _ = run_dir
+    with single_thread():
+        model = am.load_model(str(tiny_model_dir("llama")), quiet=True)
+        result = am.circuit(model, identify_run=found, out=out / "circuit", method="eap", n_prompts=4,
+                            keep_incorrect=True, evaluate=True, compare_methods=["path-patching"], quiet=True)  # fmt: skip
+    assert result.out_dir == out / "circuit"
+    run = am.open_run(out)
+    assert run.status["circuit"] == "done"
+    table = run.circuit.cpr_cmd
+    rows = _csv(out / "circuit" / "cpr_cmd.csv")
+    assert len(table) == len(rows) and set(table["method"]) == {"eap", "path-patching"}
+    for record, row in zip(table.to_dict("records"), rows, strict=True):
+        assert all(_same(row[c], record[c]) for c in row)
+    full = run.circuit.faithfulness.query("percent == 100")
+    assert full["f"].to_numpy() == pytest.approx(1.0, abs=1e-4)  # the whole graph is the model

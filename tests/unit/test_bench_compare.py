@@ -1,4 +1,4 @@
-"""`make bench` comparison (benchmarks/compare.py), recording (benchmarks/record.py) and the README's Performance
+"""`make bench` comparison (benchmarks/compare.py), recording (benchmarks/record.py) and the docs' Performance
 tables (benchmarks/readme_tables.py), without any model."""
 
 from __future__ import annotations
@@ -306,23 +306,25 @@ def test_benchmarks_of_a_missing_extra_are_left_out(monkeypatch: pytest.MonkeyPa
         compare.select("peers", "cpu")
 
 
-def test_readme_section_is_replaced_between_the_markers_only(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\n{readme_tables.BEGIN}\nstale 107.7x\n{readme_tables.END}\n\nafter\n")
+def test_performance_section_is_replaced_between_the_markers_only(tmp_path: Path) -> None:
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Title\n\n{readme_tables.BEGIN}\nstale 107.7x\n{readme_tables.END}\n\nafter\n")
     results = tmp_path / "results.json"
     compare.write_results(results, {"full": {}, "quick": {"knockout": stamped({
         "speedup": 1.5, "batched_s": 2.0, "loop_s": 3.0, "accuracies_agree": True})}})  # fmt: skip
-    args = ["--results", str(results), "--readme", str(readme)]
+    args = ["--results", str(results), "--page", str(page)]
     assert readme_tables.main([*args, "--check"]) == 1
     assert readme_tables.main([*args, "--write"]) == 0 and readme_tables.main([*args, "--check"]) == 0
-    text = readme.read_text()
+    text = page.read_text()
     assert text.startswith("# Title\n\n<!-- bench:begin -->") and text.endswith("<!-- bench:end -->\n\nafter\n")
     assert "107.7x" not in text and "**1.50x**" in text
     with pytest.raises(ValueError, match="bench:begin"):
         readme_tables.replace_section("no markers", "section")
 
 
-def test_readme_performance_tables_are_what_results_json_renders() -> None:
-    """The README quotes no benchmark number that benchmarks/results.json does not hold (make bench-update and
-    make bench-full-update re-render it)."""
-    assert readme_tables.main(["--check"]) == 0, "run `python benchmarks/readme_tables.py --write` and commit README.md"
+def test_performance_page_tables_are_what_results_json_renders() -> None:
+    """docs/performance.md quotes no benchmark number that benchmarks/results.json does not hold (make bench-update
+    and make bench-full-update re-render it)."""
+    assert readme_tables.main(["--check"]) == 0, (
+        "run `python benchmarks/readme_tables.py --write` and commit docs/performance.md"
+    )

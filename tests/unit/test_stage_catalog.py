@@ -15,6 +15,7 @@ import typer
 import arithmech.stages
 from arithmech.cli import app
 from arithmech.pipeline import STAGES, canonical_stage
+from arithmech.runs import STAGE_FOLDERS
 from arithmech.stages.catalog import stage_configs
 
 READS_IDENTIFY = {
@@ -27,8 +28,11 @@ READS_NONE = {"identify", "mediate", "neurons", "heuristics", "evaluate"}
 """The stages known to read none."""
 NOT_STAGES = {"run", "report"}
 """Commands that run no single stage of their own."""
-NOT_IN_RUN = {"circuit"}
-"""Stage commands that `arithmech run` does not run yet."""
+
+
+def test_run_folders_list_the_pipeline_stages_in_order() -> None:
+    """Reports find a run's stage folders from `runs.STAGE_FOLDERS` (they do not import the pipeline)."""
+    assert tuple(stage.name for stage in STAGES) == STAGE_FOLDERS
 
 
 def _config_modules() -> list[str]:
@@ -71,7 +75,7 @@ def test_every_pipeline_stage_and_command_has_a_declared_config() -> None:
     names = commands(typer.main.get_command(app), "")
     assert {"identify", "analyze fourier", "finetune"} <= set(names)
     for name in names:
-        known = name in NOT_STAGES | NOT_IN_RUN or canonical_stage(name) in by_name
+        known = name in NOT_STAGES or canonical_stage(name) in by_name
         assert known, f"command {name!r} runs no known stage"
 
 

@@ -16,7 +16,7 @@ Number index
 Readout (per prompt i, at its END; shapes [layer, batch, ...])
     v[l, i]        a component's contribution to the residual: the attention output of layer l as it is added
                    (o_proj output, after Gemma 2/3's post-attention norm), or the MLP's (`logit_lens.mlp_update`).
-    s_i            the final norm's scale of the intact final residual at END (`neurons/readout.FixedNorm`),
+    s_i            the final norm's scale of the intact final residual at END (`models/readout.FixedNorm`),
                    held fixed, as the MLP lens and LI do: the readout is then linear in v.
     R [N, d_model] the number tokens' readout rows: R[n] = c(g * W_U[t_n]), with g the final norm's effective
                    gain and c the mean-centering of a LayerNorm (the identity for RMSNorm), so that
@@ -41,7 +41,7 @@ High-frequency share (one number per component group, with two references)
                    (Gaussian, seeded; `random_direction_power`), mean and standard deviation over the draws:
                    what the readout rows R alone make of a vector with no preference (they are not orthogonal,
                    so this is not the flat level).
-    A share of one-sided magnitudes |X| (the reading before issue 21) gives f = N/2, one real dimension, the
+    A share of one-sided magnitudes |X| (an earlier reading) gives f = N/2, one real dimension, the
     same single bin as every other f, which stands for two (the parity counts double), and on a white spectrum
     it scores 59.2% for N = 10, not 55.6%.
 
@@ -91,8 +91,8 @@ import torch
 from arithmech.analysis.logit_lens import mlp_update
 from arithmech.errors import ConfigError
 from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.readout import compute_dtype, final_norm
 from arithmech.models.view import ModelView
-from arithmech.neurons.readout import compute_dtype, final_norm
 from arithmech.patching.states import EndStates
 
 _RANK_TOL = 1e-10

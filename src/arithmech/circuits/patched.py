@@ -36,6 +36,11 @@ d_model multiply-accumulates, ~0.5 F for a dense circuit, near 0 for a small one
 norms and per-head projections (up to 3H of them per layer). Memory: the swap terms of every sender,
 4 bytes x senders x pos x d_model per row (301 x 576 x 4 B = 0.7 MB per position on SmolLM2).
 
+Starting later (`clean_prefix.py`, for the oracle): with `start`, a pass whose circuits keep every edge into the
+layers below `start.layer` runs only layers start.layer.. on positions start.position.., from the clean run's
+residual and keys/values, with the swap terms of the senders below given. With `shared`, the first positions
+that every prompt and counterfactual share run once as a key/value cache (the sweep).
+
 Gradients: with `probe=True` a zero tensor requiring grad is added to every receiver's input, so
 d metric / d probe = d metric / d x_r for each receiver separately (EAP uses the cheaper `gradients.py`; the two
 agree, tested).
@@ -53,6 +58,7 @@ import torch
 from torch import nn
 
 from arithmech.circuits.batch import at_end
+from arithmech.circuits.clean_prefix import PassStart
 from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.replicas import GroupReplicas, skipped_input
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph
@@ -271,6 +277,7 @@ def patched_end_resid(
     probe: bool = False,
     extra_post: Sequence[tuple[nn.Module, PostHook]] = (),
     shared: int = 0,
+    start: PassStart | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The logits' input at END [batch, d_model] with circuit `keep` [receiver, sender], and the probes.
 
@@ -284,6 +291,8 @@ def patched_end_resid(
     shared: how many first positions hold the same tokens in every prompt and in the ablation's prompts
     (`shared_positions`): no edge changes anything there, so they run once, as a key/value cache, and the
     patched pass runs on the later positions only.
+    `start` (no probes): begin at a later layer and position (see above); every circuit must keep all edges into
+    the receivers below `start.layer`.
     """
     check_edge_graph(view)
     d = view.dims
@@ -291,18 +300,26 @@ def patched_end_resid(
     swap = ((1 - keep.to(torch.float32)) * graph.valid).to(device)
     swap = swap if swap.dim() == 3 else swap[None]  # [circuit, receiver, sender]
     circuits = int(swap.shape[0])
+    first, offset = (0, shared) if start is None else (start.layer, start.position)
+    if start is not None:
+        if bool(swap[:, : start.first_receiver].any()) or probe or shared:
+            raise ValueError("a pass that starts late must keep every edge below its layer (and has no probes)")
+        ablated = start.ablated(ablated)
     if circuits > 1:  # the ablated outputs stay one per prompt: each swap term broadcasts them over circuits
         input_ids, attention_mask = input_ids.repeat(circuits, 1), attention_mask.repeat(circuits, 1)
     batch = int(input_ids.shape[0])
     inputs = GroupReplicas(d, batch).shared_start(view, input_ids[0, :shared])
     input_ids, ablated = input_ids[:, shared:], ablated.positions_from(shared)  # the mask stays whole
     run = _Run(
-        view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1 - shared, batch=batch,
+        view=view, graph=graph, ablated=ablated, end=attention_mask.long().sum(-1) - 1 - offset, batch=batch,
         replicas=GroupReplicas(d, batch), probe=probe, needs_swaps=bool(swap.any()), swaps=SwapTerms(graph, swap),
     )  # fmt: skip
+    if start is not None and run.needs_swaps:  # the senders below start.layer: one term per prompt, for every circuit
+        for first_sender, term in start.terms:
+            run.add_terms(first_sender, term.new_zeros(()).expand(term.shape[0], batch, *term.shape[2:]), term)
     pre: list[tuple[nn.Module, PreHook]] = [(view.final_norm, run.logits_input)]
     post: list[tuple[nn.Module, PostHook]] = list(extra_post)
-    for layer in range(d.n_layers):
+    for layer in range(first, d.n_layers):
         pre += [
             (view.attn_norm(layer), run.attn_inputs(layer)),
             (view.o_proj(layer), run.head_outputs(layer)),
@@ -312,9 +329,13 @@ def patched_end_resid(
         pre += [(module, skipped_input) for module, _ in projections]  # their output is replaced
         post += [*projections, (view.mlp(layer), run.mlp_output(layer))]
     ids, mask = input_ids.to(device), attention_mask.to(device)
+    layers = range(first, d.n_layers)
     tiled = run.replicas.replicas > 1
-    replicas = [(view.attn(layer), run.replicas.attention_inputs) for layer in range(d.n_layers)] if tiled else []
+    replicas = [(view.attn(layer), run.replicas.attention_inputs) for layer in layers] if tiled else []
     with hooks(pre=pre, post=post, pre_kwargs=replicas):
-        view.model.base_model(input_ids=ids, attention_mask=mask, **inputs)
+        if start is None:
+            view.model.base_model(input_ids=ids, attention_mask=mask, **inputs)
+        else:
+            start.run(view, circuits)
     assert run.end_resid is not None
     return run.end_resid, run.probes

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from arithmech.models.from_layer import prefix_cache
 from arithmech.models.shared_prefix import SharedPrefix
 from arithmech.models.view import Dims, ModelView
 
@@ -57,16 +56,18 @@ class GroupReplicas:
                 kwargs[name] = self.batch_tiled(value)
             elif isinstance(value, tuple):
                 kwargs[name] = tuple(self.batch_tiled(v) if isinstance(v, torch.Tensor) else v for v in value)
+        for name, value in kwargs.items():
+            if hasattr(value, "update") and not isinstance(value, dict):  # a prefix's key/value cache
+                kwargs[name] = _ReplicaCache(value, self.replicas, self.batch)
         return args, kwargs
 
     def shared_start(self, view: ModelView, tokens: torch.Tensor) -> dict[str, Any]:
         """Base-model inputs that continue after `tokens` [shared] (the same in every row): their key/value cache,
-        run once and indexed out for every row of every replica (the attention's replicas read it too)."""
+        run once and indexed out for every row (the attention's replicas read it through `attention_inputs`)."""
         if len(tokens) == 0:
             return {"use_cache": False}
-        prefix = SharedPrefix(view, tokens)
-        rows = torch.zeros(self.batch * self.replicas, dtype=torch.long)
-        return {"use_cache": True, prefix.arg: prefix_cache(view, prefix.cache, rows, len(tokens))}
+        prefix = SharedPrefix.of_tokens(view, tokens)
+        return {"use_cache": True, prefix.arg: prefix.past(torch.zeros(self.batch, dtype=torch.long))}
 
     def heads_from_replicas(self, z: torch.Tensor) -> torch.Tensor:
         """o_proj input [replicas * batch, pos, head * d_head] -> [batch, pos, head * d_head], head h from
@@ -88,6 +89,20 @@ class GroupReplicas:
             y = torch.diagonal(y, dim1=0, dim2=4)  # [batch, pos, kv, d_head, group]
             return y.permute(2, 4, 0, 1, 3).reshape(d.n_heads, self.batch, -1, d.d_head)
         return y.permute(3, 0, 1, 2, 4).reshape(d.n_heads, self.batch, -1, d.d_head)  # kv head k, replica j
+
+
+class _ReplicaCache:
+    """A read-only prefix cache seen by the attention's replicas of the batch: each replica the batch's keys."""
+
+    def __init__(self, cache: Any, replicas: int, batch: int) -> None:
+        self.cache, self.replicas, self.batch = cache, replicas, batch
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """[replicas * batch, kv_head, prefix + pos, d_head] each: the prefix repeated, then the new keys."""
+        none = key_states[: self.batch, :, :0], value_states[: self.batch, :, :0]
+        keys, values = self.cache.update(*none, *args, **kwargs)  # [batch, kv_head, prefix, d_head]
+        tiled = [t.repeat(self.replicas, 1, 1, 1) for t in (keys, values)]
+        return torch.cat([tiled[0], key_states], dim=-2), torch.cat([tiled[1], value_states], dim=-2)
 
 
 def skipped_input(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

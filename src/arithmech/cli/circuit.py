@@ -5,6 +5,9 @@ Examples:
     arithmech circuit --from runs/circuit-add --evaluate --out runs/circuit-add        # the faithfulness sweep
     arithmech circuit --method random --evaluate --out runs/circuit-random             # the baseline's CPR / CMD
     arithmech circuit --method path-patching --identify runs/add --evaluate            # identify's heads as a circuit
+    arithmech circuit --evaluate --compare-methods path-patching,random --identify runs/add   # side by side
+    arithmech circuit --from runs/circuit-add --draw-percent 0.2 --out runs/circuit-draw      # circuit.svg, 0.2 %
+    arithmech circuit --mib-dataset mib-bench/arithmetic_addition --evaluate           # MIB's own prompts
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def circuit(
     method: Annotated[
         str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline), path-patching (--identify) or random.")
     ] = "eap-ig",
+    compare_methods: Annotated[
+        str, typer.Option(help="Further rankings swept on the same prompts (with --evaluate): path-patching, random.")
+    ] = "",
     identify_run: Annotated[
         Path | None, typer.Option("--identify", help="Identify run whose node ranking path-patching turns into edges.")
     ] = None,
@@ -52,6 +58,13 @@ def circuit(
         str, typer.Option(help="Circuit sizes of the sweep, % of edges.")
     ] = "0.1,0.2,0.5,1,2,5,10,20,50,100",
     circuit_percent: Annotated[float, typer.Option(help="Size marked in_graph in edges.json, % of edges.")] = 5.0,
+    draw_percent: Annotated[
+        float | None,
+        typer.Option(
+            help="Size of the drawn circuit (circuit.svg), % of edges; default the smallest swept circuit "
+            "with f >= 0.8, else the top 200 edges; at most 500 edges are drawn."
+        ),
+    ] = None,
     from_circuit: Annotated[
         Path | None, typer.Option("--from", help="Circuit folder whose edge scores and prompts are reused.")
     ] = None,
@@ -65,6 +78,14 @@ def circuit(
     keep_incorrect: Annotated[
         bool, typer.Option("--keep-incorrect", help="Keep prompts whose scored token the model does not predict.")
     ] = False,
+    mib_dataset: Annotated[
+        str | None,
+        typer.Option(help="MIB's own data: mib-bench/arithmetic_addition (or _subtraction), or a local copy of it."),
+    ] = None,
+    mib_split: Annotated[str, typer.Option(help="Split of --mib-dataset.")] = "train",
+    min_prompts: Annotated[
+        int, typer.Option(help="Fewest pairs that may survive the answer filter; fewer is refused.")
+    ] = 4,
     max_operand: Annotated[int, typer.Option(help="Largest operand of the prompts.")] = 99,
     batch_size: Annotated[int, typer.Option(help="Prompts per patched forward pass.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the prompts and of the random ranking.")] = 0,
@@ -79,6 +100,7 @@ def circuit(
 
     cfg, out_dir = preflight.check(CircuitConfig(
         method=method,
+        compare_methods=split(compare_methods),
         identify_run=str(identify_run) if identify_run else None,
         operations=split(operations),
         n_prompts=n_prompts,
@@ -87,10 +109,14 @@ def circuit(
         evaluate=evaluate,
         percents=_floats(percents),
         circuit_percent=circuit_percent,
+        draw_percent=draw_percent,
         from_circuit=str(from_circuit) if from_circuit else None,
         oracle=oracle,
         compare=tuple(str(p) for p in compare or ()),
         keep_incorrect=keep_incorrect,
+        mib_dataset=mib_dataset,
+        mib_split=mib_split,
+        min_prompts=min_prompts,
         max_operand=max_operand,
         batch_size=batch_size,
         seed=seed,
@@ -99,6 +125,8 @@ def circuit(
 
     result = run_circuit(load(), cfg, out_dir, quiet=quiet)
     typer.echo(f"graph: {result.n_edges:,} edges (MIB's count); {result.n_prompts} prompts; ranking: {result.method}")
+    for counts in result.filtered or ():
+        typer.echo(f"answer filter, {counts.describe()}")
     if result.sweep is not None:
         sweep = result.sweep
         typer.echo(f"m(full) = {sweep.m_full:.3f}, m(empty) = {sweep.m_empty:.3f}")
@@ -106,6 +134,8 @@ def circuit(
         for k, n, fs, fa in zip(sweep.percents, sweep.edges, sweep.f_signed, sweep.f_absolute, strict=True):
             typer.echo(f"{k:8.1f}  {n:6d}  {fs:10.3f}  {fa:11.3f}")
         typer.echo(f"CPR {sweep.cpr:.3f} (higher is better), CMD {sweep.cmd:.3f} (lower is better)")
+        for name, other in (result.compared or {}).items():
+            typer.echo(f"{name}: CPR {other.cpr:.3f}, CMD {other.cmd:.3f}")
     if result.oracle is not None:
         agree = result.oracle
         typer.echo(f"exact scores of {agree['edges']} edges: Spearman {agree['spearman']:.3f} with the method's, "

@@ -16,8 +16,7 @@ Background
       split on its own, so 5 - 3 may be a test problem while 5 + 3 (another fact) is trained. Across operations
       one fact joins addition and subtraction (2 + 3 = 5 is 5 - 3 = 2), and multiplication and division; those
       links chain the whole grid, so they are not held out but counted (`related_fact_trained`, in split.json).
-    Zhang et al. (2024) fine-tune on word problems and do not split arithmetic prompts; this split is ours (issues
-    #14, #21).
+    Zhang et al. (2024) fine-tune on word problems and do not split arithmetic prompts; this split is ours.
 
 Parts (`split_prompts`; every prompt is `few_shot` solved examples of its own template, then the query)
     train       train templates x train pairs; solved examples: train pairs of other facts.

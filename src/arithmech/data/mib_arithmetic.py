@@ -1,8 +1,15 @@
 """MIB's arithmetic prompts (circuit track, arithmetic_addition / arithmetic_subtraction), built locally.
 
 Format: "Q: How much is {A} plus {B}? A:" (subtraction: "minus"), answer " {C}"; the counterfactual is the same
-template with new random operands (MIB's counterfactual for arithmetic), its answer C'. Operands are drawn
-from 0..max_operand by a local seeded RNG; subtraction keeps A >= B so that answers are not negative.
+template with new random operands (MIB's "random_counterfactual"), its answer C'. Operands are drawn from
+0..max_operand by a local seeded RNG; subtraction keeps A >= B so that answers are not negative.
+
+Pairs are made from a stream of single prompts (`mib_prompt_stream`) by `PromptPairer`: each prompt becomes the
+counterfactual of the earliest unpaired prompt before it of equal token length and another scored token. A
+counterfactual is thus still a prompt with independent random operands; but a caller that keeps only prompts
+the model answers (`circuits/prompts.answered_pairs`) pairs those, instead of drawing pairs and losing every
+pair where either prompt is missed (on SmolLM2-135M with operands up to 99, 1 drawn addition pair in 256 had both
+prompts answered, against 1 prompt in 9 to 11).
 
 Scored token (documented rule): the first token of the answer that carries a digit. Tokenizers that split
 numbers into digits (SmolLM2) also split the space before them into a token of its own, which would be the
@@ -19,6 +26,8 @@ References: Mueller et al. 2025 (MIB), arithmetic task; Stolfo et al. 2023 (the 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from arithmech.data.prompts import PromptPair
@@ -27,6 +36,19 @@ from arithmech.errors import ConfigError
 
 MIB_TEMPLATE = "Q: How much is {A} {op} {B}? A:"
 MIB_OPERATIONS: dict[str, str] = {"addition": "plus", "subtraction": "minus"}
+
+
+@dataclass(frozen=True)
+class MibPrompt:
+    """One prompt of MIB's template as the model sees it, with its answer and the answer's scored token."""
+
+    text: str
+    answer: str
+    a: int
+    b: int
+    answer_id: int
+    length: int
+    """Tokens of `text`: a counterfactual must have as many (edges are patched position by position)."""
 
 
 def _draw(rng: random.Random, operation: str, max_operand: int) -> tuple[int, int, int]:
@@ -40,45 +62,70 @@ def _render(operation: str, a: int, b: int) -> str:
     return MIB_TEMPLATE.format(A=a, B=b, op=MIB_OPERATIONS[operation])
 
 
+def check_operation(operation: str) -> None:
+    if operation not in MIB_OPERATIONS:
+        raise ConfigError(f"operation {operation!r} has no MIB prompts; choose from {', '.join(MIB_OPERATIONS)}")
+
+
+def mib_prompt_stream(tokenizer: Any, operation: str, seed: int = 0, max_operand: int = 99) -> Iterator[MibPrompt]:
+    """Endless seeded prompts with random operands (those whose scored token carries no digit are skipped)."""
+    check_operation(operation)
+    rng = random.Random(f"mib-{operation}-{seed}")
+    while True:
+        a, b, c = _draw(rng, operation, max_operand)
+        scored = scored_prompt(tokenizer, _render(operation, a, b), str(c))
+        if scored is not None:
+            yield MibPrompt(text=scored[0], answer=str(c), a=a, b=b, answer_id=scored[1], length=scored[2])
+
+
+class PromptPairer:
+    """Pairs prompts as they come: a prompt is the counterfactual of the earliest unpaired one before it of equal
+    token length and another scored token (pairs whose scored tokens are equal carry no signal)."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.waiting: dict[int, list[MibPrompt]] = {}
+
+    def add(self, prompt: MibPrompt) -> PromptPair | None:
+        pool = self.waiting.setdefault(prompt.length, [])
+        for i, clean in enumerate(pool):
+            if clean.answer_id != prompt.answer_id:
+                del pool[i]
+                return PromptPair(
+                    reference=clean.text, counterfactual=prompt.text, answer=clean.answer, operation=self.operation,
+                    a=str(clean.a), b=str(clean.b),
+                    extra={"cf_answer": prompt.answer, "answer_id": clean.answer_id, "cf_answer_id": prompt.answer_id},
+                )  # fmt: skip
+        pool.append(prompt)
+        return None
+
+
 def mib_pairs(
     tokenizer: Any, operation: str, n: int, seed: int = 0, max_operand: int = 99, tries: int = 20
 ) -> list[PromptPair]:
-    """Up to `n` clean/counterfactual pairs of equal token length whose scored answer tokens differ.
+    """Up to `n` clean/counterfactual pairs of equal token length whose scored answer tokens differ, from at most
+    n x `tries` prompts.
 
     Each pair's `extra` holds the scored token ids ("answer_id", "cf_answer_id") and the counterfactual answer
     ("cf_answer"); `reference` / `counterfactual` are the prompts as the model sees them (with the split-off
     space when the tokenizer splits it).
     """
-    if operation not in MIB_OPERATIONS:
-        raise ConfigError(f"operation {operation!r} has no MIB prompts; choose from {', '.join(MIB_OPERATIONS)}")
-    rng = random.Random(f"mib-{operation}-{seed}")
+    pairer = PromptPairer(operation)
     pairs: list[PromptPair] = []
+    stream = mib_prompt_stream(tokenizer, operation, seed, max_operand)
     for _ in range(n * tries):
-        if len(pairs) == n:
-            break
-        pair = _pair(tokenizer, operation, rng, max_operand)
+        pair = pairer.add(next(stream))
         if pair is not None:
             pairs.append(pair)
+            if len(pairs) == n:
+                break
     return pairs
 
 
-def _pair(tokenizer: Any, operation: str, rng: random.Random, max_operand: int) -> PromptPair | None:
-    a, b, c = _draw(rng, operation, max_operand)
-    a2, b2, c2 = _draw(rng, operation, max_operand)
-    clean = _scored(tokenizer, _render(operation, a, b), c)
-    cf = _scored(tokenizer, _render(operation, a2, b2), c2)
-    if clean is None or cf is None or clean[2] != cf[2] or clean[1] == cf[1]:
-        return None
-    return PromptPair(
-        reference=clean[0], counterfactual=cf[0], answer=str(c), operation=operation, a=str(a), b=str(b),
-        extra={"cf_answer": str(c2), "answer_id": clean[1], "cf_answer_id": cf[1]},
-    )  # fmt: skip
-
-
-def _scored(tokenizer: Any, prompt: str, answer: int) -> tuple[str, int, int] | None:
+def scored_prompt(tokenizer: Any, prompt: str, answer: str) -> tuple[str, int, int] | None:
     """(prompt as the model sees it, id of the answer's first token, prompt length in tokens), or None when that
     token carries no digit. `answer_tokens` keeps the space in the prompt where the tokenizer splits it off."""
-    split = answer_tokens(tokenizer, prompt + " ", str(answer))
+    split = answer_tokens(tokenizer, prompt.rstrip() + " ", answer)
     if split is None:
         return None
     head, ids = split

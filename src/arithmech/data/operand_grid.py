@@ -11,7 +11,7 @@ Prompts
     One template per operation. Every prompt of the grid gets the SAME few-shot prefix of solved examples
     (drawn once per template from the valid pairs, seeded), so two prompts differ only in the final query's
     operands: a neuron's activation pattern over the grid then reflects the operands alone, and the prefix's
-    keys and values can be computed once (`analysis.shared_prefix`). The counterfactual of each pair is its
+    keys and values can be computed once (`models/shared_prefix.py`). The counterfactual of each pair is its
     reference (the scan needs none).
 
 Examples outside the queried cells

@@ -4,7 +4,7 @@ Background
     The arithmetic test part asks every held-out template on every held-out problem (subtraction: 6 templates x
     20 problems = 120 prompts). Two prompts of one template share its phrasing, two of one problem share its
     numbers, so their outcomes are correlated and the 120 are worth fewer independent draws; the Wilson interval
-    on n = 120 is then too narrow (issue #21). Problems are clustered by their fact (data/facts.py), so 3 + 5 and
+    on n = 120 is then too narrow. Problems are clustered by their fact (data/facts.py), so 3 + 5 and
     5 + 3, or 7 - 2 and 7 - 5, count as one unit.
 
 Method: two-way cluster-robust variance of a mean (Cameron, Gelbach & Miller 2011), y_i per prompt, e_i = y_i - mean:

@@ -5,7 +5,7 @@ Background
     skill: arithmetic prompts of the project's templates (data/arithmetic_split.py, train templates x train
     operand pairs), and tested on held-out templates and pairs (`arithmech evaluate --benchmarks arithmetic`).
     Zhang et al. (2024) train on math word problems instead; at 135M parameters those stay out of reach, while
-    arithmetic is where the default model is weak but not helpless (issue #14).
+    arithmetic is where the default model is weak but not helpless.
 
 Examples
     prompt  a train prompt exactly as the benchmark asks it: `few_shot` solved examples of the same template

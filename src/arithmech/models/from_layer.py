@@ -11,19 +11,19 @@ How
     One call of the model's own forward per block of rows, so every family's masks, positions (rotary,
     sliding windows, Gemma's per-layer-type masks) and cache handling are the model's own. The batch the model
     is called with is the prompts: their tokens (positions start.., the embedding is discarded), attention
-    mask and key/value cache of the positions before (`prefix_cache`). A forward pre-hook on each decoder layer
-    l replaces its input by the rows that joined at earlier layers (the layer below's output) followed by those
-    joining at l, so rows must come sorted by layer; it maps every per-prompt argument of the layer (attention
-    mask, position embeddings, ...: a tensor whose first dimension is the number of prompts) to the rows'
-    prompts, and the cache to `_RowCache`, whose `update` returns each row's prompt's cached keys followed by
-    the row's own new ones and stores nothing. Rows of layer n_layers join at the final norm.
+    mask and key/value cache of the positions before (`shared_prefix.prefix_cache`). A forward pre-hook on each
+    decoder layer l replaces its input by the rows that joined at earlier layers (the layer below's output)
+    followed by those joining at l, so rows must come sorted by layer; it maps every per-prompt argument of the
+    layer (attention mask, position embeddings, ...: a tensor whose first dimension is the number of prompts) to
+    the rows' prompts, and the cache to `_RowCache`, whose `update` returns each row's prompt's cached keys
+    followed by the row's own new ones and stores nothing. Rows of layer n_layers join at the final norm.
 
     Per row, the work is (n_layers - layer) x positions token-layers instead of n_layers x positions; the
     layers below a row's layer run only on the rows that have joined so far (below the first row's layer, on one
     stand-in row, since a layer cannot run on an empty batch).
 
 Usage
-    >>> ref_cache = full_cache()  # pass as the reference run's cache: keeps every position of every layer
+    >>> ref_cache = full_cache()  # models/shared_prefix: the reference run keeps every position of every layer
     >>> rows = JoiningRows(prompt=p, layer=l, resid=x)  # [row], [row] sorted, [row, pos, d_model]
     >>> with hooks(...):  # the caller's own patches, indexed by row in this order
     ...     final = run_from_layers(view, rows, ids[:, -1:], prefix=prefix_cache(view, ref_cache, prompts, end))
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 
 from arithmech.errors import SpecError
 from arithmech.models.hooks import hooks
@@ -54,32 +54,6 @@ class JoiningRows:
     def __post_init__(self) -> None:
         if len(self.layer) > 1 and bool((self.layer[1:] < self.layer[:-1]).any()):
             raise ValueError("JoiningRows must be sorted by layer: rows join the batch in order")
-
-
-def full_cache() -> DynamicCache:
-    """An empty cache that keeps every position of every layer, also of sliding-window layers.
-
-    Given to a reference pass, it holds the keys/values of any prefix, of any of its prompts, at any length.
-    """
-    return DynamicCache()
-
-
-def prefix_cache(view: ModelView, cache: Cache, prompts: torch.Tensor, length: int) -> DynamicCache:
-    """The model's own cache of positions < `length` of some prompts, indexed out of a `full_cache` run.
-
-    Built as the model would build it on those positions (sliding-window layers keep their window), so the
-    masks the model makes from it fit what `_RowCache` returns.
-    """
-    out = DynamicCache(config=view.model.config)
-    for layer, kept in enumerate(cache.layers):
-        rows = prompts.to(kept.keys.device)
-        out.update(kept.keys[rows, :, :length], kept.values[rows, :, :length], layer)
-    return out
-
-
-def shared_cache(cache: Cache, length: int) -> DynamicCache:
-    """The first `length` positions of every row of a `full_cache` run, for a run that shares them."""
-    return DynamicCache(ddp_cache_data=[(k.keys[:, :, :length], k.values[:, :, :length]) for k in cache.layers])
 
 
 @torch.no_grad()

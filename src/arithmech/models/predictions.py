@@ -86,7 +86,7 @@ def top_tokens_at(
         mask = pad_sequence([torch.ones_like(t) for t in tokens], batch_first=True)  # 1 = real token
         first_read = torch.tensor([min(reads[i]) for i in rows])
         shared = common_prefix_length(ids, first_read)  # every read position stays after it
-        resid = SharedPrefix(view, ids[0, :shared]).final_resid(ids[:, shared:], mask[:, shared:])
+        resid = SharedPrefix.of_tokens(view, ids[0, :shared]).final_resid(ids[:, shared:], mask[:, shared:])
         which = torch.tensor([b for b, i in enumerate(rows) for _ in reads[i]], device=resid.device)
         at = torch.tensor([p - shared for i in rows for p in reads[i]], device=resid.device)
         top = view.vocab_logits(resid[which, at]).float().argmax(-1).tolist()  # [reads of the batch]

@@ -2,8 +2,8 @@
 
 Every stage reads a model through the same small set of sites: the input of the attention output projection
 (split by head), the attention module (whose second output is the attention pattern), the attention and MLP
-outputs, the norms around them and the final norm; the unembedding is
-the model's own `get_output_embeddings()`.
+outputs, the MLP's down projection (whose input is the neurons), the norms around them and the final norm; the
+unembedding is the model's own `get_output_embeddings()`.
 A family's spec says only where those modules live and how their weights are laid out; `models/view.py`
 turns a spec plus a loaded model into tensors. Adding an architecture means writing one spec in
 `models/archs/` and nothing else.
@@ -35,6 +35,8 @@ class ArchSpec:
     """Norm before attention; its input is the residual stream entering the block."""
     mlp: str
     """The MLP module (position-wise)."""
+    down_proj: str
+    """The MLP's down projection (e.g. "mlp.down_proj"); its input is the neuron activations [..., d_mlp]."""
     mlp_norm: str
     """Norm before the MLP; its input is the residual the MLP reads."""
     attn: str

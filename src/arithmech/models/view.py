@@ -163,6 +163,10 @@ class ModelView:
     def mlp(self, layer: int) -> nn.Module:
         return self.module(layer, self.spec.mlp)
 
+    def down_proj(self, layer: int) -> nn.Module:
+        """The MLP's down projection, whose input is the neuron activations [..., d_mlp]."""
+        return self.module(layer, self.spec.down_proj)
+
     def mlp_norm(self, layer: int) -> nn.Module:
         return self.module(layer, self.spec.mlp_norm)
 

@@ -11,6 +11,7 @@ lora_train    train a LoRA adapter on chosen layers to predict the answer token 
 lora_effect   how an adapter (trained here or a user's peft folder) moves chosen neurons' coefficients and LI
 """
 
+from arithmech.models.readout import FixedNorm, final_norm, log_probs
 from arithmech.neurons.coefficients import (
     d_mlp,
     down_proj_bias,
@@ -51,7 +52,6 @@ from arithmech.neurons.lora_adapter import LoraAdapter, applied_lora
 from arithmech.neurons.lora_effect import CoefficientChange, coefficient_change
 from arithmech.neurons.lora_train import LoraTrainConfig, train_layer_lora
 from arithmech.neurons.pruning import PruningResult, pruning_sweep, random_keep_sets, top_keep_sets
-from arithmech.neurons.readout import FixedNorm, final_norm, log_probs
 
 __all__ = [
     "CoefficientChange",

@@ -9,7 +9,7 @@ Background
         mlp_out = sum_k m_lk * W_down[:, k] + b_down                     [d_model]
 
     so neuron k adds m_lk * v_lk to the residual stream. The coefficients are exactly the input of the MLP's
-    down projection (`patching.mediation.down_proj`), which is where this module reads and masks them.
+    down projection (`ModelView.down_proj`), which is where this module reads and masks them.
 
 Shapes
     end_coefficients(view, ids, mask, end, layers)  [row, len(layers), d_mlp]  m at each row's END
@@ -43,25 +43,24 @@ from torch import nn
 from arithmech.errors import ConfigError
 from arithmech.models.hooks import hooks
 from arithmech.models.view import ModelView
-from arithmech.patching.mediation import down_proj
 
 
 def d_mlp(view: ModelView, layer: int) -> int:
     """Number of FFN neurons of `layer` (the width of its down projection's input)."""
-    w = down_proj(view, layer).weight
+    w = view.down_proj(layer).weight
     return int(w.shape[0] if view.spec.conv1d else w.shape[1])
 
 
 def value_vectors(view: ModelView, layer: int) -> torch.Tensor:
     """[d_mlp, d_model]: row k is W_down[:, k], what neuron k writes per unit of its coefficient (a view)."""
     _check_layers(view, (layer,))
-    w = down_proj(view, layer).weight
+    w = view.down_proj(layer).weight
     return w if view.spec.conv1d else w.T  # [d_mlp, d_model]
 
 
 def down_proj_bias(view: ModelView, layer: int) -> torch.Tensor | None:
     """The down projection's bias [d_model] (None for bias-free families such as Llama)."""
-    return getattr(down_proj(view, layer), "bias", None)
+    return getattr(view.down_proj(layer), "bias", None)
 
 
 @torch.no_grad()
@@ -87,7 +86,7 @@ def end_coefficients(
 
     device = view.o_proj(0).weight.device
     last = int(end.max()) + 1
-    with hooks(pre=[(down_proj(view, layer), read(i)) for i, layer in enumerate(layers)]):
+    with hooks(pre=[(view.down_proj(layer), read(i)) for i, layer in enumerate(layers)]):
         view.model.base_model(
             input_ids=ids[:, :last].to(device), attention_mask=mask[:, :last].to(device), use_cache=False
         )
@@ -110,7 +109,7 @@ def mask_neurons(view: ModelView, keep: Mapping[int, torch.Tensor | Sequence[int
             raise ConfigError(f"kept neurons of layer {layer} must be indices in 0..{width - 1}")
         gate = torch.zeros(width, dtype=torch.bool)
         gate[idx] = True
-        pre.append((down_proj(view, layer), _keep_hook(gate)))
+        pre.append((view.down_proj(layer), _keep_hook(gate)))
     with hooks(pre=pre):
         yield
 

@@ -43,6 +43,7 @@ import torch
 
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import ablate, ablation_sources
+from arithmech.models.readout import final_norm, unembed_weight
 from arithmech.models.sites import Component
 from arithmech.models.view import ModelView
 from arithmech.neurons.log_increase import (
@@ -55,7 +56,6 @@ from arithmech.neurons.log_increase import (
     predictions,
     run_scales,
 )
-from arithmech.neurons.readout import final_norm, unembed_weight
 from arithmech.patching.path import PatchingBatch
 
 

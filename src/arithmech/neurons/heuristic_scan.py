@@ -12,7 +12,7 @@ Activation and direct effect (`scan_neurons`)
         DE[p, l, k] = m[p, l, k] * W_U[c_p] . (g * c(q_l * W_down[:, k])) / (s_p * t_{p, l})
 
     g the final norm's gain, c() its mean-centering (LayerNorm; identity for RMSNorm), s_p its scale at END in
-    the intact run, held fixed (`readout.FixedNorm`); q_l and t_{p, l} the gain and scale of Gemma 2/3's
+    the intact run, held fixed (`models/readout.FixedNorm`); q_l and t_{p, l} the gain and scale of Gemma 2/3's
     post-MLP norm (1 without one). DE is the neuron's part of the answer's logit before the soft-cap and
     without the unembedding bias; summed over the neurons, plus the down projection's bias read the same way,
     it is exactly the MLP's own contribution to that logit with the scales fixed (tested). One forward pass
@@ -24,9 +24,9 @@ Ablation (`ablation_sweep`)
     END by their mean over the prompts of the set ("mean") or by 0 ("zero"); k neurons in every chosen layer
     at once. Accuracy = top token at END is the answer. An ablation at END cannot change any earlier position,
     so the few-shot prefix that every grid prompt shares runs once, each prompt's query tokens before END once
-    per pass (on a copy of the prefix's keys and values), and every (configuration, prompt) row runs only the
-    END token on a copy of its prompt's cache, all configurations of a prompt in one batch: one token per row
-    instead of the whole prompt (as `analysis.shared_prefix` does for a prefix).
+    per pass (on the prefix's keys and values), and every (configuration, prompt) row runs only the END token
+    on its prompt's cache, all configurations of a prompt in one batch: one token per row instead of the whole
+    prompt (`models/shared_prefix.py`; the replacement at END is `models/end_value.py`'s).
 
 Shapes
     scan_neurons(view, batch, layers)                       NeuronScan: [prompt, layer, d_mlp] maps, [prompt]
@@ -37,7 +37,6 @@ References: Nikankin et al., ICLR 2025 (arXiv 2410.21272), sec. 3-5; METHODS.md 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,13 +44,13 @@ from typing import Any
 import torch
 
 from arithmech.data.tokens import TokenizedPairs
+from arithmech.models.end_value import input_at_end
 from arithmech.models.hooks import hooks
-from arithmech.models.shared_prefix import common_prefix_length
-from arithmech.models.view import ModelView, cache_kwarg
+from arithmech.models.readout import final_norm, unembed_weight
+from arithmech.models.shared_prefix import SharedPrefix, common_prefix_length
+from arithmech.models.view import ModelView
 from arithmech.neurons.coefficients import d_mlp
 from arithmech.neurons.log_increase import end_states, neuron_directions, predictions, run_scales
-from arithmech.neurons.readout import final_norm, unembed_weight
-from arithmech.patching.mediation import down_proj
 
 ABLATIONS: tuple[str, ...] = ("mean", "zero")
 
@@ -157,11 +156,11 @@ def ablation_sweep(
             masks, sources = _row_masks([configs[c] for c in config.tolist()], prompt, ranks, values, len(layers),
                                         width)  # fmt: skip
             at_end = torch.zeros(len(prompt), dtype=torch.long)  # END is the only position of each row
-            pre = [(down_proj(view, layer), _replace_at_end(masks[:, i], sources[:, i], at_end))
+            pre = [(view.down_proj(layer), input_at_end(masks[:, i], sources[:, i], at_end))
                    for i, layer in enumerate(layers) if bool(masks[:, i].any())]  # fmt: skip
-            last, cache = step.prepare(prompts, int(length), len(configs))  # the tokens before END, unablated
+            before_end = step.before_end(prompts, int(length))  # the tokens before END, unablated
             with hooks(pre=pre):
-                logits = step.logits(last, cache, int(length))  # [row, d_vocab]
+                logits = step.logits(before_end, prompts, int(length), len(configs))  # [row, d_vocab]
             answers = batch.answer_ids[prompt].to(logits.device)
             correct[config, prompt] = (logits.argmax(-1) == answers).cpu()
             prob[config, prompt] = logits.softmax(-1).gather(1, answers[:, None])[:, 0].cpu()
@@ -173,40 +172,25 @@ def ablation_sweep(
 
 
 class _EndStep:
-    """The END-token rows of an ablation: the prompts' shared prefix runs once (its key/value cache kept); per
-    pass, each prompt's tokens between the prefix and END run on a copy of it, and that cache, repeated
-    `copies` times, serves `logits()`, which runs only the END token of each prompt * copies row."""
+    """The END-token rows of an ablation: the prompts' shared prefix runs once; per pass, each prompt's tokens
+    between the prefix and END run on it (`before_end`), and `logits()` runs only the END token of each
+    (prompt, copy) row on its prompt's cache (`models/shared_prefix.py`)."""
 
     def __init__(self, view: ModelView, batch: TokenizedPairs) -> None:
         self.view, self.batch = view, batch
-        self.device = view.o_proj(0).weight.device
-        self.arg = cache_kwarg(view.model.base_model)
         self.p = common_prefix_length(batch.ref_ids, batch.end)
-        self.prefix = None
-        if self.p:
-            ids = batch.ref_ids[:1, : self.p].to(self.device)
-            self.prefix = getattr(view.model.base_model(input_ids=ids, use_cache=True), self.arg)
+        self.prefix = SharedPrefix.of_tokens(view, batch.ref_ids[0, : self.p])
 
-    def prepare(self, prompts: torch.Tensor, end: int, copies: int) -> tuple[torch.Tensor, Any]:
-        """(END tokens [row, 1], the cache of every row's earlier tokens) for `prompts`, all with END at `end`."""
-        ids = self.batch.ref_ids[prompts, : end + 1].to(self.device)  # [prompt, end + 1]: no padding before END
-        cache = copy.deepcopy(self.prefix)
-        if cache is not None:
-            cache.batch_repeat_interleave(len(prompts))
-        if end > self.p:  # the tokens between the shared prefix and END
-            mask = torch.ones(len(prompts), end, dtype=torch.long, device=self.device)
-            out = self.view.model.base_model(input_ids=ids[:, self.p : end], attention_mask=mask, use_cache=True,
-                                             **({self.arg: cache} if cache is not None else {}))  # fmt: skip
-            cache = getattr(out, self.arg)
-        if cache is not None:
-            cache.batch_repeat_interleave(copies)
-        return ids[:, end:].repeat_interleave(copies, dim=0), cache
+    def before_end(self, prompts: torch.Tensor, end: int) -> SharedPrefix:
+        """The run of `prompts` (all with END at `end`, so no padding before it) up to the token before END."""
+        between = self.batch.ref_ids[prompts, self.p : end]  # [prompt, end - p]
+        return self.prefix.extended(between, torch.zeros(len(prompts), dtype=torch.long))
 
-    def logits(self, last: torch.Tensor, cache: Any, end: int) -> torch.Tensor:
-        """[row, d_vocab] at END (`end` tokens before it), read out as `ModelView.end_logits` does."""
-        mask = torch.ones(len(last), end + 1, dtype=torch.long, device=self.device)
-        extra = {self.arg: cache} if cache is not None else {}
-        resid = self.view.final_resid(input_ids=last, attention_mask=mask, use_cache=cache is not None, **extra)
+    def logits(self, before_end: SharedPrefix, prompts: torch.Tensor, end: int, copies: int) -> torch.Tensor:
+        """[prompt * copies, d_vocab] at END, prompt-major, read out as `ModelView.end_logits` does."""
+        rows = torch.arange(len(prompts)).repeat_interleave(copies)  # [row]: the prompt of each row
+        last = self.batch.ref_ids[prompts, end : end + 1][rows]  # [row, 1]: the END token
+        resid = before_end.final_resid(last, torch.ones_like(last), rows)  # [row, 1, d_model]
         return self.view.vocab_logits(resid[:, -1]).float()
 
 
@@ -230,19 +214,6 @@ def _row_masks(
         masks[row] = ranks[c.seed or 0][p] < c.k
         sources[row] = values[c.ablation]
     return masks, sources
-
-
-def _replace_at_end(mask: torch.Tensor, source: torch.Tensor, end: torch.Tensor) -> Any:
-    """Pre-hook on a down projection: at each row's END, the masked neurons [row, d_mlp] read `source`."""
-
-    def fn(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        x = args[0]  # [row, pos, d_mlp]
-        rows, at = torch.arange(x.shape[0], device=x.device), end.to(x.device)
-        new = x.clone()
-        new[rows, at] = torch.where(mask.to(x.device), source.to(x.device, x.dtype), x[rows, at])
-        return (new, *args[1:])
-
-    return fn
 
 
 def check_width(view: ModelView, layers: Sequence[int]) -> int:

@@ -3,7 +3,7 @@
 Background
     Yu & Ananiadou (2024) measure a vector v that a component adds to the residual x by the change in the
     log-probability of a token w when x alone and x + v are read out through the final norm and the
-    unembedding, with the norm's scale held at the ORIGINAL run's final residual at END (see `readout.py`):
+    unembedding, with the norm's scale held at the ORIGINAL run's final residual at END (see `models/readout.py`):
 
         LI(x -> v) = log softmax(W_U norm(x + v))[w] - log softmax(W_U norm(x))[w]          (METHODS.md sec. 6)
 
@@ -48,10 +48,9 @@ from torch import nn
 
 from arithmech.errors import ConfigError
 from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.readout import FixedNorm, cap, compute_dtype, final_norm, log_probs, unembed_weight
 from arithmech.models.view import ModelView
 from arithmech.neurons.coefficients import value_vectors
-from arithmech.neurons.readout import FixedNorm, cap, compute_dtype, final_norm, log_probs, unembed_weight
-from arithmech.patching.mediation import down_proj
 
 DEFAULT_MAX_ELEMENTS = 2**25
 """Largest [row, neuron, d_vocab] block of logits built at once (128 MiB in float32)."""
@@ -104,7 +103,7 @@ def end_states(view: ModelView, batch: EndBatch, layers: Sequence[int]) -> EndSt
         pre += [
             (view.attn_norm(layer), read_input(("block_in", i))),
             (view.mlp_norm(layer), read_input(("mlp_in", i))),
-            (down_proj(view, layer), read_input(("coeff", i))),
+            (view.down_proj(layer), read_input(("coeff", i))),
         ]
         post += [(view.attn(layer), read_output(("attn", i))), (view.mlp(layer), read_output(("mlp_out", i)))]
     width = int(batch.end.max()) + 1

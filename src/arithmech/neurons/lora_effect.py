@@ -149,8 +149,8 @@ def _neuron_li(
     for a 49k vocabulary costs minutes on a CPU): logits(x + m_k v_k) = L0 + (m_k / (s t)) U_k, soft-cap and
     log-softmax exact.
     """
+    from arithmech.models.readout import cap, final_norm, unembed_weight
     from arithmech.neurons.log_increase import end_states, neuron_directions, run_scales
-    from arithmech.neurons.readout import cap, final_norm, unembed_weight
 
     layers = sorted({layer for layer, _ in neurons})
     states = end_states(view, _Prompts(ids, mask, end), layers)

@@ -181,7 +181,7 @@ def end_gradients(view: ModelView, chunk: PatchingBatch, variant: Variant) -> En
     pre = [(view.final_norm, save_final)] + [(view.o_proj(layer), on_z(layer)) for layer in range(n)]
     post = [(view.mlp(layer), on_mlp(layer)) for layer in range(n)]
     first_device = view.o_proj(0).weight.device
-    with _frozen_parameters(view.model), torch.enable_grad():
+    with frozen_parameters(view.model), torch.enable_grad():
         with hooks(pre=pre, post=post):
             view.model.base_model(
                 input_ids=chunk.ref_ids.to(first_device),
@@ -203,7 +203,7 @@ def end_gradients(view: ModelView, chunk: PatchingBatch, variant: Variant) -> En
 
 
 @contextmanager
-def _frozen_parameters(model: nn.Module) -> Iterator[None]:
+def frozen_parameters(model: nn.Module) -> Iterator[None]:
     """requires_grad=False on every parameter inside the block, each flag restored after (also on error)."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:

@@ -27,7 +27,7 @@ Formula
     of the base run's END logits is r (NaN for factual pairs).
 
     Neuron level, at one layer l and END only: IE of setting one MLP neuron's activation (the input of the MLP's
-    down projection, found through `DOWN_PROJ`) to its alternative value; `top_neurons` and `neuron_overlap`
+    down projection, `ModelView.down_proj`) to its alternative value; `top_neurons` and `neuron_overlap`
     (|A ∩ B| / k of the top-k neurons of two tasks).
 
 How it is computed
@@ -70,17 +70,11 @@ from torch import nn
 
 from arithmech.data.mediation_prompts import COMPONENTS
 from arithmech.data.mediation_tokens import POSITION_CLASSES, TokenizedMediationPair
-from arithmech.errors import ConfigError, SpecError
-from arithmech.models.from_layer import JoiningRows, full_cache, prefix_cache, run_from_layers
+from arithmech.errors import ConfigError
+from arithmech.models.from_layer import JoiningRows, run_from_layers
 from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.shared_prefix import full_cache, prefix_cache
 from arithmech.models.view import ModelView, cache_kwarg
-
-DOWN_PROJ: dict[str, str] = {
-    "llama": "down_proj", "mistral": "down_proj", "qwen2": "down_proj", "phi3": "down_proj",
-    "gemma": "down_proj", "gemma2": "down_proj", "gemma3": "down_proj",
-    "gpt2": "c_proj", "gpt-neox": "dense_4h_to_h",
-}  # fmt: skip
-"""The MLP's down projection, relative to the MLP module, by spec name: its input is the neuron activations."""
 
 
 def indirect_effect(
@@ -191,11 +185,12 @@ def neuron_effects(
 ) -> torch.Tensor:
     """IE [pair, neuron] of setting each MLP neuron of `layer` at END to its value on the alternative.
 
-    A neuron's activation is the input of the MLP's down projection (`DOWN_PROJ`); `neurons` defaults to all.
+    A neuron's activation is the input of the MLP's down projection (`ModelView.down_proj`); `neurons` defaults
+    to all.
     progress: called with 1 after each pair.
     """
     _check(view, items, (layer,), COMPONENTS, max_rows)
-    module = down_proj(view, layer)
+    module = view.down_proj(layer)
     d_mlp = int(module.weight.shape[0] if view.spec.conv1d else module.weight.shape[1])
     chosen = torch.arange(d_mlp) if neurons is None else torch.as_tensor(list(neurons), dtype=torch.long)
     if len(chosen) == 0 or int(chosen.min()) < 0 or int(chosen.max()) >= d_mlp:
@@ -232,16 +227,6 @@ def top_neurons(effects: torch.Tensor, k: int) -> list[int]:
 def neuron_overlap(effects_a: torch.Tensor, effects_b: torch.Tensor, k: int) -> float:
     """|A ∩ B| / k for A, B the top-k neurons by IE of two tasks (each [neuron] or [pair, neuron])."""
     return len(set(top_neurons(effects_a, k)) & set(top_neurons(effects_b, k))) / k
-
-
-def down_proj(view: ModelView, layer: int) -> nn.Module:
-    """The MLP down projection of `layer`, whose input is the neuron activations [..., d_mlp]."""
-    name = DOWN_PROJ.get(view.spec.name)
-    if name is None:
-        raise SpecError(
-            f"no MLP down projection known for {view.spec.name!r}; add it to DOWN_PROJ in patching/mediation.py"
-        )
-    return view.mlp(layer).get_submodule(name)
 
 
 # -- internals ----------------------------------------------------------------------------------------------

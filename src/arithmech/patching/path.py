@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from arithmech.models.from_layer import shared_cache
+from arithmech.models.shared_prefix import SharedPrefix
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
 from arithmech.patching.metrics import relative_change
@@ -232,8 +232,7 @@ def length_chunks(batch: PatchingBatch, batch_size: int) -> list[torch.Tensor]:
 def _patch_chunk(view: ModelView, chunk: PatchingBatch, variant: Variant) -> dict[str, torch.Tensor]:
     """Per-prompt effects [component, chunk] and the reference/counterfactual answer logits of one chunk."""
     ref = collect_end_states(view, chunk.ref_ids, chunk.ref_mask, chunk.end, keep_cache=True)
-    shared = chunk.shared_length()
-    past = shared_cache(ref.cache, shared) if shared > 0 else None
+    past = SharedPrefix(view, ref.cache, chunk.shared_length()).past(torch.arange(len(chunk)))  # each its own ref
     cf = collect_end_states(view, chunk.cf_ids, chunk.cf_mask, chunk.end, past=past)
     answers = chunk.answer_ids.to(ref.resid_pre.device)
     ref_logit = end_logits(view, ref, answers)

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from arithmech.models.from_layer import full_cache
 from arithmech.models.hooks import first_tensor, hooks
+from arithmech.models.shared_prefix import full_cache
 from arithmech.models.view import ModelView, cache_kwarg
 
 
@@ -61,7 +61,7 @@ def collect_end_states(
 ) -> EndStates:
     """Run the base model once on a right-padded batch and record the END states of every layer.
 
-    past: a cache of the first `past.get_seq_length()` positions of these very prompts (`shared_cache`); then
+    past: a cache of the first `past.get_seq_length()` positions of these very prompts (`SharedPrefix.past`); then
     only the later positions run (every END must be among them). input_ids and attention_mask are whole.
     """
     n = view.dims.n_layers

@@ -35,7 +35,8 @@ from collections.abc import Callable
 
 import torch
 
-from arithmech.models.from_layer import decode_from_layers, prefix_cache
+from arithmech.models.from_layer import decode_from_layers
+from arithmech.models.shared_prefix import prefix_cache
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, attention_resid, sender_resid
 from arithmech.patching.states import EndStates

@@ -5,8 +5,10 @@ What it shows
     section per stage in pipeline order: identify (path-patching heatmap, top heads and MLPs), knockout
     (effect-rank vs random-rank curves), transfer (source x target matrix), attention roles, MLP logit lens,
     Fourier features, causal mediation, method agreement, neurons (specialisation, CNA neurons, pruning, LoRA),
-    fine-tuning and evaluation (base vs tuned). Each section has its figures, a compact table of the numbers
-    behind them and a one-paragraph reading written from those numbers. A footer lists the stage timings.
+    heuristic neurons, the edge-level circuit (faithfulness curves, CPR and CMD, the circuit drawn inline as
+    SVG with tooltips), fine-tuning and evaluation (base vs tuned). Each section has its figures, a compact
+    table of the numbers behind them and a one-paragraph reading written from those numbers. A footer lists
+    the stage timings.
 
 Rules
     The report only reads the run folder: it never recomputes a number and never loads a model. A stage
@@ -14,8 +16,8 @@ Rules
     analysis computed from an earlier identify run than the one in the folder says "stale", with a banner
     that says why and how to refresh it. None of them shows numbers. A finished folder whose files cannot be
     read says so, with the reason, and the rest of the report is still written. Figures are the stages' own
-    PNGs, embedded as base64, so the page needs no network and no other file (report/page.py); the written
-    file is atomic (runs.atomic_write_text).
+    PNGs, embedded as base64, and the circuit drawing is its own SVG inline, so the page needs no network and
+    no other file (report/page.py); the written file is atomic (runs.atomic_write_text).
     Both run layouts are read (report/run_folder.py): `arithmech run` folders and the flat folders of
     separate commands (identify's files in the run folder, `--from` stages in subfolders).
 
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.errors import ConfigError
+from arithmech.report.circuit_section import circuit_body
 from arithmech.report.fourier_section import fourier_body
 from arithmech.report.heuristics_section import heuristics_body
 from arithmech.report.page import Body, Section, Table, num, render_page
@@ -62,6 +65,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StageFolder], Body]], ...] = (
     ("agreement", "Method agreement", agreement_body),
     ("neurons", "Neurons: comparative neuron analysis and pruning", neurons_body),
     ("heuristics", "Heuristic neurons over the operand grid", heuristics_body),
+    ("circuit", "Edge-level circuit, scored by faithfulness (MIB)", circuit_body),
     ("finetune", "Fine-tuning", finetune_body),
     ("evaluate", "Evaluation: base vs tuned", evaluate_body),
 )

@@ -30,6 +30,17 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Drawing:
+    """An SVG written by arithmech itself (circuit.svg), shown inline so that its <title> tooltips work on hover
+    (`read_drawing` makes one)."""
+
+    path: Path
+    caption: str
+    markup: str
+    """The <svg> element, checked to hold no script, event handler or address."""
+
+
+@dataclass(frozen=True)
 class Table:
     """Rows of already formatted cells; `collapsed` tables sit in a <details> block (long, secondary)."""
 
@@ -48,6 +59,7 @@ class Body:
     tables: list[Table] = field(default_factory=list)
     small: list[str] = field(default_factory=list)
     """The sample sizes below SMALL_SAMPLE behind its numbers, as phrases (`small_samples`)."""
+    drawings: list[Drawing] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,7 @@ th, td { border: 1px solid #ccc; padding: .2rem .55rem; text-align: left; vertic
 th { background: #f2f2f2; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 caption { caption-side: top; text-align: left; font-weight: 600; padding-bottom: .25rem; }
 figure { margin: 1rem 0; } img.plot { max-width: 100%; height: auto; border: 1px solid #e5e5e5; }
+.drawing svg { max-width: 100%; height: auto; border: 1px solid #e5e5e5; }
 figcaption { font-size: .85rem; color: #444; }
 .status { display: inline-block; font-size: .75rem; font-weight: 600; padding: .05rem .45rem; border-radius: .6rem;
           border: 1px solid; vertical-align: middle; margin-left: .4rem; }
@@ -226,6 +239,29 @@ def figure_html(figure: Figure, stage: str, out_dir: Path) -> str:
     )
 
 
+_UNSAFE_SVG = re.compile(r"<script|<foreignObject|\bon[a-z]+\s*=|://|href", re.IGNORECASE)
+
+
+def read_drawing(path: Path, caption: str) -> Drawing:
+    """An SVG file for inline display: its namespace URL dropped (HTML gives inline <svg> its own). ValueError
+    for markup that could run or fetch anything, so the page stays a document without script or address."""
+    from arithmech.report.circuit_drawing import inline_svg
+
+    markup = inline_svg(path.read_text())
+    if _UNSAFE_SVG.search(markup):
+        raise ValueError(f"{path.name} holds a script, an event handler or a link, so it is not arithmech's drawing")
+    return Drawing(path, caption, markup)
+
+
+def drawing_html(drawing: Drawing, stage: str, out_dir: Path) -> str:
+    """The SVG inline, with a link to its file relative to the report."""
+    href = Path(os.path.relpath(drawing.path.resolve(), out_dir.resolve())).as_posix()
+    return (
+        f'<figure id="drawing-{stage}-{drawing.path.stem}"><div class="drawing">{drawing.markup}</div>'
+        f'<figcaption>{clean(drawing.caption)} File: <a href="{clean(href)}">SVG</a>.</figcaption></figure>'
+    )
+
+
 def section_html(section: Section, out_dir: Path) -> str:
     parts = [f'<section id="{section.stage}"><h2>{clean(section.title)}{badges(section)}</h2>']
     if section.body is None:
@@ -243,6 +279,7 @@ def section_html(section: Section, out_dir: Path) -> str:
             parts.append(small_sample_html(section.body.small))
         parts.append(f'<p class="reading">{clean(section.body.reading)}</p>')
         parts.extend(figure_html(figure, section.stage, out_dir) for figure in section.body.figures)
+        parts.extend(drawing_html(drawing, section.stage, out_dir) for drawing in section.body.drawings)
         parts.extend(table_html(table) for table in section.body.tables)
     parts.append("</section>")
     return "\n".join(parts)

@@ -26,11 +26,8 @@ from typing import Any
 
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_fingerprint, read_metadata, stale_reason
-from arithmech.pipeline import STAGES
 from arithmech.preflight import SUBFOLDERS
-
-STAGE_NAMES: tuple[str, ...] = tuple(stage.name for stage in STAGES)
-"""Every stage a report has a section for, in pipeline order."""
+from arithmech.runs import STAGE_FOLDERS
 
 DONE, NOT_RUN, UNFINISHED, STALE = "done", "not run", "did not finish", "stale"
 
@@ -108,7 +105,7 @@ def _stage_alone(path: Path) -> str | None:
         return None
     stage = str((metadata or {}).get("stage"))
     name = SUBFOLDERS.get(stage, stage)
-    return name if name in STAGE_NAMES and name != "identify" else None
+    return name if name in STAGE_FOLDERS and name != "identify" else None
 
 
 def _status(path: Path) -> str:
@@ -133,7 +130,7 @@ def open_run(run_dir: str | Path) -> RunFolder:
     flat = not (path / "identify").is_dir() and _is_identify_folder(path)
     alone = None if flat else _stage_alone(path)
     stages: dict[str, StageFolder] = {}
-    for name in STAGE_NAMES:
+    for name in STAGE_FOLDERS:
         folder = path if (name == "identify" and flat) or name == alone else path / name
         if (name == "identify" and flat) or name == alone:
             status = _status(path)
@@ -147,7 +144,7 @@ def open_run(run_dir: str | Path) -> RunFolder:
     run = RunFolder(path, "flat" if flat else "stage" if alone else "pipeline", pipeline, stages)
     if not run.present():
         raise ConfigError(
-            f"run folder {str(path)!r} holds no stage folders ({', '.join(STAGE_NAMES)}); "
+            f"run folder {str(path)!r} holds no stage folders ({', '.join(STAGE_FOLDERS)}); "
             "give the --out folder of `arithmech run`, of `arithmech identify` or of one stage"
         )
     return run

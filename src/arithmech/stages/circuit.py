@@ -1,14 +1,18 @@
 """The circuit stage: score every edge of MIB's graph on MIB's arithmetic prompts, and sweep faithfulness.
 
-Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` of them kept where the model's top
-token is the scored answer token. Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify
-run's node effects (`circuits/node_ranking.py`), or at random (the baseline); or their scores are read back
-from an earlier circuit folder (`from_circuit`, with its prompts). With `evaluate` the top k % circuits are
-evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD.
+Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` pairs kept where the model's top
+token is the scored answer on the clean prompt and the counterfactual answer on the counterfactual prompt
+(`circuits/prompts.py` says why both); fewer than `min_prompts` surviving is refused. Edges are ranked by EAP,
+EAP-IG (`circuits/attribution.py`), by an identify run's node effects (`circuits/node_ranking.py`), or at random
+(the baseline); or their scores are read back from an earlier circuit folder (`from_circuit`, with its prompts).
+With `evaluate` the top k % circuits are evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD;
+`compare_methods` ranks the same prompts by further methods and sweeps them too, so 2024's node ranking and 2025's
+edge scores meet on one protocol.
 Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
 oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
-method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv and faithfulness.png
-(with `evaluate`; the curves of the `compare` folders drawn beside this run's), and metadata.json last.
+method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv (a row per method) and
+faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn beside this run's), circuit.svg
+(the drawing, `drawn_circuit`), and metadata.json last.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import csv
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +35,27 @@ from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.node_ranking import node_edge_scores
 from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
-from arithmech.circuits.prompts import circuit_batch, predicted_rows
+from arithmech.circuits.prompts import FilterCounts, answered_pairs, circuit_batch, filter_answered
 from arithmech.circuits.senders import check_edge_graph
 from arithmech.data.io import read_prompt_file, write_prompt_file
 from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.mib_dataset import mib_dataset_pairs, read_mib_rows
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
+from arithmech.patching.attribution import frozen_parameters
+from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
-from arithmech.stages.circuit_config import CircuitConfig
+from arithmech.stages.circuit_config import DRAWN_DEFAULT, DRAWN_MAX, IDENTIFY_METHOD, CircuitConfig
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
 
-CANDIDATES_PER_PROMPT = 16
-"""Pairs drawn per prompt wanted: the rows the model gets wrong are dropped (SmolLM2-135M answers about 1 in 12
-MIB addition prompts with operands up to 99 by its top token)."""
+DRAWING_FILE = "circuit.svg"
+DRAWN_F = 0.8
+"""The faithfulness of the circuit drawn by default: the smallest swept one that reaches it."""
 
 
 @dataclass
@@ -59,42 +66,87 @@ class CircuitResult:
     n_prompts: int
     sweep: SweepResult | None
     oracle: dict[str, Any] | None = None
+    filtered: list[FilterCounts] | None = None
+    """What the answer filter kept, per operation (None: prompts read back, or kept unfiltered)."""
+    compared: dict[str, SweepResult] | None = None
+    """The sweeps of `compare_methods`."""
 
 
-def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> list[PromptPair]:
-    """MIB pairs of each operation, the first n_prompts / operations that the model answers with its top token."""
+def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], list[FilterCounts] | None]:
+    """MIB pairs of each operation (n_prompts / operations each) that pass the answer filter, and its counts."""
     quota = math.ceil(cfg.n_prompts / len(cfg.operations))
+    if cfg.mib_dataset is not None:
+        return dataset_prompt_set(handle, cfg, quota)
+    if cfg.keep_incorrect:
+        pairs = [p for op in cfg.operations for p in mib_pairs(handle.tokenizer, op, quota, cfg.seed, cfg.max_operand)]
+        return pairs[: cfg.n_prompts], None
     kept: list[PromptPair] = []
+    counts: list[FilterCounts] = []
     for operation in cfg.operations:
-        pairs = mib_pairs(handle.tokenizer, operation, quota * CANDIDATES_PER_PROMPT, cfg.seed, cfg.max_operand)
-        if not pairs:
-            continue
-        if cfg.keep_incorrect:
-            right = [True] * len(pairs)
-        else:
-            right = predicted_rows(handle.view, circuit_batch(handle.tokenizer, pairs), cfg.batch_size).tolist()
-        chosen = [p for p, ok in zip(pairs, right, strict=True) if ok][:quota]
-        logger.info("%s: the model predicts %d of %d MIB prompts; %d kept", operation, sum(right), len(pairs),
-                    len(chosen))  # fmt: skip
-        kept += chosen
-    if not kept:
-        raise DataError(
-            f"the model predicts the scored answer token on none of the MIB prompts of {', '.join(cfg.operations)}; "
-            "try smaller operands (--max-operand 9) or another model"
+        pairs, seen = answered_pairs(
+            handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand, cfg.batch_size
         )
-    return kept[: cfg.n_prompts]
+        logger.info("answer filter: %s", seen.describe())
+        kept, counts = kept + pairs, [*counts, seen]
+    check_enough(len(kept), counts, cfg)
+    return kept[: cfg.n_prompts], counts
 
 
-def rank_edges(handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig) -> torch.Tensor:
-    """[receiver, sender] signed scores by `cfg.method`."""
-    if cfg.method == "random":
+def dataset_prompt_set(
+    handle: ModelHandle, cfg: CircuitConfig, quota: int
+) -> tuple[list[PromptPair], list[FilterCounts] | None]:
+    """The pairs of MIB's own data (`--mib-dataset`) of each operation, through the same answer filter."""
+    assert cfg.mib_dataset is not None
+    rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
+    kept: list[PromptPair] = []
+    counts: list[FilterCounts] = []
+    for operation in cfg.operations:
+        pairs, unusable = mib_dataset_pairs(handle.tokenizer, rows, operation)
+        source = f"{cfg.mib_dataset} ({operation})"
+        if not pairs and not unusable:
+            raise DataError(
+                f"--mib-dataset {cfg.mib_dataset!r} has no {operation} rows (column operator); choose the operation "
+                "its rows hold with --operations"
+            )
+        if cfg.keep_incorrect:
+            kept += pairs[:quota]
+            continue
+        passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
+        seen = replace(seen, unusable=unusable)
+        logger.info("answer filter: %s", seen.describe())
+        kept, counts = kept + passed, [*counts, seen]
+    if cfg.keep_incorrect:
+        return kept[: cfg.n_prompts], None
+    check_enough(len(kept), counts, cfg)
+    return kept[: cfg.n_prompts], counts
+
+
+def check_enough(kept: int, counts: list[FilterCounts], cfg: CircuitConfig) -> None:
+    """A DataError when fewer pairs than `min_prompts` (at most n_prompts) survive the answer filter."""
+    need = min(cfg.min_prompts, cfg.n_prompts)
+    if kept >= need:
+        return
+    seen = "; ".join(c.describe() for c in counts)
+    raise DataError(
+        f"only {kept} prompt pairs survive the answer filter (the model's top token must be the scored answer on "
+        f"the clean prompt and the counterfactual answer on the counterfactual prompt), fewer than {need} ({seen}): "
+        "try smaller operands (--max-operand 9), other prompts, a lower --min-prompts, or another model"
+    )
+
+
+def rank_edges(
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str
+) -> torch.Tensor:
+    """[receiver, sender] signed scores by `method`."""
+    if method == "random":
         gen = torch.Generator().manual_seed(cfg.seed)
         return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
-    if cfg.method == "path-patching":
+    if method == IDENTIFY_METHOD:
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
-    method = "eap" if cfg.method == "eap" else "eap-ig"
-    return edge_scores(handle.view, graph, batch, method=method, steps=cfg.steps, batch_size=cfg.batch_size)
+    gradient = "eap" if method == "eap" else "eap-ig"
+    with frozen_parameters(handle.model):  # gradients of the receivers' inputs only: no graph through the weights
+        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
 
 
 def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet: bool = False) -> CircuitResult:
@@ -107,6 +159,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
     edges_path = cfg.edges_file()
     method = cfg.method
+    filtered: list[FilterCounts] | None = None
     if edges_path is not None:
         stored = read_edges(edges_path)
         check_matches(stored, model_cfg, str(edges_path))
@@ -115,16 +168,21 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         method = str(earlier.get("config", {}).get("method", "file"))
         scores = stored.scores.nan_to_num(0.0)
         batch = circuit_batch(handle.tokenizer, pairs)
+        counts: dict[str, Any] = {"prompts": len(batch), "from": str(edges_path.parent)}
     else:
-        pairs = mib_prompt_set(handle, cfg)
+        pairs, filtered = mib_prompt_set(handle, cfg)
         batch = circuit_batch(handle.tokenizer, pairs)
-        scores = rank_edges(handle, graph, batch, cfg)
+        scores = rank_edges(handle, graph, batch, cfg, method)
+        counts = {"prompts": len(batch)}
     scored_s = time.perf_counter() - start
-    sweep = None
+    sweeps: dict[str, SweepResult] = {}
     if cfg.evaluate:
-        sweep = faithfulness_sweep(view, graph, batch, scores, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
-        if abs(sweep.m_full - sweep.m_empty) < 1e-6:
+        ranked = {method: scores, **{m: rank_edges(handle, graph, batch, cfg, m) for m in cfg.compare_methods}}
+        for name, ranking in ranked.items():
+            sweeps[name] = faithfulness_sweep(view, graph, batch, ranking, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        if abs(sweeps[method].m_full - sweeps[method].m_empty) < 1e-6:
             raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
+    sweep = sweeps.get(method)
     oracle = oracle_rows(handle, graph, batch, scores, cfg) if cfg.oracle else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -132,19 +190,27 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
     write_edges(out / EDGES_FILE, model_cfg, scores, top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0)
     write_prompt_file(out / "prompts.jsonl", pairs)
-    if sweep is not None:
-        atomic_write_text(out / "faithfulness.csv", csv_text(faithfulness_rows(method, sweep)))
-        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(method, sweep, len(batch))]))
-        curves = {method: (sweep.percents, sweep.f_signed, sweep.f_absolute), **compared_curves(cfg.compare)}
-        title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
-        faithfulness_curves(curves, out / "faithfulness.png", title)
+    title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
+    if sweeps:
+        rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result)]
+        atomic_write_text(out / "faithfulness.csv", csv_text(rows))
+        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(n, r, len(batch)) for n, r in sweeps.items()]))
+        curves = {n: (r.percents, r.f_signed, r.f_absolute) for n, r in sweeps.items()}
+        faithfulness_curves({**curves, **compared_curves(cfg.compare)}, out / "faithfulness.png", title)
+    drawing = drawn_circuit(graph, scores, cfg.draw_percent, sweep)
+    names = [(f"{graph.sender_names[s]}->{graph.receiver_names[r]}", float(scores[r, s])) for r, s in drawing.edges]
+    svg = circuit_svg(names, graph.n_layers, graph.n_heads, title, f"{method}: {drawing.why}")
+    atomic_write_text(out / DRAWING_FILE, svg)
     metadata: dict[str, Any] = {
         "stage": CircuitConfig.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": {**asdict(cfg), "method": method},
         "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
-        "counts": {"prompts": len(batch)},
+        "counts": counts,
+        "answer_filter": None if filtered is None else [c.as_dict() for c in filtered],
+        "identify_run": None if cfg.identify_run is None else read_identify_run(cfg.identify_run, handle).record,
+        "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else oracle[1],
         "seed": cfg.seed,
         "timings": {"scores_s": scored_s, "total_s": time.perf_counter() - start},
@@ -155,8 +221,40 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     atomic_write_json(out / "metadata.json", metadata)
     return CircuitResult(
         out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
-        oracle=None if oracle is None else oracle[1],
+        oracle=None if oracle is None else oracle[1], filtered=filtered,
+        compared={n: r for n, r in sweeps.items() if n != method},
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Drawing:
+    edges: list[tuple[int, int]]
+    """(receiver, sender) of the drawn edges, the top by signed score."""
+    circuit_edges: int
+    """Edges of the circuit chosen; more than drawn when it exceeds DRAWN_MAX."""
+    why: str
+
+
+def drawn_circuit(
+    graph: CircuitGraph, scores: torch.Tensor, percent: float | None, sweep: SweepResult | None
+) -> Drawing:
+    """The edges to draw: the top `percent` %; without it the smallest swept circuit with f >= DRAWN_F (signed
+    ranking, as CPR's), else the top DRAWN_DEFAULT edges; at most the DRAWN_MAX strongest of them."""
+    if percent is not None:
+        n, why = max(1, int(percent / 100 * graph.n_edges)), f"top {percent:g} % of edges"
+    else:
+        reached = [(k, n) for k, n, f in zip(sweep.percents, sweep.edges, sweep.f_signed, strict=True)
+                   if f >= DRAWN_F] if sweep is not None else []  # fmt: skip
+        if reached:
+            k, n = reached[0]
+            why = f"smallest swept circuit with f >= {DRAWN_F:g} ({k:g} % of edges)"
+        else:
+            n, why = min(DRAWN_DEFAULT, graph.n_edges), f"top {min(DRAWN_DEFAULT, graph.n_edges)} edges"
+    order = torch.sort(graph.to_edges(scores.float()), descending=True, stable=True).indices[: min(n, DRAWN_MAX)]
+    edges = [(int(r), int(s)) for r, s in graph.edge_index[order].tolist()]
+    if n > DRAWN_MAX:
+        why += f", its {DRAWN_MAX} strongest drawn"
+    return Drawing(edges=edges, circuit_edges=n, why=f"{why}: {len(edges)} edges")
 
 
 def oracle_rows(

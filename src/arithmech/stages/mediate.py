@@ -69,7 +69,6 @@ from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
 from arithmech.patching.mediation import (
     MediationResult,
-    down_proj,
     mediation_effects,
     neuron_effects,
     neuron_overlap,
@@ -158,7 +157,7 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
     if bad:
         raise ConfigError(f"layers and neuron_layer must be below the model's {n_layers} layers; got {bad}")
     if cfg.neuron_k:
-        d_mlp = down_proj(view, cfg.neuron_layer or 0).weight.shape[0 if handle.spec.conv1d else 1]
+        d_mlp = view.down_proj(cfg.neuron_layer or 0).weight.shape[0 if handle.spec.conv1d else 1]
         if cfg.neuron_k > d_mlp:
             raise ConfigError(f"neuron_k must be at most the MLP width {d_mlp}; got {cfg.neuron_k}")
     items: dict[str, list[TokenizedMediationPair]] = {}

@@ -60,10 +60,10 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.shared_prefix import end_knockout_scores
 from arithmech.data.target_sets import resolve_word_problems, target_set
 from arithmech.errors import ConfigError
 from arithmech.knockout.batched import knockout_scores
+from arithmech.knockout.end_only import end_knockout_scores
 from arithmech.knockout.sweep import draw_like, sample_std
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components

@@ -16,7 +16,7 @@ Steps (`prepare_target`; the same prompts for every source of the transfer stage
                          target's reference prompts ("mean over the data set"), placed at END;
                          resample = another prompt's END value at END; zero = zeros (at END, or at every
                          position with end_only off). END-only ablations of prompts that share their
-                         solved examples run those examples once (`analysis/shared_prefix.py`): same
+                         solved examples run those examples once (`knockout/end_only.py`): same
                          numbers, ~4x fewer tokens per configuration.
 
 A target with no prompt kept is returned with a note and no batch, not an error; the transfer stage writes
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.shared_prefix import EndValues, end_states
 from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.target_sets import TargetSpec, build_target_pairs, target_set
 from arithmech.errors import ConfigError, DataError
 from arithmech.knockout.ablation import AblationSources, ablation_sources, alignment_groups
+from arithmech.knockout.end_only import EndValues, end_states
 from arithmech.models.context import context_length
 from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end

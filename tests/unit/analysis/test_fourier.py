@@ -30,8 +30,8 @@ from arithmech.analysis.fourier import (
 from arithmech.errors import ConfigError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks, first_tensor
+from arithmech.models.readout import final_norm
 from arithmech.models.view import ModelView
-from arithmech.neurons.readout import final_norm
 from arithmech.patching.states import collect_end_states
 
 from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer

@@ -407,3 +407,13 @@ def test_end_logits_equal_model_logits_at_end(arch: str) -> None:
         full = model(input_ids=ids, attention_mask=mask).logits[torch.arange(3), end]
         fast = view.end_logits(ids, mask, end)
     torch.testing.assert_close(fast, full.float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_down_projection_reads_the_neurons(arch: str) -> None:
+    """Every spec names its MLP's down projection, whose input width is the number of neurons."""
+    view = view_of(arch)
+    module = view.down_proj(0)
+    d_mlp = module.weight.shape[0] if view.spec.conv1d else module.weight.shape[1]
+    config = view.model.config
+    assert d_mlp == (getattr(config, "intermediate_size", None) or config.n_inner)

@@ -40,7 +40,6 @@ from arithmech.neurons import (
     top_neurons_report,
     value_vectors,
 )
-from arithmech.patching.mediation import down_proj
 from arithmech.patching.path import PatchingBatch
 
 from tiny_models import make_tiny_model, make_tiny_tokenizer
@@ -211,9 +210,9 @@ def test_coefficients_and_value_vectors_rebuild_the_mlp_output(arch: str) -> Non
     coeff = end_coefficients(view, batch.ref_ids, batch.ref_mask, batch.end, layers)
     assert coeff.shape == (len(batch), len(layers), 128)
     for i, layer in enumerate(layers):
-        m, out = read_at_end(view.model, batch, [(down_proj(view, layer), True), (view.mlp(layer), False)])
+        m, out = read_at_end(view.model, batch, [(view.down_proj(layer), True), (view.mlp(layer), False)])
         torch.testing.assert_close(coeff[:, i], m.float(), rtol=0, atol=0)  # the same numbers, read by hand
-        bias = getattr(down_proj(view, layer), "bias", None)
+        bias = getattr(view.down_proj(layer), "bias", None)
         rebuilt = m @ value_vectors(view, layer) + (0 if bias is None else bias)  # sum_k m_k W_down[:, k] + b
         torch.testing.assert_close(rebuilt, out, **TOL)
 
@@ -267,7 +266,7 @@ def test_cna_equals_li_of_a_model_with_the_head_zeroed(arch: str) -> None:
         torch.testing.assert_close(result.li_intact[:, i], intact, **TOL)
         torch.testing.assert_close(result.li_zeroed[:, i], without, **TOL)
         torch.testing.assert_close(result.scores[:, i], intact - without, **TOL)
-    m_zeroed = read_at_end(zeroed, batch, [(down_proj(ModelView(zeroed, view.spec), 1), True)])[0]
+    m_zeroed = read_at_end(zeroed, batch, [(ModelView(zeroed, view.spec).down_proj(1), True)])[0]
     torch.testing.assert_close(result.coeff_zeroed[:, 1], m_zeroed.float(), **TOL)
     assert result.scores[:, 1].abs().max() > 1e-4  # the head matters to layer 1's neurons
 
@@ -295,7 +294,7 @@ def test_top_neurons_report() -> None:
     i = result.layers.index(first.layer)
     assert first.coeff_intact == pytest.approx(float(result.coeff_intact[:, i, first.neuron].mean()))
     assert first.li_zeroed == pytest.approx(float(result.li_zeroed[:, i, first.neuron].mean()))
-    direction = view.final_norm.weight * down_proj(view, first.layer).weight[:, first.neuron]
+    direction = view.final_norm.weight * view.down_proj(first.layer).weight[:, first.neuron]
     expected = (view.model.lm_head.weight @ direction).topk(10).indices
     tok = make_tiny_tokenizer()
     assert first.top_tokens == [tok.decode([int(t)]) for t in expected]
@@ -361,7 +360,7 @@ def test_end_states_share_the_forward_pass_with_active_hooks() -> None:
     zero_mlp0 = [(view.mlp(0), lambda _m, _a, out: torch.zeros_like(out))]
     with hooks(post=zero_mlp0):
         states = end_states(view, batch, [1])
-    m = read_at_end(view.model, batch, [(down_proj(view, 1), True)])[0]
+    m = read_at_end(view.model, batch, [(view.down_proj(1), True)])[0]
     assert not torch.allclose(states.coeff[:, 0], m)
     li = neuron_li_from_states(view, states, predictions(view, states), run_scales(view, states))
     assert li.shape == (len(batch), 1, 128)

@@ -20,14 +20,12 @@ from arithmech.data.mediation_tokens import (
     position_classes,
     tokenize_mediation_pairs,
 )
-from arithmech.models.archs import ARCH_SPECS, spec_for_model_type
+from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.view import ModelView
 from arithmech.patching.mediation import (
     COMPONENTS,
-    DOWN_PROJ,
     MediationResult,
-    down_proj,
     indirect_effect,
     mediation_effects,
     neuron_effects,
@@ -241,7 +239,7 @@ def test_neuron_ie_matches_plain_loop(arch: str) -> None:
     assert result.shape == (2, len(neurons)) and count_hooks(view.model) == 0
     for i, item in enumerate(items):
         end = len(item.base_ids) - 1
-        expected = torch.tensor([_plain_ie(view, item, down_proj(view, 1), end, neuron=k) for k in neurons])
+        expected = torch.tensor([_plain_ie(view, item, view.down_proj(1), end, neuron=k) for k in neurons])
         torch.testing.assert_close(result[i], expected, **TOL)
     assert result.abs().max() > 1e-4
 
@@ -254,16 +252,6 @@ def test_neuron_rows_start_at_their_layer() -> None:
     with count_layer_tokens(view) as seen:
         neuron_effects(view, [item], layer=2, neurons=range(10), max_rows=4)
     assert seen == [2 * n + 3, 2 * n + 3, 2 * n + 10]  # 3 batches of rows: 4 + 4 + 2 neurons
-
-
-def test_down_projection_table_covers_every_spec() -> None:
-    assert set(DOWN_PROJ) == set(ARCH_SPECS)
-    for arch in TINY_ARCHS:
-        view = view_of(arch)
-        module = down_proj(view, 0)
-        d_mlp = module.weight.shape[0] if view.spec.conv1d else module.weight.shape[1]
-        config = view.model.config
-        assert d_mlp == (getattr(config, "intermediate_size", None) or config.n_inner), arch
 
 
 def test_top_neurons_and_overlap() -> None:

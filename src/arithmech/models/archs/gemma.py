@@ -13,6 +13,7 @@ _GEMMA_BASE = dict(
     attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
+    down_proj="mlp.down_proj",
 )
 
 GEMMA = ArchSpec(name="gemma", model_types=("gemma",), mlp_norm="post_attention_layernorm", **_GEMMA_BASE)

@@ -13,6 +13,7 @@ GPT2 = ArchSpec(
     attn="attn",
     attn_norm="ln_1",
     mlp="mlp",
+    down_proj="mlp.c_proj",
     mlp_norm="ln_2",
     conv1d=True,
     n_heads_attr=("n_head",),

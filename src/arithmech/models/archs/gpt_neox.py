@@ -14,6 +14,7 @@ GPT_NEOX = ArchSpec(
     attn="attention",
     attn_norm="input_layernorm",
     mlp="mlp",
+    down_proj="mlp.dense_4h_to_h",
     mlp_norm="post_attention_layernorm",
     parallel_residual="use_parallel_residual",
 )

@@ -12,6 +12,7 @@ _LLAMA_LIKE = dict(
     attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
+    down_proj="mlp.down_proj",
     mlp_norm="post_attention_layernorm",
 )
 

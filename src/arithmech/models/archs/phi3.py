@@ -13,5 +13,6 @@ PHI3 = ArchSpec(
     attn="self_attn",
     attn_norm="input_layernorm",
     mlp="mlp",
+    down_proj="mlp.down_proj",
     mlp_norm="post_attention_layernorm",
 )

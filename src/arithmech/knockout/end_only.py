@@ -1,13 +1,13 @@
-"""Prompts that share a long prefix (few-shot word problems): its keys and values are computed once.
+"""END-only knockout of prompts that share a long prefix (few-shot word problems): the prefix runs once.
 
 Background
     A 3-shot word-problem prompt is mostly solved examples, the same for every prompt of a set. A causal
     model's states on those tokens do not depend on what follows, and an ablation placed at END only cannot
     reach them either. So the shared prefix runs once and each prompt's own tokens (the suffix) run batched,
-    right-padded, on its cache (`models/shared_prefix.py`). The
-    END logits are those of the whole prompt up to float rounding (`tests/unit/analysis/test_shared_prefix`
-    checks this against `predict_at_end` and `knockout_scores`). For SmolLM2 on SVAMP/GSM8K this runs
-    ~60-100 tokens per (configuration, prompt) instead of ~300.
+    right-padded, on its cache (`models/shared_prefix.py`). The END logits are those of the whole prompt up to
+    float rounding (`tests/unit/knockout/test_end_only.py` checks this against `predict_at_end` and
+    `knockout_scores`). For SmolLM2 on SVAMP/GSM8K this runs ~60-100 tokens per (configuration, prompt)
+    instead of ~300.
 
 Shapes
     prefix ids [1, P] (P = `common_prefix_length`; 0 runs whole prompts); suffix ids and mask [rows, S]
@@ -17,7 +17,7 @@ Shapes
 END-only knockout
     For configuration c and prompt i, the o_proj input of every head that c ablates (and the MLP output of
     every MLP it ablates) is replaced at END by `values[i]`, as `knockout.ablation` does with END-only
-    sources, through hooks on the suffix pass (models/hooks.py, removed on exit).
+    sources, through the END-value hooks (`models/end_value.py`) on the suffix pass.
 
 Usage
     >>> p = common_prefix_length(batch.ref_ids, batch.end)
@@ -35,6 +35,7 @@ import torch
 
 from arithmech.knockout.ablation import config_masks
 from arithmech.knockout.batched import KnockoutScores
+from arithmech.models.end_value import input_at_end, output_at_end
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.predictions import EndPredictions
 from arithmech.models.shared_prefix import SharedPrefix
@@ -69,7 +70,7 @@ class _Prefix:
 
     def __init__(self, view: ModelView, batch: PatchingBatch, prefix_len: int) -> None:
         self.view, self.batch, self.p = view, batch, prefix_len
-        self.shared = SharedPrefix(view, batch.ref_ids[0, :prefix_len])
+        self.shared = SharedPrefix.of_tokens(view, batch.ref_ids[0, :prefix_len])
 
     def logits(self, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits at END [rows, d_vocab] of `prompts` (indices into the batch), and END in suffix coordinates."""
@@ -131,10 +132,11 @@ def end_knockout_scores(
         for layer in range(view.dims.n_layers):
             row_heads = head_masks[config, layer]  # [row, head]
             if row_heads.any():
-                pre.append((view.o_proj(layer), _heads_at_end(view, row_heads, values.z[layer][prompt], end)))
+                columns = row_heads.repeat_interleave(view.dims.d_head, dim=1)  # [row, head * d_head]
+                pre.append((view.o_proj(layer), input_at_end(columns, values.z[layer][prompt], end)))
             row_mlp = mlp_masks[config, layer]  # [row]
             if row_mlp.any():
-                post.append((view.mlp(layer), _mlp_at_end(row_mlp, values.mlp[layer][prompt], end)))
+                post.append((view.mlp(layer), output_at_end(row_mlp[:, None], values.mlp[layer][prompt], end)))
         with hooks(pre=pre, post=post):
             at_end, _ = prefix.logits(prompt)
         answers = batch.answer_ids[prompt].to(at_end.device)
@@ -149,29 +151,5 @@ def _save_end(store: list[torch.Tensor], end: torch.Tensor, pre: bool) -> Callab
     def fn(_m: Any, args: Any, out: Any = None) -> None:
         value = args[0] if pre else first_tensor(out)  # [rows, S, width]
         store.append(value[torch.arange(len(end)), end.to(value.device)].detach().cpu())
-
-    return fn
-
-
-def _heads_at_end(view: ModelView, row_heads: torch.Tensor, value: torch.Tensor, end: torch.Tensor) -> Any:
-    def fn(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        z = args[0]  # [row, S, head * d_head]
-        rows, at = torch.arange(z.shape[0], device=z.device), end.to(z.device)
-        old = view.split_heads(z[rows, at])  # [row, head, d_head]
-        new = torch.where(row_heads[:, :, None].to(z.device), view.split_heads(value.to(z.device, z.dtype)), old)
-        z = z.clone()
-        z[rows, at] = new.reshape(z.shape[0], -1)
-        return (z, *args[1:])
-
-    return fn
-
-
-def _mlp_at_end(row_mlp: torch.Tensor, value: torch.Tensor, end: torch.Tensor) -> Any:
-    def fn(_m: Any, _a: Any, output: Any) -> Any:
-        out = first_tensor(output)  # [row, S, d_model]
-        rows, at = torch.arange(out.shape[0], device=out.device), end.to(out.device)
-        new = out.clone()
-        new[rows, at] = torch.where(row_mlp[:, None].to(out.device), value.to(out.device, out.dtype), out[rows, at])
-        return (new, *output[1:]) if isinstance(output, tuple) else new
 
     return fn

@@ -1,14 +1,14 @@
-"""The shared-prefix cache gives what full forward passes give: END predictions and END-only knockouts."""
+"""The END-only knockout on a shared prefix gives what full forward passes give: END predictions and scores."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from arithmech.analysis.shared_prefix import end_knockout_scores, end_states
 from arithmech.data import PromptPair, tokenize_pairs
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.batched import knockout_scores
+from arithmech.knockout.end_only import end_knockout_scores, end_states
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelConfig, load_model
 from arithmech.models.predictions import predict_at_end
@@ -17,12 +17,6 @@ from arithmech.models.sites import Component
 from arithmech.patching.path import PatchingBatch
 
 PREFIX = "Question: 2 and 3?\nAnswer: 5\n\nQuestion: 4 and 1?\nAnswer: 5\n\n"
-
-
-def test_common_prefix_length() -> None:
-    ids = torch.tensor([[1, 2, 3, 4, 0], [1, 2, 5, 6, 7], [1, 2, 3, 9, 9]])
-    assert common_prefix_length(ids, torch.tensor([3, 4, 4])) == 2
-    assert common_prefix_length(ids[[0, 0]], torch.tensor([3, 3])) == 3  # END stays in the suffix
 
 
 def test_matches_full_forward_passes(tiny_model_dir) -> None:
@@ -59,7 +53,7 @@ def test_matches_full_forward_passes(tiny_model_dir) -> None:
 
 @pytest.mark.parametrize("rows", [[2, 0], [1]])
 def test_take_keeps_prompt_order(rows: list[int]) -> None:
-    from arithmech.analysis.shared_prefix import EndValues
+    from arithmech.knockout.end_only import EndValues
 
     values = EndValues([torch.arange(6.0).reshape(3, 2)], [torch.arange(3.0)[:, None]])
     assert values.take(rows).mlp[0][:, 0].tolist() == [float(r) for r in rows]

@@ -1,0 +1,160 @@
+"""MIB's own arithmetic data (Hugging Face `mib-bench/arithmetic_addition` / `arithmetic_subtraction`) as prompt pairs.
+
+Columns, as MIB's own loader reads them (MIB-circuit-track, `MIB_circuit_track/dataset.py`, `HFEAPDataset` for
+tasks `arithmetic_*`; the dataset card itself is empty):
+    prompt                   the clean prompt, e.g. "Q: How much is 12 plus 34? A:"
+    label                    its answer (a number, or its text)
+    operator                 "+" or "-"; MIB keeps the rows of its task's operator (optional here)
+    random_counterfactual    a record {prompt, label}: the same template with new random operands
+Only these are read (MIB's arithmetic task uses `random_counterfactual`; other columns are ignored). A local copy
+may be a folder written by `datasets`' `save_to_disk`, or a .json / .jsonl / .parquet / .csv file with these
+columns; in a CSV file the counterfactual is a JSON object in its cell, or two columns
+`random_counterfactual.prompt` and `random_counterfactual.label`.
+
+Scored token: MIB scores the first token of the label tokenized on its own, and keeps rows whose labels are one
+token. That drops every answer of two digits on a digit-splitting tokenizer (SmolLM2), so rows are scored by the
+rule of the built-in prompts instead (`data/mib_arithmetic.scored_prompt`): the answer's first token as the model
+continues the prompt. Rows are dropped (and counted) when that token carries no digit, when the two prompts
+differ in token length (edges are patched position by position), or when both scored tokens are equal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from arithmech.data.mib_arithmetic import scored_prompt
+from arithmech.data.prompts import PromptPair
+from arithmech.errors import ConfigError, DataError
+
+MIB_DATASETS = {"addition": "mib-bench/arithmetic_addition", "subtraction": "mib-bench/arithmetic_subtraction"}
+"""The Hugging Face datasets of MIB's arithmetic tasks, by operation."""
+MIB_OPERATORS = {"+": "addition", "-": "subtraction"}
+MIB_COLUMNS = ("prompt", "label", "random_counterfactual")
+CF = "random_counterfactual"
+LOCAL_FORMATS = (".json", ".jsonl", ".parquet", ".csv")
+
+
+def read_mib_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
+    """The rows of a MIB arithmetic dataset: a local file or `save_to_disk` folder, else a Hugging Face name."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        rows = _saved_rows(path, split)
+    elif path.is_file():
+        rows = _file_rows(path)
+    elif source.count("/") == 1 and not source.startswith((".", "/", "~")):
+        rows = _hub_rows(source, split)
+    else:
+        raise ConfigError(
+            f"--mib-dataset {source!r} is neither a file, a folder nor a Hugging Face dataset name; give e.g. "
+            f"{MIB_DATASETS['addition']} or a local copy ({', '.join(LOCAL_FORMATS)}, or a save_to_disk folder)"
+        )
+    if not rows:
+        raise DataError(f"--mib-dataset {source!r} holds no rows (split {split!r})")
+    missing = [c for c in MIB_COLUMNS if c not in rows[0] and not (c == CF and f"{CF}.prompt" in rows[0])]
+    if missing:
+        raise ConfigError(
+            f"--mib-dataset {source!r} lacks MIB's column(s) {', '.join(missing)} (it has {', '.join(rows[0])}); "
+            f"give MIB's arithmetic data with columns {', '.join(MIB_COLUMNS)}"
+        )
+    return rows
+
+
+def _hub_rows(name: str, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(name, split=split)
+    except Exception as err:  # offline, unknown name or split: datasets raises many kinds
+        raise DataError(
+            f"could not load the Hugging Face dataset {name!r} (split {split!r}: {type(err).__name__}); without "
+            "network, give a local copy to --mib-dataset (a save_to_disk folder or a .jsonl/.parquet/.csv file)"
+        ) from None
+    return [dict(row) for row in data]
+
+
+def _saved_rows(path: Path, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        data = datasets.load_from_disk(str(path))
+    except Exception as err:
+        raise ConfigError(f"--mib-dataset {str(path)!r} is not a folder written by save_to_disk ({err})") from None
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise ConfigError(f"--mib-dataset {str(path)!r} has no split {split!r}; choose from {', '.join(data)}")
+        data = data[split]
+    return [dict(row) for row in data]  # type: ignore[union-attr]
+
+
+def _file_rows(path: Path) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    if suffix not in LOCAL_FORMATS:
+        raise ConfigError(f"--mib-dataset {str(path)!r}: read formats are {', '.join(LOCAL_FORMATS)} (or a folder)")
+    if suffix == ".parquet":
+        frame = pd.read_parquet(path)
+    elif suffix == ".csv":
+        frame = pd.read_csv(path)
+    else:
+        text = path.read_text(encoding="utf-8")
+        lines = suffix == ".jsonl" or not text.lstrip().startswith("[")
+        frame = pd.read_json(path, lines=lines, dtype=False)
+    records = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    return [{str(k): v for k, v in row.items()} for row in records]
+
+
+def counterfactual_of(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(prompt, label) of a row's random counterfactual, from a record, a JSON object or dotted columns."""
+    value = row.get(CF)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if value is None and f"{CF}.prompt" in row:
+        value = {"prompt": row[f"{CF}.prompt"], "label": row.get(f"{CF}.label")}
+    if not isinstance(value, dict) or value.get("prompt") is None or value.get("label") is None:
+        return None
+    return str(value["prompt"]), _label(value["label"])
+
+
+def _label(value: Any) -> str:
+    """A label as the answer's text: 46, 46.0 (a CSV column read as floats) and "46" all give "46"."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value).strip()
+
+
+def mib_dataset_pairs(tokenizer: Any, rows: list[dict[str, Any]], operation: str) -> tuple[list[PromptPair], int]:
+    """The rows of `operation` as prompt pairs with their scored tokens (as `mib_arithmetic.mib_pairs` makes them),
+    and how many of that operation's rows were unusable (see the module docstring)."""
+    pairs: list[PromptPair] = []
+    unusable = 0
+    for i, row in enumerate(rows):
+        operator = row.get("operator")
+        if operator is not None and MIB_OPERATORS.get(str(operator).strip()) != operation:
+            continue
+        pair = _pair(tokenizer, row, operation, i)
+        if pair is None:
+            unusable += 1
+        else:
+            pairs.append(pair)
+    return pairs, unusable
+
+
+def _pair(tokenizer: Any, row: dict[str, Any], operation: str, index: int) -> PromptPair | None:
+    cf = counterfactual_of(row)
+    if cf is None or row.get("prompt") is None or row.get("label") is None:
+        return None
+    answer = _label(row["label"])
+    clean = scored_prompt(tokenizer, str(row["prompt"]), answer)
+    counter = scored_prompt(tokenizer, cf[0], cf[1])
+    if clean is None or counter is None or clean[2] != counter[2] or clean[1] == counter[1]:
+        return None
+    return PromptPair(
+        reference=clean[0], counterfactual=counter[0], answer=answer, operation=operation, template_id="mib-dataset",
+        extra={"cf_answer": cf[1], "answer_id": clean[1], "cf_answer_id": counter[1], "row": index},
+    )  # fmt: skip

@@ -1,0 +1,106 @@
+"""MIB's own arithmetic data: its columns read from every local format, turned into the built-in prompts' pairs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.mib_dataset import counterfactual_of, mib_dataset_pairs, read_mib_rows
+from arithmech.errors import ConfigError, DataError
+
+from tiny_models import make_multidigit_tokenizer, make_tiny_tokenizer
+
+ROWS = [  # MIB's columns (MIB-circuit-track HFEAPDataset): prompt, label, operator, random_counterfactual
+    {"prompt": "Q: How much is 12 plus 34? A:", "label": 46, "operator": "+",
+     "random_counterfactual": {"prompt": "Q: How much is 25 plus 51? A:", "label": 76}},
+    {"prompt": "Q: How much is 7 plus 2? A:", "label": 9, "operator": "+",
+     "random_counterfactual": {"prompt": "Q: How much is 3 plus 3? A:", "label": 6}},
+    {"prompt": "Q: How much is 40 minus 15? A:", "label": 25, "operator": "-",
+     "random_counterfactual": {"prompt": "Q: How much is 88 minus 20? A:", "label": 68}},
+    {"prompt": "Q: How much is 12 plus 30? A:", "label": 42, "operator": "+",
+     "random_counterfactual": {"prompt": "Q: How much is 1 plus 3? A:", "label": 4}},  # lengths differ
+    {"prompt": "Q: How much is 10 plus 31? A:", "label": 41, "operator": "+",
+     "random_counterfactual": {"prompt": "Q: How much is 20 plus 22? A:", "label": 42}},  # same leading digit
+    {"prompt": "Q: How much is 11 plus 11? A:", "label": 22, "operator": "+", "random_counterfactual": None},
+]  # fmt: skip
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(rows))
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame(rows)
+        if path.suffix == ".csv":  # a record does not fit a CSV cell: a JSON object in it
+            frame["random_counterfactual"] = [json.dumps(r["random_counterfactual"]) for r in rows]
+            frame.to_csv(path, index=False)
+        else:
+            frame.to_parquet(path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".csv"])
+def test_every_local_format_reads_mibs_columns(tmp_path: Path, suffix: str) -> None:
+    rows = read_mib_rows(str(_write(tmp_path / f"add{suffix}", ROWS)))
+    assert len(rows) == len(ROWS)
+    assert [str(r["prompt"]) for r in rows] == [r["prompt"] for r in ROWS]
+    assert counterfactual_of(rows[0]) == ("Q: How much is 25 plus 51? A:", "76")
+    assert counterfactual_of(rows[-1]) is None
+
+
+def test_a_save_to_disk_folder_and_dotted_csv_columns(tmp_path: Path) -> None:
+    import datasets
+    import pandas as pd
+
+    data = datasets.Dataset.from_list(ROWS[:3])
+    datasets.DatasetDict({"train": data, "test": data.select([0])}).save_to_disk(str(tmp_path / "saved"))
+    assert len(read_mib_rows(str(tmp_path / "saved"))) == 3
+    assert len(read_mib_rows(str(tmp_path / "saved"), split="test")) == 1
+    with pytest.raises(ConfigError, match="has no split 'validation'; choose from train, test"):
+        read_mib_rows(str(tmp_path / "saved"), split="validation")
+    flat = pd.json_normalize(ROWS[:2])  # random_counterfactual.prompt, random_counterfactual.label
+    flat.to_csv(tmp_path / "flat.csv", index=False)
+    assert counterfactual_of(read_mib_rows(str(tmp_path / "flat.csv"))[1]) == ("Q: How much is 3 plus 3? A:", "6")
+
+
+def test_rows_become_the_built_in_prompts_pairs() -> None:
+    tok = make_tiny_tokenizer()  # digit tokens: the leading digit is scored, after the split-off space
+    pairs, unusable = mib_dataset_pairs(tok, ROWS, "addition")
+    assert [p.reference for p in pairs] == ["Q: How much is 12 plus 34? A: ", "Q: How much is 7 plus 2? A: "]
+    assert unusable == 3  # unequal lengths, equal scored tokens, no counterfactual; the "-" row is not counted
+    first = pairs[0]
+    assert first.counterfactual == "Q: How much is 25 plus 51? A: "
+    assert (tok.decode([first.extra["answer_id"]]), tok.decode([first.extra["cf_answer_id"]])) == ("4", "7")
+    built_in = mib_pairs(tok, "addition", 1)[0]
+    assert built_in.reference.endswith("A: ") and set(built_in.extra) <= set(first.extra)
+    minus, _ = mib_dataset_pairs(tok, ROWS, "subtraction")
+    assert [p.answer for p in minus] == ["25"]
+    whole = make_multidigit_tokenizer()  # numbers are one token: " 46" is scored whole
+    pair = mib_dataset_pairs(whole, ROWS[:1], "addition")[0][0]
+    assert whole.decode([pair.extra["answer_id"]]).strip() == "46"
+
+
+def test_bad_sources_are_refused_in_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = _write(tmp_path / "bad.jsonl", [{"question": "1+1=", "answer": 2}])
+    with pytest.raises(ConfigError, match="lacks MIB's column\\(s\\) prompt, label, random_counterfactual"):
+        read_mib_rows(str(bad))
+    with pytest.raises(ConfigError, match="neither a file, a folder nor a Hugging Face dataset name"):
+        read_mib_rows(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "rows.txt").write_text("x")
+    with pytest.raises(ConfigError, match="read formats are"):
+        read_mib_rows(str(tmp_path / "rows.txt"))
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 would
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    with pytest.raises(DataError, match="without network, give a local copy to --mib-dataset") as err:
+        read_mib_rows("mib-bench/arithmetic_addition")
+    assert str(err.value).count(". ") == 0
