@@ -135,7 +135,8 @@ def test_circuit_from_python_and_its_tables(run_dir, tiny_model_dir) -> None:
     with single_thread():
         model = am.load_model(str(tiny_model_dir("llama")), quiet=True)
         result = am.circuit(model, identify_run=found, out=out / "circuit", method="eap", n_prompts=4,
-                            keep_incorrect=True, evaluate=True, compare_methods=["path-patching"], quiet=True)  # fmt: skip
+                            keep_incorrect=True, evaluate=True, compare_methods=["path-patching"],
+                            quiet=True)  # fmt: skip
     assert result.out_dir == out / "circuit"
     run = am.open_run(out)
     assert run.status["circuit"] == "done"
