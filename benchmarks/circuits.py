@@ -5,7 +5,7 @@ MIB-format prompts (one chunk of --prompts prompts):
 - one plain forward pass of the batch (`model(input_ids, attention_mask)`, logits at every position), the unit;
 - EAP and EAP-IG (m = --steps) over all edges, and the faithfulness sweep (10 sizes, signed and absolute
   rankings, CPR and CMD) of the EAP-IG scores;
-and prints each as forward-pass equivalents (its time / the plain pass's), which issue #23 bounds: EAP-IG at
+and prints each as forward-pass equivalents (its time / the plain pass's) against its target: EAP-IG at
 most 20, the sweep about 25. Peak memory per prompt of EAP-IG: torch.cuda.max_memory_allocated above what was
 allocated before (CUDA), else the peak of the live tensors that its torch operations create (counted by a
 dispatch mode until each is freed: what the computation holds at once), beside the analytic size of the tensors
@@ -121,8 +121,8 @@ def main() -> None:
 
     print(f"one plain forward pass of the batch: {plain_s:.3f} s wall, {plain_cpu:.3f} s CPU (the unit below)")
     rows = [("EAP, all edges", eap_s, eap_cpu, ""),
-            (f"EAP-IG, all edges, m = {args.steps}", eap_ig_s, eap_ig_cpu, " (issue #23: at most 20)"),
-            ("faithfulness sweep, 10 sizes", sweep_s, sweep_cpu, " (issue #23: about 25)")]  # fmt: skip
+            (f"EAP-IG, all edges, m = {args.steps}", eap_ig_s, eap_ig_cpu, " (target: at most 20)"),
+            ("faithfulness sweep, 10 sizes", sweep_s, sweep_cpu, " (target: about 25)")]  # fmt: skip
     for what, wall, cpu, bound in rows:
         print(f"{what:<32} {wall:8.2f} s = {wall / plain_s:6.2f} forward passes by wall time, "
               f"{cpu / plain_cpu:6.2f} by CPU time{bound}")  # fmt: skip

@@ -117,7 +117,7 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "circuits": (
         Shown(
             "EAP-IG over all edges of MIB's graph (m = 5) vs one plain forward pass of the same batch; the ratio is "
-            "in forward-pass equivalents (issue #23: at most 20)",
+            "in forward-pass equivalents (target: at most 20)",
             "eap_ig_s", "plain_forward_s", "s",
             lambda m: f"peak {m['eap_ig_peak_mib_per_prompt']:.0f} MiB per prompt (live tensors), "
             f"{m['eap_ig_stored_mib_per_prompt']:.0f} MiB kept",
@@ -129,7 +129,7 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         ),
         Shown(
             "faithfulness sweep, 10 sizes, signed and absolute rankings (CPR, CMD) vs one plain forward pass "
-            "(forward-pass equivalents; issue #23: about 25)",
+            "(forward-pass equivalents; target: about 25)",
             "sweep_s", "plain_forward_s", "s", lambda m: "exact (tests: equal to one forward per circuit)",
             ratio="sweep_passes",
         ),
