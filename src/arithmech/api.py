@@ -99,6 +99,13 @@ def _default_out(stage: str) -> Path:
     return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")
 
 
+def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
+                settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
+    """Run a stage that writes its own folder (default runs/<stage>-<time>), its settings checked first."""
+    cfg, out_dir = preflight.check(_config(config, stage, settings, **injected), out or _default_out(stage), stage)
+    return _call(target, model, cfg, out_dir, quiet=quiet)
+
+
 def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
     """Path-patch every attention head and MLP at the last token and write the key components.
 
@@ -106,9 +113,7 @@ def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **sett
     method, fraction_threshold, ... Returns an IdentifyResult (`.key.ranked`, `.key.total_effect`, `.out_dir`).
     `out` defaults to runs/identify-<time>.
     """
-    cfg, out_dir = preflight.check(_config("identify_config:IdentifyConfig", "identify", settings),
-                                   out or _default_out("identify"), "identify")  # fmt: skip
-    return _call("identify:identify", model, cfg, out_dir, quiet=quiet)
+    return _standalone("identify", "identify_config:IdentifyConfig", "identify:identify", model, out, quiet, settings)
 
 
 def knockout(
@@ -126,9 +131,8 @@ def knockout(
     `out` defaults to runs/knockout-<time>.
     """
     run = {"from_run": _folder(from_run)} if from_run is not None else {}
-    cfg, out_dir = preflight.check(_config("knockout_config:KnockoutConfig", "knockout", settings, **run),
-                                   out or _default_out("knockout"), "knockout")  # fmt: skip
-    return _call("knockout:knockout", model, cfg, out_dir, quiet=quiet)
+    return _standalone("knockout", "knockout_config:KnockoutConfig", "knockout:knockout", model, out, quiet, settings,
+                       **run)  # fmt: skip
 
 
 def transfer(
@@ -137,9 +141,8 @@ def transfer(
     """Knock out the components found by one or more identify runs on other prompt sets (formations, operations,
     word problems). Settings are the fields of `TransferConfig`: targets, k, ablation, ..."""
     sources = {"sources": tuple(_folder(r) for r in from_runs)} if from_runs else {}
-    cfg, out_dir = preflight.check(_config("transfer_config:TransferConfig", "transfer", settings, **sources),
-                                   out or _default_out("transfer"), "transfer")  # fmt: skip
-    return _call("transfer:transfer", model, cfg, out_dir, quiet=quiet)
+    return _standalone("transfer", "transfer_config:TransferConfig", "transfer:transfer", model, out, quiet, settings,
+                       **sources)  # fmt: skip
 
 
 def _analysis(
@@ -204,12 +207,6 @@ def analyze_agreement(
     return _call("agreement:method_agreement", model, cfg, out_dir, quiet=quiet)
 
 
-def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
-                settings: dict[str, Any]) -> Any:  # fmt: skip
-    cfg, out_dir = preflight.check(_config(config, stage, settings), out or _default_out(stage), stage)
-    return _call(target, model, cfg, out_dir, quiet=quiet)
-
-
 def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,
                        **settings: Any) -> HeuristicsResult:  # fmt: skip
     """Heuristic neurons: which MLP neurons fire on operand patterns and how the answer depends on them.
@@ -251,9 +248,7 @@ def circuit(
     method, compare_methods, n_prompts, evaluate, oracle, ... `identify_run` is needed by method "path-patching"
     (or among compare_methods). `out` defaults to runs/circuit-<time>."""
     run = {"identify_run": _folder(identify_run)} if identify_run is not None else {}
-    cfg, out_dir = preflight.check(_config("circuit_config:CircuitConfig", "circuit", settings, **run),
-                                   out or _default_out("circuit"), "circuit")  # fmt: skip
-    return _call("circuit:circuit", model, cfg, out_dir, quiet=quiet)
+    return _standalone("circuit", "circuit_config:CircuitConfig", "circuit:circuit", model, out, quiet, settings, **run)
 
 
 def finetune(
@@ -268,9 +263,8 @@ def finetune(
     in place; load another copy to compare. Settings are the fields of `FinetuneConfig`: method, top_k, data,
     epochs, ... `from_run` is the identify run whose top-k heads are trained."""
     run = {"from_run": _folder(from_run)} if from_run is not None else {}
-    cfg, out_dir = preflight.check(_config("finetune_config:FinetuneConfig", "finetune", settings, **run),
-                                   out or _default_out("finetune"), "finetune")  # fmt: skip
-    return _call("finetune:finetune", model, cfg, out_dir, quiet=quiet)
+    return _standalone("finetune", "finetune_config:FinetuneConfig", "finetune:finetune", model, out, quiet, settings,
+                       **run)  # fmt: skip
 
 
 def evaluate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> EvalResult:
