@@ -2,6 +2,8 @@
 
 Written to be obviously right rather than fast, and independent of `arithmech.circuits.patched`:
 - sender outputs are per-head slices of z times the o_proj weight slice (`head_weight_slices`), one head at a time;
+  under Gemma's post-attention norm, gain * x / rms(a) with the layer's attention output a = sum of the heads' x
+  written out from Gemma's RMSNorm formula (gain = 1 + weight); an MLP's output is its post-MLP norm's output;
 - a receiver's input is the constant o_proj biases of the layers it reads plus, for every sender before it,
   keep * (output in this run) + (1 - keep) * (ablated output) [+ shift * (clean output - cf output)];
 - attention is run once per query head with that head's own q, k and v inputs (the module's own projections on
@@ -23,8 +25,7 @@ from arithmech.models.view import ModelView
 
 from tiny_models import TINY_ARCHS, make_tiny_model
 
-SANDWICH = ("gemma2", "gemma3")
-ARCHS = [a for a in TINY_ARCHS if a not in SANDWICH]
+ARCHS = list(TINY_ARCHS)
 
 
 def tiny_view(arch: str) -> ModelView:
@@ -64,6 +65,21 @@ def _head_out(view: ModelView, layer: int, head: int, z: torch.Tensor) -> torch.
     return z_h @ w if view.spec.conv1d else z_h @ w.T
 
 
+def _shares(view: ModelView, layer: int, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The heads' outputs `outs` as the residual receives them: unchanged, or their shares of the normed sum."""
+    norm = view.attn_out_norm(layer)
+    if norm is None:
+        return outs
+    a = sum(outs)
+    r = torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return [o * r * (1 + norm.weight) for o in outs]
+
+
+def _mlp_sender(view: ModelView, layer: int) -> Any:
+    norm = view.mlp_out_norm(layer)
+    return view.mlp(layer) if norm is None else norm
+
+
 def _o_bias(view: ModelView, layer: int) -> torch.Tensor | float:
     b = getattr(view.o_proj(layer), "bias", None)
     return 0.0 if b is None else b
@@ -85,11 +101,12 @@ def sender_outputs(view: ModelView, ids: torch.Tensor, mask: torch.Tensor) -> li
     for layer in range(view.dims.n_layers):
 
         def heads(args: tuple[Any, ...], layer: int = layer) -> None:
-            for h in range(view.dims.n_heads):
-                outs[graph.head_sender(layer, h)] = _head_out(view, layer, h, args[0].detach())
+            raw = [_head_out(view, layer, h, args[0].detach()) for h in range(view.dims.n_heads)]
+            for h, out in enumerate(_shares(view, layer, raw)):
+                outs[graph.head_sender(layer, h)] = out
 
         pre.append((view.o_proj(layer), lambda _m, args, f=heads: f(args)))
-        post.append((view.mlp(layer), at(graph.mlp_sender(layer), lambda _a, out: first_tensor(out).detach())))
+        post.append((_mlp_sender(view, layer), at(graph.mlp_sender(layer), lambda _a, out: first_tensor(out).detach())))
     with torch.no_grad(), hooks(pre=pre, post=post):
         view.model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
     return outs
@@ -164,15 +181,16 @@ def naive_end_resid(
 
         def fn(module: Any, _args: Any, output: Any) -> Any:
             args, kwargs = state[f"call{layer}"]
-            attn_out = _o_bias(view, layer)
+            raw = []
             for h in range(d.n_heads):
                 normed = {r: norm.forward(rebuilt(graph.head_receiver(layer, r, h), bias_below(layer))) for r in ROLES}
                 state["current"] = {"normed": normed, "slices": view.head_weight_slices(layer, h)}
                 module.forward(*args, **kwargs)
-                out_h = _head_out(view, layer, h, state["current"]["z"])
+                raw.append(_head_out(view, layer, h, state["current"]["z"]))
                 state["current"] = None
-                outs[graph.head_sender(layer, h)] = out_h
-                attn_out = attn_out + out_h
+            for h, out in enumerate(_shares(view, layer, raw)):
+                outs[graph.head_sender(layer, h)] = out
+            attn_out = _o_bias(view, layer) + sum(raw)
             return (attn_out, *output[1:]) if isinstance(output, tuple) else attn_out
 
         return fn
@@ -204,7 +222,7 @@ def naive_end_resid(
     for layer in range(d.n_layers):
         pre += [(view.o_proj(layer), z_hook), (view.mlp_norm(layer), mlp_in(layer))]
         pre_kwargs.append((view.attn(layer), capture_call(layer)))
-        post += [(view.attn(layer), attention(layer)), (view.mlp(layer), mlp_out(layer))]
+        post += [(view.attn(layer), attention(layer)), (_mlp_sender(view, layer), mlp_out(layer))]
         if s.qkv_layout == "separate":
             post += [
                 (view.module(layer, str(p)), proj_hook(r))

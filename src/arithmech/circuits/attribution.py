@@ -47,7 +47,7 @@ import torch
 from arithmech.circuits.batch import CircuitBatch
 from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
-from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs
+from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs, head_outputs
 from arithmech.models.view import ModelView
 
 AttributionMethod = Literal["eap", "eap-ig"]
@@ -82,7 +82,7 @@ def sender_differences(view: ModelView, clean: SenderOutputs, cf: SenderOutputs)
     """[sender, batch * pos * d_model] float32: out_s(clean) - out_s(cf), in sender order."""
     rows = [(clean.embed - cf.embed)[None]]
     for layer in range(view.dims.n_layers):
-        heads = view.head_outputs(layer, clean.z[layer] - cf.z[layer]).permute(2, 0, 1, 3)  # [head, batch, pos, d]
+        heads = head_outputs(view, layer, clean.z[layer] - cf.z[layer]).permute(2, 0, 1, 3)  # [head, batch, pos, d]
         rows += [heads, (clean.mlp_out[layer] - cf.mlp_out[layer])[None]]
     return torch.cat([r.float().flatten(1) for r in rows])
 

@@ -43,7 +43,7 @@ from arithmech.circuits.batch import CircuitBatch, at_end, logit_difference
 from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.patched import projection_weights
 from arithmech.circuits.replicas import GroupReplicas
-from arithmech.circuits.senders import SenderOutputs, check_edge_graph
+from arithmech.circuits.senders import SenderOutputs, check_edge_graph, mlp_sender, scaled_z
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
 
@@ -95,7 +95,7 @@ class _Pass:
     def head_outputs(self, _module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         z = self.replicas.heads_from_replicas(args[0])
         if self.keep_outputs:
-            self.z.append(z.detach())
+            self.z.append(scaled_z(self.view, len(self.z), z.detach()))
         return (z, *args[1:])
 
     def mlp_input(self, _module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
@@ -213,7 +213,7 @@ def _hook_lists(
         projections = [view.module(layer, str(p)) for p in paths]
         pre += [(view.attn_norm(layer), run.attn_input), (view.o_proj(layer), run.head_outputs)]
         pre += [(m, run.projection_input) for m in projections] + [(view.mlp_norm(layer), run.mlp_input)]
-        post += [(m, run.projection_output) for m in projections] + [(view.mlp(layer), run.mlp_output)]
+        post += [(m, run.projection_output) for m in projections] + [(mlp_sender(view, layer), run.mlp_output)]
     return pre, post, [(view.attn(layer), run.attention_inputs) for layer in range(view.dims.n_layers)]
 
 

@@ -61,7 +61,7 @@ from arithmech.circuits.batch import at_end
 from arithmech.circuits.clean_prefix import PassStart
 from arithmech.circuits.graph import ROLES, CircuitGraph
 from arithmech.circuits.replicas import GroupReplicas, skipped_input
-from arithmech.circuits.senders import SenderOutputs, check_edge_graph
+from arithmech.circuits.senders import SenderOutputs, check_edge_graph, head_outputs, mlp_sender, scaled_z
 from arithmech.circuits.swaps import SwapTerms
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
@@ -236,8 +236,9 @@ class _Run:
         def fn(_module: nn.Module, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
             z = self.replicas.heads_from_replicas(args[0])  # [batch, pos, head * d_head]
             if self.needs_swaps:  # heads' outputs from the first position with swap terms on
-                run_out = self.view.head_outputs(layer, self.late(z, 1)).permute(2, 0, 1, 3)  # [head, batch, pos', d]
-                ablated = self.view.head_outputs(layer, self.late(self.ablated.z[layer], 1)).permute(2, 0, 1, 3)
+                run_z = scaled_z(self.view, layer, self.late(z, 1))
+                run_out = head_outputs(self.view, layer, run_z).permute(2, 0, 1, 3)  # [head, batch, pos', d]
+                ablated = head_outputs(self.view, layer, self.late(self.ablated.z[layer], 1)).permute(2, 0, 1, 3)
                 self.add_terms(self.graph.head_sender(layer, 0), run_out, ablated)
             return (z,) if g > 1 else None
 
@@ -327,7 +328,7 @@ def patched_end_resid(
         ]
         projections = run.projection_hooks(layer)
         pre += [(module, skipped_input) for module, _ in projections]  # their output is replaced
-        post += [*projections, (view.mlp(layer), run.mlp_output(layer))]
+        post += [*projections, (mlp_sender(view, layer), run.mlp_output(layer))]
     ids, mask = input_ids.to(device), attention_mask.to(device)
     layers = range(first, d.n_layers)
     tiled = run.replicas.replicas > 1

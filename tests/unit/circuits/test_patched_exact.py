@@ -47,7 +47,7 @@ def test_circuits_match_the_sender_by_sender_reference(arch: str) -> None:
     assert (m_full - m_empty).abs().min() > 1e-3  # the comparison is not between two equal runs
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox", "gemma2"])
 def test_mean_ablation_matches_the_reference(arch: str) -> None:
     view = tiny_view(arch)
     graph = CircuitGraph.from_dims(view.dims, view.parallel_residual)
@@ -73,9 +73,29 @@ def test_key_value_weights_are_views_of_the_model_weights() -> None:
         assert w.data_ptr() == view.module(0, path).weight.data_ptr()
 
 
-def test_sandwich_norm_models_are_refused() -> None:
-    with pytest.raises(SpecError, match="sum of head and MLP outputs"):
-        check_edge_graph(tiny_view("gemma2"))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_residual_stream_is_the_sum_of_the_sender_outputs(arch: str) -> None:
+    """What the graph's senders write (under Gemma 2/3's post-attention norm, each head's share of the normed
+    output) adds up to the residual the final norm reads, at every position."""
+    view = tiny_view(arch)
+    batch = tiny_batch()
+    outs = collect_sender_outputs(view, batch.clean_ids, batch.mask)
+    total = outs.embed.clone()
+    for layer in range(view.dims.n_layers):
+        total += outs.head_outputs(view, layer).sum(0) + outs.mlp_out[layer]
+        bias = getattr(view.o_proj(layer), "bias", None)
+        total += 0 if bias is None else bias
+    with torch.no_grad():
+        resid = view.final_resid(input_ids=batch.clean_ids, attention_mask=batch.mask)
+    torch.testing.assert_close(total, resid, atol=2e-5, rtol=1e-5)
+
+
+def test_a_post_attention_norm_with_biases_is_refused() -> None:
+    view = tiny_view("gemma2")
+    check_edge_graph(view)  # Gemma 2 itself: heads are shares of the normed output
+    view.o_proj(0).bias = torch.nn.Parameter(torch.zeros(view.dims.d_model))
+    with pytest.raises(SpecError, match="bias"):
+        check_edge_graph(view)
 
 
 def test_sender_outputs_mean_has_one_row() -> None:
@@ -85,7 +105,7 @@ def test_sender_outputs_mean_has_one_row() -> None:
     assert isinstance(means, SenderOutputs) and means.embed.shape[:2] == (1, 1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt-neox", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox", "phi3", "gemma3"])
 def test_small_and_large_circuits_in_one_pass_match_the_reference(arch: str) -> None:
     """Small circuits are summed from their kept edges (prefix minus kept), large ones from their swapped edges
     (`swaps.py`); both, batched as circuit x prompt rows of one pass, equal the sender-by-sender reference."""
