@@ -14,8 +14,10 @@ Fingerprint
     its analyses stay valid. identify writes it into its metadata.json too; readers recompute it from the files.
 
 Record
-    `identify_record(folder)` -> {"path", "fingerprint", "created"}, written by every reader as the
-    `identify_run` key of its metadata.json (transfer: `identify_runs`, one per source).
+    `identify_record(folder)` -> {"path", "fingerprint", "created"}. Every stage writes the list of the identify
+    runs it read as the `identify_runs` key of its metadata.json: one record for an analysis, one per source for
+    transfer, an empty list for a stage that reads none (identify, mediate, evaluate, ...). So the record alone
+    says what an analysis depends on, and a reader of run folders needs to know nothing about stages.
 
 Finding the folder (`identify_folder`)
     The folder itself when it is a finished identify run (metadata.json with stage "identify"); the top of an
@@ -24,11 +26,11 @@ Finding the folder (`identify_folder`)
 
 Stale analyses
     `stale_reason(metadata, fingerprint, created)`: why an analysis does not belong to the identify run with
-    that fingerprint (None when it does, or when it reads no identify run). Whether a stage reads an identify
-    run is declared once, on its config class (`reads_identify_run`, found by `stages.catalog`); an analysis
-    whose metadata records an identify run read one, whatever its stage. An analysis written before
-    fingerprints were recorded is stale when it is older than the identify run. identify moves stale
-    analyses aside before writing (`move_aside_stale`); `arithmech report` shows them as stale.
+    that fingerprint (None when it does, or when its record says it read none). Records written on
+    2026-12-01 hold one run (or null) as `identify_run` instead, and are read the same way. A record that says
+    nothing (made before fingerprints were recorded) is stale when it is older than the identify run: it cannot
+    show that it belongs to it. identify moves stale analyses aside before writing, never deleting them
+    (`move_aside_stale`); `arithmech report` shows them as stale.
 """
 
 from __future__ import annotations
@@ -101,24 +103,19 @@ def identify_record(folder: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def recorded_runs(metadata: dict[str, Any]) -> list[dict[str, Any]]:
-    """The identify runs an analysis's metadata records (none for one made before fingerprints were recorded)."""
-    runs = metadata.get("identify_runs")
+def recorded_runs(metadata: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The identify runs an analysis's metadata records having read (empty when none); None when the record
+    does not say (made before fingerprints were recorded) or cannot be read."""
+    if "identify_runs" in metadata:
+        runs = metadata["identify_runs"]
+    elif "identify_run" in metadata:  # the one-run key of the records of 2026-12-01
+        runs = [metadata["identify_run"]]
+    else:
+        return None
     if not isinstance(runs, list):
-        runs = [metadata.get("identify_run")]
-    return [r for r in runs if isinstance(r, dict) and r.get("fingerprint")]
-
-
-def _reads_identify(metadata: dict[str, Any]) -> bool:
-    """Whether the stage that wrote `metadata` read an identify run: it records one, or its config class
-    declares so for its settings (the record of a run made before fingerprints were recorded)."""
-    from arithmech.stages.catalog import stage_configs  # the config modules import much of arithmech
-
-    if recorded_runs(metadata):
-        return True
-    config = metadata.get("config")
-    declared = stage_configs().get(metadata.get("stage"))
-    return declared is not None and declared.reads_identify_run(config if isinstance(config, dict) else {})
+        return None
+    runs = [r for r in runs if r is not None]  # the records of 2026-12-01 wrote null for "read none"
+    return runs if all(isinstance(r, dict) and r.get("fingerprint") for r in runs) else None
 
 
 def _when(text: Any) -> datetime | None:
@@ -130,10 +127,10 @@ def _when(text: Any) -> datetime | None:
 
 def stale_reason(metadata: dict[str, Any], fingerprint: str, created: Any) -> str | None:
     """Why the analysis with `metadata` was not computed from the identify run (`fingerprint`, `created`); None
-    when it was, or when it reads no identify run."""
-    if not _reads_identify(metadata):
-        return None
+    when it was, or when its record says it read none)."""
     runs = recorded_runs(metadata)
+    if runs == []:
+        return None
     if runs:
         if any(r["fingerprint"] == fingerprint for r in runs):
             return None
@@ -156,7 +153,7 @@ def identify_folder(run_dir: str | os.PathLike[str], option: str = "--from") -> 
     if metadata is not None:
         if metadata.get("stage") == "identify":
             return path
-        read = [r.get("path") for r in recorded_runs(metadata)] or [metadata.get("config", {}).get("from_run")]
+        read = [r.get("path") for r in recorded_runs(metadata) or []] or [metadata.get("config", {}).get("from_run")]
         hint = f" ({', '.join(repr(p) for p in read)})" if any(read) else ""
         raise ConfigError(
             f"run folder {str(path)!r} is not an identify run (stage {metadata.get('stage')!r}); give {option} the "

@@ -177,7 +177,7 @@ def _evaluate(handle: Any, cfg: Any, out: Path, run_dir: Path, quiet: bool) -> A
                                  quiet=quiet, base_handle=handle, delta=delta_record(delta))  # fmt: skip
     from arithmech.runs import atomic_write_json
 
-    atomic_write_json(out / "metadata.json", {"stage": "evaluate", "models": sorted(results)})
+    atomic_write_json(out / "metadata.json", {"stage": "evaluate", "models": sorted(results), "identify_runs": []})
     return results
 
 

@@ -72,7 +72,7 @@ def test_writes_tables_figures_and_metadata(tiny: tuple[ModelHandle, Path], lens
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["stage"] == "analyze-mlp" and meta["config"]["example_prompt"] == 1
     assert meta["counts"]["prompts"] == n_prompts == meta["counts"]["prompts_in_run"]
-    assert meta["example"]["reference"] == result.example["reference"] and meta["identify_run"][
+    assert meta["example"]["reference"] == result.example["reference"] and meta["identify_runs"][0][
         "path"
     ] == str(run)
     assert (out / "metadata.json").stat().st_mtime_ns >= (out / "mlp_update_ranks.png").stat().st_mtime_ns

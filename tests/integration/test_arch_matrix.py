@@ -21,6 +21,7 @@ architecture.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import yaml
 from test_demo_offline import SMALL
 
 from arithmech.cli import main
+from arithmech.lineage import identify_fingerprint
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.pipeline import STAGES
 from arithmech.stages.finetune import finetune
@@ -127,6 +129,23 @@ def test_every_stage_and_the_report(arch_run: ArchRun) -> None:
     assert (arch_run.run / "report.html").stat().st_size > 0
     transfer = json.loads((arch_run.run / "transfer" / "metadata.json").read_text())["targets"]
     assert all(info["used"] > 0 for info in transfer.values()), transfer  # every target scored
+
+
+def test_every_stage_records_the_identify_runs_it_read(arch_run: ArchRun) -> None:
+    """lineage tells a stale analysis from its record alone: each stage lists the identify runs it read, an
+    empty list when its config class says it reads none."""
+    fingerprint = identify_fingerprint(arch_run.run / "identify")
+    folders = [(stage, arch_run.run / stage.name) for stage in STAGES]
+    folders += [(stage, arch_run.run / stage.name / m) for stage in STAGES if stage.name == "evaluate"
+                for m in ("base", "tuned")]  # fmt: skip
+    for stage, folder in folders:
+        metadata = json.loads((folder / "metadata.json").read_text())
+        module, name = stage.config.split(":")
+        reads = getattr(importlib.import_module(module), name).reads_identify_run(metadata.get("config") or {})
+        recorded = [run["fingerprint"] for run in metadata["identify_runs"]]
+        assert recorded == ([fingerprint] if reads else []), (folder.name, recorded)
+        readers = ("knockout", "transfer", "attention", "mlp", "fourier", "agreement", "finetune")  # circuit: EAP-IG
+        assert reads == (stage.name in readers), stage.name
 
 
 def test_read_only_stages_build_no_graph(arch_run: ArchRun) -> None:

@@ -42,7 +42,8 @@ def test_run_with_a_circuit_stage_then_rerun(arch: str, tiny_model_dir, tmp_path
     assert {r["method"] for r in faithful} == {"eap-ig", "path-patching", "random"}
     assert all(float(r["f"]) == pytest.approx(1.0, abs=1e-4) for r in faithful if r["percent"] == "100.0")
     meta = json.loads((folder / "metadata.json").read_text())
-    assert meta["identify_run"]["path"] == str((run / "identify").resolve())  # the run's own identify folder
+    [read] = meta["identify_runs"]
+    assert read["path"] == str((run / "identify").resolve())  # the run's own identify folder
     assert meta["counts"]["prompts"] == 2 and meta["config"]["identify_run"] == str(run / "identify")
     root = ElementTree.parse(folder / "circuit.svg").getroot()
     drawn = [p for p in root.iter("{http://www.w3.org/2000/svg}path") if p.get("class") == "edge"]
@@ -105,7 +106,7 @@ def test_the_circuit_stage_reads_identify_only_for_the_node_ranking(tiny_model_d
     assert (tmp_path / "run" / "circuit" / "circuit.svg").is_file()
     assert not (tmp_path / "run" / "identify").exists()
     meta = json.loads((tmp_path / "run" / "circuit" / "metadata.json").read_text())
-    assert meta["identify_run"] is None and meta["config"]["identify_run"] is None
+    assert meta["identify_runs"] == [] and meta["config"]["identify_run"] is None
 
 
 @pytest.mark.parametrize(

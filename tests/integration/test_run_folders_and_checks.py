@@ -266,7 +266,7 @@ def test_from_the_top_of_an_arithmech_run_folder(runs, tmp_path: Path, monkeypat
                      "--out", "~/pipe/knockout", "--quiet"])  # fmt: skip
     assert code == 0
     assert "is the folder of `arithmech run`: using its identify run" in caplog.text
-    record = json.loads((tmp_path / "pipe" / "knockout" / "metadata.json").read_text())["identify_run"]
+    [record] = json.loads((tmp_path / "pipe" / "knockout" / "metadata.json").read_text())["identify_runs"]
     assert record["path"] == str((tmp_path / "pipe" / "identify").resolve())
     assert record["fingerprint"] == identify_fingerprint(tmp_path / "pipe" / "identify")
     assert not (Path.cwd() / "~").exists()
@@ -283,7 +283,7 @@ def test_identify_again_moves_the_earlier_analyses_aside(runs, tmp_path: Path, c
     _analyse(model, run)  # into run/attention and run/mlp
     for kind in ("attention", "mlp"):
         meta = json.loads((run / kind / "metadata.json").read_text())
-        assert meta["identify_run"]["fingerprint"] == identify_fingerprint(run)
+        assert [r["fingerprint"] for r in meta["identify_runs"]] == [identify_fingerprint(run)]
 
     assert main(["identify", "--model", str(model), *IDENTIFY, "--out", str(run)]) == 0  # the same result again
     assert (run / "attention").is_dir() and (run / "mlp").is_dir() and not list(run.glob("stale-*"))
@@ -299,7 +299,7 @@ def test_identify_again_moves_the_earlier_analyses_aside(runs, tmp_path: Path, c
     legacy = run / "attention"
     shutil.copytree(aside / "attention", legacy)
     meta = json.loads((legacy / "metadata.json").read_text())
-    meta.pop("identify_run")
+    meta.pop("identify_runs")
     meta["created"] = "2000-01-01T00:00:00+0000"
     (legacy / "metadata.json").write_text(json.dumps(meta))
     page = write_report(run).read_text()

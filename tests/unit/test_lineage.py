@@ -16,23 +16,30 @@ def _run(fingerprint: str) -> dict[str, Any]:
 
 
 CASES = [
-    ("attention-of-this-run", {"stage": "analyze_attention", "identify_run": _run("aaa")}, False),
-    ("attention-of-another-run", {"stage": "analyze_attention", "identify_run": _run("bbb")}, True),
+    ("attention-of-this-run", {"stage": "analyze_attention", "identify_runs": [_run("aaa")]}, False),
+    ("attention-of-another-run", {"stage": "analyze_attention", "identify_runs": [_run("bbb")]}, True),
     ("transfer-with-this-run-among-its-sources", {"stage": "transfer", "identify_runs": [_run("b"), _run("aaa")]},
      False),
     ("transfer-of-other-runs", {"stage": "transfer", "identify_runs": [_run("b"), _run("c")]}, True),
-    ("knockout-of-named-components", {"stage": "knockout", "config": {"from_run": None}, "created": EARLIER}, False),
+    ("knockout-of-named-components", {"stage": "knockout", "identify_runs": [], "created": EARLIER}, False),
     ("full-finetune-reads-no-run", {"stage": "finetune", "config": {"method": "full", "from_run": "/r"},
-                                    "created": EARLIER}, False),
-    ("precise-finetune-of-another-run", {"stage": "finetune", "config": {"method": "precise", "from_run": "/r"},
-                                         "identify_run": _run("bbb")}, True),
-    ("mediation-reads-no-run", {"stage": "mediate", "created": EARLIER}, False),
+                                    "identify_runs": [], "created": EARLIER}, False),
+    ("precise-finetune-of-another-run", {"stage": "finetune", "identify_runs": [_run("bbb")]}, True),
+    ("mediation-reads-no-run", {"stage": "mediate", "identify_runs": [], "created": EARLIER}, False),
+    ("unknown-stage-that-records-another-run", {"stage": "analyze-new", "identify_runs": [_run("bbb")]}, True),
+    ("unknown-stage-that-reads-none", {"stage": "analyze-new", "identify_runs": [], "created": EARLIER}, False),
+    # records of 2026-12-01: one run, or null, under identify_run
+    ("dec-01-attention-of-this-run", {"stage": "analyze_attention", "identify_run": _run("aaa")}, False),
+    ("dec-01-fourier-of-another-run", {"stage": "analyze-fourier", "identify_run": _run("bbb")}, True),
+    ("dec-01-circuit-without-a-run", {"stage": "circuit", "identify_run": None, "created": EARLIER}, False),
+    # records that do not say what they read: stale when older than the identify run, whatever their stage
     ("unrecorded-and-older", {"stage": "analyze-mlp", "created": EARLIER}, True),
+    ("unrecorded-mediation-and-older", {"stage": "mediate", "created": EARLIER}, True),
     ("unrecorded-and-newer", {"stage": "analyze-mlp", "created": LATER}, False),
     ("unrecorded-and-undated", {"stage": "agreement"}, False),
-    ("fourier-of-another-run", {"stage": "analyze-fourier", "identify_run": _run("bbb")}, True),
-    ("fourier-unrecorded-and-older", {"stage": "analyze-fourier", "created": EARLIER}, True),
-    ("unknown-stage-that-records-another-run", {"stage": "analyze-new", "identify_run": _run("bbb")}, True),
+    ("unreadable-record-and-older", {"stage": "knockout", "identify_runs": [{"path": "/x"}], "created": EARLIER},
+     True),
+    ("unreadable-list-and-older", {"stage": "knockout", "identify_runs": "/x", "created": EARLIER}, True),
 ]  # fmt: skip
 
 

@@ -15,15 +15,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "arithmech"
 
-KNOWN_LOOPS: dict[tuple[str, str], str] = {
-    ("lineage", "stages"): (
-        "lineage.stale_reason asks a stage's config class (stages/catalog.py, imported lazily) whether a run made "
-        "before fingerprints were recorded read an identify run; the declaration lives on the config classes on "
-        "purpose (issue 22.1), and stages record lineage. Breaking it means moving that declaration."
-    ),
-}
-"""Edges (importer, imported) left out of the loop check, each with why it is there."""
-
 
 def _part(path: Path) -> str:
     rel = path.relative_to(SRC).parts
@@ -100,9 +91,7 @@ def test_the_loop_finder_finds_loops() -> None:
 
 def test_no_part_of_arithmech_imports_itself_around_a_loop() -> None:
     edges = import_edges()
-    for edge in KNOWN_LOOPS:
-        assert edge in edges, f"{edge} no longer exists: remove it from KNOWN_LOOPS"
-    found = loops(set(edges) - set(KNOWN_LOOPS))
+    found = loops(set(edges))
     detail = {
         " <-> ".join(group): sorted(f"{a} -> {b}: {sorted(edges[a, b])}" for a, b in edges if {a, b} <= set(group))
         for group in found

@@ -140,7 +140,7 @@ def method_agreement(
         "dims": asdict(dims),
         "config": asdict(cfg),
         "from_run": str(run.path),
-        "identify_run": run.record,
+        "identify_runs": [run.record],
         "variant": variant,
         "counts": {"prompts": len(batch), "mediation_pairs": mediation_pairs},
         "prompts": sample,

@@ -140,7 +140,7 @@ def analyze_attention(
         "stage": cfg.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
-        "identify_run": run.record,
+        "identify_runs": [run.record],
         "config": asdict(cfg),
         "heads": [h.name for h in heads],
         "heads_source": heads_source,

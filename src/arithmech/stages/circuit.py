@@ -209,7 +209,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
         "counts": counts,
         "answer_filter": None if filtered is None else [c.as_dict() for c in filtered],
-        "identify_run": None if cfg.identify_run is None else read_identify_run(cfg.identify_run, handle).record,
+        "identify_runs": [] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record],
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else oracle[1],
         "seed": cfg.seed,

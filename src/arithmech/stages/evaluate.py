@@ -196,6 +196,7 @@ def evaluate_stage(
                     **{f"{name}_s": r.seconds for name, r in results.items()},
                     **{f"harness:{name}_s": r.seconds for name, r in harness_results.items()}},
         "versions": {**package_versions(), **({"lm_eval": lm_eval_version()} if harness.tasks else {})},
+        "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

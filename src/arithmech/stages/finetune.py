@@ -127,7 +127,7 @@ def finetune(handle: ModelHandle, cfg: FinetuneConfig, out_dir: str | Path, quie
         entries = trainable.finish()
         restore_requires_grad(handle.model, flags)
         metadata = _metadata(handle, cfg, result, selection, data_record, start)
-        metadata["identify_run"] = identify_run
+        metadata["identify_runs"] = [] if identify_run is None else [identify_run]
         if accelerator.is_main_process:
             save_delta(entries, out, {"base_model": handle.source, "method": cfg.method, "selection": selection})
             if cfg.save_merged:

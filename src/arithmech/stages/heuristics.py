@@ -196,6 +196,7 @@ def heuristics(
                                    "neuron), classified the same way, per family"},
         "timings": {"heuristics_s": time.perf_counter() - start},
         "versions": package_versions(),
+        "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip

@@ -116,6 +116,7 @@ def identify(handle: ModelHandle, cfg: IdentifyConfig, out_dir: str | Path, quie
         "timings": timings,
         "processes": distributed.world_size(),
         "versions": package_versions(),
+        "identify_runs": [],  # identify reads none: it is the run the others read
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

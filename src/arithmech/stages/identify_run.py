@@ -114,6 +114,6 @@ def analysis_header(handle: ModelHandle, run: IdentifyRun, cfg: Any) -> dict[str
         "stage": cfg.STAGE,
         "model": handle.source,
         "dims": dataclasses.asdict(handle.dims),
-        "identify_run": {**run.record, "git_sha": run.metadata.get("git_sha")},
+        "identify_runs": [{**run.record, "git_sha": run.metadata.get("git_sha")}],
         "config": dataclasses.asdict(cfg),
     }

@@ -122,7 +122,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
-        "identify_run": identify_run,
+        "identify_runs": [] if identify_run is None else [identify_run],
         "seed": cfg.seed,
         "max_k": max_k,
         "counts": {"prompts": len(chosen), "configurations": n_configs,

@@ -211,6 +211,7 @@ def mediate(handle: ModelHandle, cfg: MediateConfig, out_dir: str | Path, quiet:
         "timings": timings,
         "processes": distributed.world_size(),
         "versions": package_versions(),
+        "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -177,6 +177,7 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
         "lora": lora_info,
         "timings": timings,
         "versions": package_versions(),
+        "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

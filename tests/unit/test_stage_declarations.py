@@ -1,6 +1,8 @@
-"""Every stage declares, on its config class, the "stage" its runs record and whether it reads an identify run,
+"""Every stage declares, on its config class, the "stage" its runs record and whether it reads an identify run
+(the pipeline runs identify before it then), and every stage's metadata.json lists the identify runs it read,
 so an analysis of an earlier identify run is moved aside and reported stale whatever its stage (issue 22.1:
-analyze fourier was left out of a hand-kept list, and its results were shown as current)."""
+analyze fourier was left out of a hand-kept list, and its results were shown as current). The records themselves
+are checked on every tiny architecture in tests/integration/test_arch_matrix.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import arithmech.stages
 from arithmech.cli import app
 from arithmech.pipeline import STAGES, canonical_stage
 from arithmech.runs import STAGE_FOLDERS
-from arithmech.stages.catalog import stage_configs
 
 READS_IDENTIFY = {
     "knockout": {"from_run": "/runs/x"}, "transfer": {}, "analyze_attention": {}, "analyze-mlp": {},
@@ -37,6 +38,17 @@ def test_run_folders_list_the_pipeline_stages_in_order() -> None:
 
 def _config_modules() -> list[str]:
     return [m.name for m in pkgutil.iter_modules(arithmech.stages.__path__) if m.name.endswith("_config")]
+
+
+def stage_configs() -> dict[str, Any]:
+    """metadata.json "stage" -> the config class of the stage that writes it, for every stages/*_config.py."""
+    found: dict[str, Any] = {}
+    for name in _config_modules():
+        module = importlib.import_module(f"arithmech.stages.{name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and value.__module__ == module.__name__ and "STAGE" in vars(value):
+                found[value.STAGE] = value
+    return found
 
 
 def test_every_config_module_declares_its_stage_once() -> None:
@@ -80,7 +92,7 @@ def test_every_pipeline_stage_and_command_has_a_declared_config() -> None:
 
 
 def test_stage_modules_write_the_declared_stage_name() -> None:
-    """A literal "stage" in a stage's metadata would drift from its config's STAGE, which lineage looks up."""
+    """A literal "stage" in a stage's metadata would drift from its config's STAGE, the one name of the stage."""
     folder = Path(arithmech.stages.__file__).parent
     for path in sorted(folder.glob("*.py")):
         literal = re.search(r'"stage": "[a-z_-]+"', path.read_text())
@@ -94,6 +106,7 @@ def test_a_fourier_analysis_of_an_earlier_identify_run_is_moved_aside(tmp_path: 
 
     other: dict[str, Any] = {"path": "/runs/x", "fingerprint": "bbb", "created": "2026-01-01T10:00:00+0000"}
     (tmp_path / "fourier").mkdir()
-    (tmp_path / "fourier" / "metadata.json").write_text(json.dumps({"stage": "analyze-fourier", "identify_run": other}))
+    record = {"stage": "analyze-fourier", "identify_runs": [other]}
+    (tmp_path / "fourier" / "metadata.json").write_text(json.dumps(record))
     aside = move_aside_stale(tmp_path, "aaa", "2026-01-02T10:00:00+0000")
     assert aside is not None and (aside / "fourier" / "metadata.json").is_file()
