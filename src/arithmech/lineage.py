@@ -1,8 +1,9 @@
 """Which identify run an analysis read: fingerprints, finding a run's identify folder, stale analyses.
 
 Background
-    knockout, transfer, analyze attention / mlp / agreement and finetune read an identify run folder: its
-    ranking (effects.csv, key_components.json) and its reference prompts (prompts.jsonl). When identify runs
+    knockout, transfer, analyze attention / mlp / fourier, agreement, precise finetune and the circuit stage's
+    path-patching ranking read an identify run folder: its ranking (effects.csv, key_components.json) and its
+    reference prompts (prompts.jsonl). When identify runs
     again into the same folder, an analysis written before it holds the numbers of the earlier run, and a
     report that puts them under the new heads is silently wrong. So every analysis records the fingerprint
     of the identify run it read, and a reader compares it with the run beside it.
