@@ -128,7 +128,7 @@ def _when(text: Any) -> datetime | None:
 
 def stale_reason(metadata: dict[str, Any], fingerprint: str, created: Any) -> str | None:
     """Why the analysis with `metadata` was not computed from the identify run (`fingerprint`, `created`); None
-    when it was, or when its record says it read none)."""
+    when it was, or when its record says it read none."""
     runs = recorded_runs(metadata)
     if runs == []:
         return None
