@@ -68,6 +68,9 @@ class FilterCounts:
     """Pairs that pass (the first n_prompts of them are used)."""
     unusable: int = 0
     """Dataset rows only: rows dropped before the model sees them (no digit token, unequal lengths, ...)."""
+    shared: int = 0
+    """Dataset evaluation rows only: rows dropped because their clean or counterfactual prompt is also a prompt of
+    the find split (built-in prompts share none: their parts are disjoint by fact)."""
     prompts_drawn: int = 0
     """Built-in prompts only: single prompts drawn and checked before pairing (0 for a dataset)."""
     prompts_answered: int = 0
@@ -82,9 +85,10 @@ class FilterCounts:
             if self.prompts_drawn else ""
         )  # fmt: skip
         unusable = f"{self.unusable} rows unusable; " if self.unusable else ""
+        shared = f"{self.shared} rows share a prompt with the find split; " if self.shared else ""
         return (
-            f"{self.source}: {drawn}{unusable}{self.kept} of {self.pairs} pairs pass ({self.clean_missed} missed on "
-            f"the clean prompt, {self.cf_missed} on the counterfactual)"
+            f"{self.source}: {drawn}{shared}{unusable}{self.kept} of {self.pairs} pairs pass ({self.clean_missed} "
+            f"missed on the clean prompt, {self.cf_missed} on the counterfactual)"
         )
 
 
@@ -124,13 +128,20 @@ def filter_answered(
 
 
 def answered_pairs(
-    view: ModelView, tokenizer: object, operation: str, n: int, seed: int, max_operand: int, batch_size: int = 32
+    view: ModelView,
+    tokenizer: object,
+    operation: str,
+    n: int,
+    seed: int,
+    max_operand: int,
+    batch_size: int = 32,
+    part: str | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
-    """Up to `n` built-in MIB pairs that pass the answer filter: single prompts are drawn in rounds and checked,
-    those the model answers are paired (`PromptPairer`), and the pairs are checked again as pairs (the same
-    filter as for a dataset's rows; padding in a batch can move a near tie). At most PROMPTS_PER_PAIR x n
-    prompts are drawn."""
-    stream = mib_prompt_stream(tokenizer, operation, seed, max_operand)
+    """Up to `n` built-in MIB pairs (of `part`'s facts, when given: `data.mib_arithmetic`) that pass the answer
+    filter: single prompts are drawn in rounds and checked, those the model answers are paired (`PromptPairer`),
+    and the pairs are checked again as pairs (the same filter as for a dataset's rows; padding in a batch can
+    move a near tie). At most PROMPTS_PER_PAIR x n prompts are drawn."""
+    stream = mib_prompt_stream(tokenizer, operation, seed, max_operand, part)
     pairer = PromptPairer(operation)
     pairs: list[PromptPair] = []
     drawn = answered = 0

@@ -20,11 +20,24 @@ digit-splitting tokenizer is thus scored by its leading digit, and C' by its own
 scored tokens are equal carry no signal and are dropped, as are pairs whose prompts differ in token length
 (edges are patched position by position).
 
+Find and test parts (held-out evaluation): a circuit is found (its edges scored) on one set of pairs and its
+faithfulness measured on another, as MIB finds on its train split and evaluates on validation. The built-in prompts
+are split by *fact*, not by pair: a fact is the unordered operand pair {x, y} of an addition triple x + y = z,
+so "a plus b", "b plus a", "z minus x" and "z minus y" are one fact (the same triple, read four ways). Rule
+(`fact_part`): the fact {x, y} (x <= y) goes to the test part when the first byte of
+sha256("mib-fact-{seed}-{x}-{y}") is below 128 (half the facts, by a hash of the seed, independent of the
+order prompts are drawn in), else to the find part. `mib_prompt_stream(part=...)` yields only prompts of that
+part's facts, and `PromptPairer` pairs prompts of one stream only, so a clean prompt and its counterfactual
+both come from one part: no prompt text and no fact (of a clean or a counterfactual prompt) is shared between
+the find and the test pairs, across operations too (pooled addition and subtraction share one rule). `part=None`
+draws from every fact, as before the split (`--in-sample`).
+
 References: Mueller et al. 2025 (MIB), arithmetic task; Stolfo et al. 2023 (the templates' origin).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +49,8 @@ from arithmech.errors import ConfigError
 
 MIB_TEMPLATE = "Q: How much is {A} {op} {B}? A:"
 MIB_OPERATIONS: dict[str, str] = {"addition": "plus", "subtraction": "minus"}
+PARTS = ("find", "test")
+"""The two parts of the built-in prompts: edges are scored on the find part, circuits evaluated on the test part."""
 
 
 @dataclass(frozen=True)
@@ -62,17 +77,38 @@ def _render(operation: str, a: int, b: int) -> str:
     return MIB_TEMPLATE.format(A=a, B=b, op=MIB_OPERATIONS[operation])
 
 
+def fact(operation: str, a: int, b: int) -> tuple[int, int]:
+    """The fact of "a {op} b" as its addition triple's unordered operands {x, y} (x <= y): a + b has {a, b};
+    a - b = c has {b, c} (b + c = a)."""
+    x, y = (a, b) if operation == "addition" else (b, a - b)
+    return min(x, y), max(x, y)
+
+
+def fact_part(operation: str, a: int, b: int, seed: int) -> str:
+    """"find" or "test": the part the fact of "a {op} b" belongs to, by the seeded hash of the module docstring."""
+    x, y = fact(operation, a, b)
+    digest = hashlib.sha256(f"mib-fact-{seed}-{x}-{y}".encode()).digest()
+    return "test" if digest[0] < 128 else "find"
+
+
 def check_operation(operation: str) -> None:
     if operation not in MIB_OPERATIONS:
         raise ConfigError(f"operation {operation!r} has no MIB prompts; choose from {', '.join(MIB_OPERATIONS)}")
 
 
-def mib_prompt_stream(tokenizer: Any, operation: str, seed: int = 0, max_operand: int = 99) -> Iterator[MibPrompt]:
-    """Endless seeded prompts with random operands (those whose scored token carries no digit are skipped)."""
+def mib_prompt_stream(
+    tokenizer: Any, operation: str, seed: int = 0, max_operand: int = 99, part: str | None = None
+) -> Iterator[MibPrompt]:
+    """Endless seeded prompts with random operands (those whose scored token carries no digit are skipped); with
+    `part` ("find" or "test") only the prompts whose fact belongs to that part (`fact_part`)."""
     check_operation(operation)
+    if part is not None and part not in PARTS:
+        raise ConfigError(f"part {part!r} is not one of {', '.join(PARTS)}")
     rng = random.Random(f"mib-{operation}-{seed}")
     while True:
         a, b, c = _draw(rng, operation, max_operand)
+        if part is not None and fact_part(operation, a, b, seed) != part:
+            continue
         scored = scored_prompt(tokenizer, _render(operation, a, b), str(c))
         if scored is not None:
             yield MibPrompt(text=scored[0], answer=str(c), a=a, b=b, answer_id=scored[1], length=scored[2])
@@ -94,25 +130,32 @@ class PromptPairer:
                 return PromptPair(
                     reference=clean.text, counterfactual=prompt.text, answer=clean.answer, operation=self.operation,
                     a=str(clean.a), b=str(clean.b),
-                    extra={"cf_answer": prompt.answer, "answer_id": clean.answer_id, "cf_answer_id": prompt.answer_id},
+                    extra={"cf_answer": prompt.answer, "answer_id": clean.answer_id, "cf_answer_id": prompt.answer_id,
+                           "cf_a": prompt.a, "cf_b": prompt.b},
                 )  # fmt: skip
         pool.append(prompt)
         return None
 
 
 def mib_pairs(
-    tokenizer: Any, operation: str, n: int, seed: int = 0, max_operand: int = 99, tries: int = 20
+    tokenizer: Any,
+    operation: str,
+    n: int,
+    seed: int = 0,
+    max_operand: int = 99,
+    tries: int = 20,
+    part: str | None = None,
 ) -> list[PromptPair]:
     """Up to `n` clean/counterfactual pairs of equal token length whose scored answer tokens differ, from at most
-    n x `tries` prompts.
+    n x `tries` prompts (of `part`'s facts only, when given).
 
-    Each pair's `extra` holds the scored token ids ("answer_id", "cf_answer_id") and the counterfactual answer
-    ("cf_answer"); `reference` / `counterfactual` are the prompts as the model sees them (with the split-off
-    space when the tokenizer splits it).
+    Each pair's `extra` holds the scored token ids ("answer_id", "cf_answer_id"), the counterfactual answer
+    ("cf_answer") and operands ("cf_a", "cf_b"); `reference` / `counterfactual` are the prompts as the model sees
+    them (with the split-off space when the tokenizer splits it).
     """
     pairer = PromptPairer(operation)
     pairs: list[PromptPair] = []
-    stream = mib_prompt_stream(tokenizer, operation, seed, max_operand)
+    stream = mib_prompt_stream(tokenizer, operation, seed, max_operand, part)
     for _ in range(n * tries):
         pair = pairer.add(next(stream))
         if pair is not None:

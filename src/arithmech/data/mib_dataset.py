@@ -16,6 +16,13 @@ token. That drops every answer of two digits on a digit-splitting tokenizer (Smo
 rule of the built-in prompts instead (`data/mib_arithmetic.scored_prompt`): the answer's first token as the model
 continues the prompt. Rows are dropped (and counted) when that token carries no digit, when the two prompts
 differ in token length (edges are patched position by position), or when both scored tokens are equal.
+
+Splits: MIB finds circuits on `train` (its run_attribution.py's --split default) and evaluates them on
+`validation` (run_evaluation.py's default, "By default, this will evaluate on the validation set", its README;
+the leaderboard scores a private test split). A Hugging Face name or a `save_to_disk` folder of a DatasetDict
+holds the splits; a single file or a single Dataset folder holds one table (`holds_splits`), so its evaluation
+rows must come from a second source. Evaluation rows whose clean or counterfactual prompt is also a prompt of
+the find rows are dropped and counted (`apart_from`).
 """
 
 from __future__ import annotations
@@ -128,14 +135,47 @@ def _label(value: Any) -> str:
     return str(value).strip()
 
 
+def holds_splits(source: str) -> bool:
+    """Whether `source` holds named splits: a Hugging Face name or a `save_to_disk` folder of a DatasetDict (not a
+    single file or a single Dataset's folder)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return False
+    if path.is_dir():
+        return (path / "dataset_dict.json").is_file()
+    return True
+
+
+def row_operation(row: dict[str, Any]) -> str | None:
+    """The operation of a row by its operator column ("+" -> addition), None when the row names none."""
+    operator = row.get("operator")
+    return None if operator is None else MIB_OPERATORS.get(str(operator).strip(), "")
+
+
+def _prompts_of(row: dict[str, Any]) -> set[str]:
+    """The clean and counterfactual prompt texts of a row, stripped."""
+    cf = counterfactual_of(row)
+    return {str(p).strip() for p in (row.get("prompt"), cf[0] if cf else None) if p is not None}
+
+
+def apart_from(
+    rows: list[dict[str, Any]], find_rows: list[dict[str, Any]], operation: str
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows of `operation` none of whose prompts (clean or counterfactual) is a prompt of `find_rows`, and
+    how many of that operation's rows were dropped for sharing one."""
+    seen = set().union(*(_prompts_of(r) for r in find_rows)) if find_rows else set()
+    mine = [r for r in rows if row_operation(r) in (None, operation)]
+    kept = [r for r in mine if not _prompts_of(r) & seen]
+    return kept, len(mine) - len(kept)
+
+
 def mib_dataset_pairs(tokenizer: Any, rows: list[dict[str, Any]], operation: str) -> tuple[list[PromptPair], int]:
     """The rows of `operation` as prompt pairs with their scored tokens (as `mib_arithmetic.mib_pairs` makes them),
     and how many of that operation's rows were unusable (see the module docstring)."""
     pairs: list[PromptPair] = []
     unusable = 0
     for i, row in enumerate(rows):
-        operator = row.get("operator")
-        if operator is not None and MIB_OPERATORS.get(str(operator).strip()) != operation:
+        if row_operation(row) not in (None, operation):
             continue
         pair = _pair(tokenizer, row, operation, i)
         if pair is None:

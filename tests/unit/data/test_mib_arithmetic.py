@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arithmech.data.mib_arithmetic import mib_pairs
+from arithmech.data.mib_arithmetic import fact, fact_part, mib_pairs
 from arithmech.errors import ConfigError
 
 from tiny_models import make_multidigit_tokenizer, make_tiny_tokenizer
@@ -40,3 +40,41 @@ def test_seeded_and_refuses_unknown_operations() -> None:
     assert mib_pairs(tok, "addition", 5, seed=3) != mib_pairs(tok, "addition", 5, seed=4)
     with pytest.raises(ConfigError, match="no MIB prompts"):
         mib_pairs(tok, "division", 5)
+
+
+def _facts(pairs, operation: str) -> set[tuple[int, int]]:
+    """The facts of every clean and counterfactual prompt of `pairs`."""
+    return {fact(operation, int(a), int(b)) for p in pairs
+            for a, b in ((p.a, p.b), (p.extra["cf_a"], p.extra["cf_b"]))}  # fmt: skip
+
+
+def test_a_fact_is_one_triple_read_four_ways() -> None:
+    assert fact("addition", 3, 4) == fact("addition", 4, 3) == fact("subtraction", 7, 3) == fact("subtraction", 7, 4)
+    assert fact("addition", 3, 5) != fact("addition", 3, 4)
+    for seed in (0, 1):
+        parts = {fact_part(op, a, b, seed) for op, a, b in (("addition", 3, 4), ("addition", 4, 3),
+                                                             ("subtraction", 7, 3), ("subtraction", 7, 4))}  # fmt: skip
+        assert len(parts) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_find_and_test_parts_share_no_prompt_and_no_fact(seed: int) -> None:
+    """Small operands (0..9: 55 facts) so that a shared fact would show; addition and subtraction pooled."""
+    tok = make_tiny_tokenizer()
+    parts = {part: {op: mib_pairs(tok, op, 30, seed=seed, max_operand=9, part=part)
+                    for op in ("addition", "subtraction")} for part in ("find", "test")}  # fmt: skip
+    facts = {part: set().union(*(_facts(pairs, op) for op, pairs in by_op.items())) for part, by_op in parts.items()}
+    texts = {part: {t for pairs in by_op.values() for p in pairs for t in (p.reference, p.counterfactual)}
+             for part, by_op in parts.items()}  # fmt: skip
+    assert all(len(pairs) == 30 for by_op in parts.values() for pairs in by_op.values())
+    assert not facts["find"] & facts["test"] and not texts["find"] & texts["test"]
+    assert len(facts["find"]) >= 10 and len(facts["test"]) >= 10
+    shares = [fact_part("addition", a, b, seed) for a in range(100) for b in range(a, 100)]
+    assert 0.4 < shares.count("test") / len(shares) < 0.6  # about half the facts each
+    everything = _facts(mib_pairs(tok, "addition", 60, seed=seed, max_operand=9), "addition")
+    assert everything & facts["find"] and everything & facts["test"]  # part=None draws from both
+
+
+def test_the_split_changes_with_the_seed() -> None:
+    parts = [[fact_part("addition", a, b, seed) for a in range(20) for b in range(a, 20)] for seed in (0, 1)]
+    assert parts[0] != parts[1]

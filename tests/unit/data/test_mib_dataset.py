@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from arithmech.data.mib_arithmetic import mib_pairs
-from arithmech.data.mib_dataset import counterfactual_of, mib_dataset_pairs, read_mib_rows
+from arithmech.data.mib_dataset import apart_from, counterfactual_of, holds_splits, mib_dataset_pairs, read_mib_rows
 from arithmech.errors import ConfigError, DataError
 
 from tiny_models import make_multidigit_tokenizer, make_tiny_tokenizer
@@ -78,7 +78,8 @@ def test_rows_become_the_built_in_prompts_pairs() -> None:
     assert first.counterfactual == "Q: How much is 25 plus 51? A: "
     assert (tok.decode([first.extra["answer_id"]]), tok.decode([first.extra["cf_answer_id"]])) == ("4", "7")
     built_in = mib_pairs(tok, "addition", 1)[0]
-    assert built_in.reference.endswith("A: ") and set(built_in.extra) <= set(first.extra)
+    assert built_in.reference.endswith("A: ")
+    assert set(built_in.extra) - {"cf_a", "cf_b"} <= set(first.extra)  # a row gives no counterfactual operands
     minus, _ = mib_dataset_pairs(tok, ROWS, "subtraction")
     assert [p.answer for p in minus] == ["25"]
     whole = make_multidigit_tokenizer()  # numbers are one token: " 46" is scored whole
@@ -104,3 +105,25 @@ def test_bad_sources_are_refused_in_one_sentence(tmp_path: Path, monkeypatch: py
     with pytest.raises(DataError, match="without network, give a local copy to --mib-dataset") as err:
         read_mib_rows("mib-bench/arithmetic_addition")
     assert str(err.value).count(". ") == 0
+
+
+def test_evaluation_rows_sharing_a_prompt_with_the_find_rows_are_dropped(tmp_path: Path) -> None:
+    find = [ROWS[0], ROWS[2]]
+    cf_of_first = {**ROWS[1], "prompt": ROWS[0]["random_counterfactual"]["prompt"] + " "}  # shares a prompt (spaced)
+    clean_as_cf = {**ROWS[4], "random_counterfactual": {"prompt": ROWS[0]["prompt"], "label": 46}}
+    test = [ROWS[0], cf_of_first, clean_as_cf, ROWS[1], ROWS[3], ROWS[2]]
+    kept, dropped = apart_from(test, find, "addition")
+    assert kept == [ROWS[1], ROWS[3]] and dropped == 3  # the "-" row is another operation's: neither kept nor counted
+    kept, dropped = apart_from(test, find, "subtraction")
+    assert kept == [] and dropped == 1
+    assert apart_from(test, [], "addition") == ([r for r in test if r["operator"] == "+"], 0)
+
+
+def test_which_sources_hold_splits(tmp_path: Path) -> None:
+    import datasets
+
+    data = datasets.Dataset.from_list(ROWS[:2])
+    datasets.DatasetDict({"train": data}).save_to_disk(str(tmp_path / "splits"))
+    data.save_to_disk(str(tmp_path / "one"))
+    assert holds_splits(str(tmp_path / "splits")) and holds_splits("mib-bench/arithmetic_addition")
+    assert not holds_splits(str(tmp_path / "one")) and not holds_splits(str(_write(tmp_path / "a.jsonl", ROWS)))
