@@ -13,6 +13,14 @@ Background (MIB, Mueller et al. 2025, section 4)
 Circuit of k %: the int(k / 100 x edges) edges of highest score (stable sort, ties kept in edge order), at
 least one edge.
 
+Held-out pairs: the edges are scored on one set of prompt pairs and the sweep runs on another (MIB finds circuits
+on its train split and evaluates them on validation), so f, CPR and CMD say how well a circuit generalises, not
+how well it fits the pairs it was found on (`stages/circuit.py` chooses the pairs; the functions here take any).
+
+Random baseline: a random ranking is one draw; its CPR and CMD vary with the seed, so it is swept for several
+seeds (`SeededSweeps`): its curve is the mean f per size, its CPR and CMD the mean of each seed's (CPR is linear
+in f, so that equals the mean curve's area; CMD, the area of |1 - f|, is not), with their spread (`Spread`).
+
 Cost, per chunk of prompts (F = one plain forward pass of the chunk, logits at every position included): the
 counterfactual sender outputs (one plain pass, ~0.8 F; that run is the empty circuit under counterfactual
 ablation), the clean run (~0.8 F; the full circuit, which is also k = 100 %), and every other distinct circuit
@@ -29,6 +37,7 @@ References: Mueller et al., ICML 2025 (MIB), section 4 and its circuit-track cod
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -204,3 +213,49 @@ def faithfulness_sweep(
         f_signed=tuple(f[:n]), f_absolute=tuple(f[n:]), m_signed=tuple(m[:n]), m_absolute=tuple(m[n:]),
         m_full=result.m_full, m_empty=result.m_empty,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean, sample sd (None for one value: undefined), min and max of a quantity over seeds."""
+
+    mean: float
+    sd: float | None
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        sd = statistics.stdev(values) if len(values) > 1 else None
+        return cls(statistics.fmean(values), sd, min(values), max(values))
+
+
+@dataclass(frozen=True)
+class SeededSweeps:
+    """The sweeps of one ranking drawn with each of `seeds` (the random baseline); one seed for any other ranking."""
+
+    seeds: tuple[int, ...]
+    sweeps: tuple[SweepResult, ...]
+
+    @property
+    def mean(self) -> SweepResult:
+        """The mean curve: f and m per size averaged over seeds (the same pairs, so m(full) and m(empty) agree)."""
+        first, n = self.sweeps[0], len(self.sweeps)
+
+        def avg(values: Sequence[tuple[float, ...]]) -> tuple[float, ...]:
+            return tuple(sum(column) / n for column in zip(*values, strict=True))
+
+        return SweepResult(
+            percents=first.percents, edges=first.edges,
+            f_signed=avg([s.f_signed for s in self.sweeps]), f_absolute=avg([s.f_absolute for s in self.sweeps]),
+            m_signed=avg([s.m_signed for s in self.sweeps]), m_absolute=avg([s.m_absolute for s in self.sweeps]),
+            m_full=first.m_full, m_empty=first.m_empty,
+        )  # fmt: skip
+
+    @property
+    def cpr(self) -> Spread:
+        return Spread.of([s.cpr for s in self.sweeps])
+
+    @property
+    def cmd(self) -> Spread:
+        return Spread.of([s.cmd for s in self.sweeps])

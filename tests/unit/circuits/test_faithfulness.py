@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from arithmech.circuits.batch import logit_difference
-from arithmech.circuits.faithfulness import SWEEP_PERCENTS, area_under, circuit_metrics, cmd, cpr, top_edges
+from arithmech.circuits.faithfulness import (
+    SWEEP_PERCENTS,
+    SeededSweeps,
+    Spread,
+    SweepResult,
+    area_under,
+    circuit_metrics,
+    cmd,
+    cpr,
+    top_edges,
+)
 from arithmech.circuits.graph import CircuitGraph
 from reference_circuits import (
     mean_outputs,
@@ -115,3 +125,19 @@ def test_positions_shared_by_every_prompt_run_once_and_change_nothing(arch: str)
         for got, keep in zip(result.m.tolist(), circuits, strict=True):
             naive = naive_end_resid(view, batch.clean_ids, batch.mask, keep * graph.valid, cf)
             assert got == pytest.approx(float(logit_difference(view, naive, batch).mean()), abs=1e-5)
+
+
+def test_seeded_sweeps_average_curves_and_areas() -> None:
+    """The mean curve is the mean f per size; CPR's mean equals the mean curve's CPR (linear in f), CMD's does not
+    (|1 - f| is not linear): the row of the random ranking gives the mean of the seeds' CMD."""
+
+    def sweep(fs: tuple[float, ...]) -> SweepResult:
+        return SweepResult(percents=(10.0, 100.0), edges=(1, 10), f_signed=fs, f_absolute=fs, m_signed=fs,
+                           m_absolute=fs, m_full=1.0, m_empty=0.0)  # fmt: skip
+
+    seeded = SeededSweeps((0, 1), (sweep((0.5, 1.0)), sweep((1.5, 1.0))))
+    assert seeded.mean.f_signed == (1.0, 1.0) and seeded.mean.cmd == pytest.approx(0.0)
+    assert seeded.cmd.mean == pytest.approx(0.9 * 0.5 / 2) and seeded.cmd.sd == pytest.approx(0.0)
+    assert seeded.cpr.mean == pytest.approx(seeded.mean.cpr)
+    assert (seeded.cpr.min, seeded.cpr.max) == pytest.approx((0.9 * 1.5 / 2, 0.9 * 2.5 / 2))
+    assert Spread.of([2.0]) == Spread(2.0, None, 2.0, 2.0) and Spread.of([1.0, 3.0]).sd == pytest.approx(2**0.5)
