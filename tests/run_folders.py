@@ -154,6 +154,7 @@ TEXT_COLUMNS = frozenset({
     "token", "top_tokens",
     "high_frequencies",  # fourier_shares.csv: "3-5"
     "method", "edge", "chosen",  # circuit: faithfulness.csv, cpr_cmd.csv (a ranking), oracle.csv
+    "pairs", "draw", "cpr_ranking", "cmd_ranking", "seeds",  # circuit: held-out or in-sample; "seed 1"; "0 1 2"
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip
@@ -171,6 +172,7 @@ MAY_BE_EMPTY = frozenset({
     "high_share", "random_mean", "random_std",  # fourier_shares.csv: undefined where a group writes no power
     "random_accuracy_std", "random_prob_std",  # knockout, transfer: a sample sd, undefined with one random draw
     "effect_std",  # effects.csv, effects_by_position.csv: a sample sd, undefined for one prompt
+    "cpr_sd", "cpr_min", "cpr_max", "cmd_sd", "cmd_min", "cmd_max",  # cpr_cmd.csv: the random ranking's spread only
 })  # fmt: skip
 """Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
 (an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not

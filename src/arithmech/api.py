@@ -244,9 +244,10 @@ def circuit(
     **settings: Any,
 ) -> CircuitResult:
     """Score every edge of MIB's graph (EAP, EAP-IG, identify's node ranking or random) on MIB's arithmetic
-    prompts and, with evaluate=True, sweep faithfulness (CPR, CMD). Settings are the fields of `CircuitConfig`:
-    method, compare_methods, n_prompts, evaluate, oracle, ... `identify_run` is needed by method "path-patching"
-    (or among compare_methods). `out` defaults to runs/circuit-<time>."""
+    prompts (the find pairs) and, with evaluate=True, sweep faithfulness (CPR, CMD) on disjoint held-out test
+    pairs (in_sample=True: on the find pairs). Settings are the fields of `CircuitConfig`: method,
+    compare_methods, n_prompts, test_prompts, evaluate, random_seeds, circuit_file, oracle, ... `identify_run` is
+    needed by method "path-patching" (or among compare_methods). `out` defaults to runs/circuit-<time>."""
     run = {"identify_run": _folder(identify_run)} if identify_run is not None else {}
     return _standalone("circuit", "circuit_config:CircuitConfig", "circuit:circuit", model, out, quiet, settings, **run)
 

@@ -45,7 +45,7 @@ from arithmech import run_lock
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_folder, read_metadata, refuse_answer_digits
 
-FILE_FIELDS = ("prompts_file", "templates_file", "train_file", "general_text")
+FILE_FIELDS = ("prompts_file", "templates_file", "train_file", "general_text", "circuit_file")
 FOLDER_FIELDS = {"data_dir": (), "harness_include_path": (), "adapter": ("adapter_config.json",)}
 """Folder settings, with the files each must hold (a peft adapter folder has its adapter_config.json)."""
 RUN_FIELDS = ("from_run", "sources", "identify_run")

@@ -44,7 +44,10 @@ def test_run_with_a_circuit_stage_then_rerun(arch: str, tiny_model_dir, tmp_path
     meta = json.loads((folder / "metadata.json").read_text())
     [read] = meta["identify_runs"]
     assert read["path"] == str((run / "identify").resolve())  # the run's own identify folder
-    assert meta["counts"]["prompts"] == 2 and meta["config"]["identify_run"] == str(run / "identify")
+    assert meta["counts"] == {"find_pairs": 2, "test_pairs": 2} and meta["evaluation"]["pairs"] == "held-out"
+    assert meta["config"]["identify_run"] == str(run / "identify")
+    random = next(r for r in summary if r["method"] == "random")
+    assert random["seeds"] == "0 1 2" and float(random["cpr_min"]) <= float(random["cpr"]) <= float(random["cpr_max"])
     root = ElementTree.parse(folder / "circuit.svg").getroot()
     drawn = [p for p in root.iter("{http://www.w3.org/2000/svg}path") if p.get("class") == "edge"]
     assert len(drawn) == meta["drawing"]["edges"] > 0
@@ -124,34 +127,53 @@ def test_bad_circuit_settings_are_refused_when_the_config_loads(tmp_path: Path, 
 
 
 def test_reading_from_known_numbers(tmp_path: Path) -> None:
-    """The circuit section's reading quotes the files: rows dropped, CPR and CMD, the smallest faithful circuit,
-    what f above 1 means; a run without the stage says so and shows none of it."""
+    """The circuit section's reading quotes the files: rows dropped from the find and the test pairs, which pairs
+    the circuits were evaluated on, CPR and CMD (random: mean ± sd over seeds), the smallest faithful circuit, what
+    f above 1 means; a folder of before held-out evaluation reads as in-sample; a run without the stage says so."""
     folder = tmp_path / "run" / "circuit"
     folder.mkdir(parents=True)
     addition = {"source": "addition", "pairs": 20, "clean_missed": 5, "cf_missed": 6, "kept": 12,
                 "prompts_drawn": 300, "prompts_answered": 40}  # fmt: skip
+    test = {**addition, "pairs": 16, "kept": 10, "prompts_drawn": 280}
     meta = {"stage": "circuit", "config": {"method": "eap-ig", "ablation": "counterfactual"},
-            "graph": {"n_edges": 123211, "n_layers": 30, "n_heads": 9}, "counts": {"prompts": 12},
-            "answer_filter": [addition]}  # fmt: skip
+            "graph": {"n_edges": 123211, "n_layers": 30, "n_heads": 9}, "counts": {"find_pairs": 12, "test_pairs": 10},
+            "evaluation": {"pairs": "held-out", "test": "built-in MIB prompts, test part"},
+            "answer_filter": {"find": [addition], "test": [test]}}  # fmt: skip
     (folder / "metadata.json").write_text(json.dumps(meta))
-    (folder / "cpr_cmd.csv").write_text("method,cpr,cmd,m_full,m_empty,prompts\neap-ig,1.31,0.08,2.04,1.08,12\n"
-                                        "path-patching,0.35,0.45,2.04,1.08,12\n")  # fmt: skip
-    rows = ["method,ranking,percent,edges,f,m"]
-    for method, fs in (("eap-ig", (0.5, 0.85, 1.4, 1.0)), ("path-patching", (0.1, 0.2, 0.5, 1.0))):
+    header = "method,pairs,prompts,cpr,cpr_ranking,cmd,cmd_ranking,m_full,m_empty,seeds,cpr_sd,cpr_min,cpr_max,cmd_sd"
+    (folder / "cpr_cmd.csv").write_text(f"{header}\neap-ig,held-out,10,1.31,signed,0.08,absolute,2.04,1.08,,,,,\n"
+                                        "path-patching,held-out,10,0.35,signed,0.45,absolute,2.04,1.08,,,,,\n"
+                                        "random,held-out,10,0.12,signed,0.9,absolute,2.04,1.08,0 1 2,0.03,0.1,0.15,"
+                                        "0.02\n")  # fmt: skip
+    rows = ["method,pairs,ranking,draw,percent,edges,f,m"]
+    for method, draw, fs in (("eap-ig", "", (0.5, 0.85, 1.4, 1.0)), ("path-patching", "", (0.1, 0.2, 0.5, 1.0)),
+                             ("random", "mean", (0.0, 0.1, 0.2, 1.0)), ("random", "seed 1", (0.9, 0.9, 0.9, 1.0))):
         sizes = zip((0.1, 1.0, 10.0, 100.0), (123, 1232, 12321, 123211), fs, strict=True)
-        rows += [f"{method},signed,{k},{n},{f},0" for k, n, f in sizes]
+        rows += [f"{method},held-out,signed,{draw},{k},{n},{f},0" for k, n, f in sizes]
     (folder / "faithfulness.csv").write_text("\n".join(rows) + "\n")
     text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
     assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format, kept where the model's top token is the "
-            "answer on both prompts (addition: the model answers 40 of 300 single prompts drawn (260 dropped); of the "
-            "pairs made of them 12 of 20 pass (8 dropped: 5 missed on the clean prompt, 6 on the counterfactual))"
-            ) in text  # fmt: skip
+            "answer on both prompts (find pairs, addition: the model answers 40 of 300 single prompts drawn (260 "
+            "dropped); of the pairs made of them 12 of 20 pass (8 dropped: 5 missed on the clean prompt, 6 on the "
+            "counterfactual); test pairs, addition: ") in text  # fmt: skip
+    assert "evaluated on 10 held-out test pairs (built-in MIB prompts, test part), which share no prompt" in text
     assert "rescaled so that the whole model (2.04) is 1 and every edge patched from the counterfactual (1.08" in text
-    assert ("EAP-IG CPR 1.31, CMD 0.08, smallest circuit with f &gt;= 0.8: 1 % (1,232 edges) and path patching "
+    assert ("EAP-IG CPR 1.31, CMD 0.08, smallest circuit with f &gt;= 0.8: 1 % (1,232 edges), path patching "
             "(identify's node ranking) CPR 0.35, CMD 0.45, smallest circuit with f &gt;= 0.8: 100 % (123,211 "
-            "edges)") in text  # fmt: skip
+            "edges) and a random ranking (mean over seeds 0 1 2) CPR 0.12 ± 0.03 (3 seeds), CMD 0.90 ± 0.02 (3 "
+            "seeds), smallest circuit with f &gt;= 0.8: 100 %") in text  # fmt: skip (seed 1's 0.9 at 0.1 % is not)
+    assert "Faithfulness summary (10 held-out pairs; MIB's CPR over the signed ranking and CMD over the |score|" in text
     assert "f above 1 (EAP-IG) means a circuit pushes the answer harder than the whole model" in text
-    assert "The highest CPR here is EAP-IG's." in text
+    assert "The highest CPR here is EAP-IG's." in text and "IN-SAMPLE" not in text
+
+    old_meta = {**meta, "counts": {"prompts": 12}, "answer_filter": [addition]}  # written before held-out evaluation
+    del old_meta["evaluation"]
+    (folder / "metadata.json").write_text(json.dumps(old_meta))
+    (folder / "cpr_cmd.csv").write_text("method,cpr,cmd,m_full,m_empty,prompts\neap-ig,1.31,0.08,2.04,1.08,12\n")
+    (folder / "faithfulness.csv").write_text("method,ranking,percent,edges,f,m\neap-ig,signed,1.0,1232,0.85,0\n")
+    text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
+    assert "The circuits are evaluated IN-SAMPLE, on the same pairs their edges were scored on" in text
+    assert "Faithfulness summary (12 in-sample pairs" in text and "(find pairs, addition: the model answers 40" in text
 
     (folder / "metadata.json").unlink()
     (tmp_path / "run" / "identify").mkdir()  # a run folder without a finished circuit stage

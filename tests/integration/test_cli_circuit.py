@@ -1,9 +1,11 @@
-"""`arithmech circuit` end to end on a tiny saved model: scores, the sweep, reading a circuit back, bad input."""
+"""`arithmech circuit` end to end on a tiny saved model: scores on find pairs, the sweep on held-out test pairs,
+reading a circuit back, bad input."""
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 from arithmech.circuits.circuit_file import read_edges
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.cli import main
+from arithmech.data.io import read_prompt_file
 
 SMALL = ["--keep-incorrect", "--n-prompts", "4", "--percents", "1,10,100", "--batch-size", "2", "--quiet"]
 
@@ -27,26 +30,37 @@ def circuit_run(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> None:
     _, run = circuit_run
-    for name in ("edges.json", "prompts.jsonl", "faithfulness.csv", "cpr_cmd.csv", "faithfulness.png", "metadata.json"):
+    for name in ("edges.json", "prompts.jsonl", "test_prompts.jsonl", "faithfulness.csv", "cpr_cmd.csv",
+                 "faithfulness.png", "metadata.json"):  # fmt: skip
         assert (run / name).is_file(), name
     data = json.loads((run / "edges.json").read_text())
     graph = CircuitGraph(3, 4)  # the tiny llama: 3 layers, 4 query heads (2 kv heads)
     assert set(data["edges"]) == set(graph.edge_names)
-    touched = {
-        part.split("<")[0] for name, info in data["edges"].items() if info["in_graph"] for part in name.split("->")
-    }
-    assert data["nodes"] == {node: node in touched for node in graph.node_names}  # MIB: node name -> bool
-    assert data["cfg"]["n_layers"] == 3 and data["cfg"]["n_heads"] == 4
+    assert set(data["nodes"]) == set(graph.node_names)
+    assert all(set(node) == {"in_graph"} for node in data["nodes"].values())  # MIB: node name -> {"in_graph": bool}
+    assert data["cfg"] == {"n_layers": 3, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 64}
     rows = list(csv.DictReader((run / "faithfulness.csv").open()))
     assert [(r["ranking"], r["percent"]) for r in rows][:3] == [
         ("signed", "1.0"),
         ("signed", "10.0"),
         ("signed", "100.0"),
     ]
+    assert {r["pairs"] for r in rows} == {"held-out"}
     full = [float(r["f"]) for r in rows if r["percent"] == "100.0"]
     assert full == pytest.approx([1.0, 1.0], abs=1e-5)
     summary = next(csv.DictReader((run / "cpr_cmd.csv").open()))
-    assert summary["method"] == "eap" and summary["prompts"] == "4"
+    assert summary["method"] == "eap" and summary["prompts"] == "4" and summary["pairs"] == "held-out"
+    assert (summary["cpr_ranking"], summary["cmd_ranking"]) == ("signed", "absolute")
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["counts"] == {"find_pairs": 4, "test_pairs": 4} and meta["evaluation"]["pairs"] == "held-out"
+    assert meta["oracle"]["pairs"] == "find"
+
+
+def test_find_and_test_pairs_share_no_prompt(circuit_run: tuple[Path, Path]) -> None:
+    _, run = circuit_run
+    find, test = (read_prompt_file(run / name) for name in ("prompts.jsonl", "test_prompts.jsonl"))
+    prompts = [{text for p in pairs for text in (p.reference, p.counterfactual)} for pairs in (find, test)]
+    assert len(find) == len(test) == 4 and not prompts[0] & prompts[1]
 
 
 def test_oracle_scores_top_and_random_edges(circuit_run: tuple[Path, Path]) -> None:
@@ -91,6 +105,10 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--operations", "division"], "have no MIB prompts"),
         (["--compare", "/no/such/folder"], "holds no faithfulness.csv"),
         (["--oracle", "-1"], "oracle must be 0"),
+        (["--random-seeds", "0"], "random_seeds must be at least 1"),
+        (["--test-prompts", "0"], "test_prompts must be at least 1"),
+        (["--in-sample", "--test-prompts", "4"], "--in-sample evaluates on the pairs"),
+        (["--mib-dataset", "x", "--mib-eval-split", "train"], "are both 'train'"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:
@@ -123,8 +141,8 @@ def test_identify_ranking_as_a_circuit(circuit_run, tmp_path: Path) -> None:
     assert main([*args, "--evaluate", *SMALL, "--out", str(out)]) == 0
     summary = next(csv.DictReader((out / "cpr_cmd.csv").open()))
     assert summary["method"] == "path-patching"
-    scores = read_edges(out / "edges.json").scores
-    assert scores.abs().max() > 0
+    stored = read_edges(out / "edges.json")
+    assert stored.fully_scored and stored.graph().to_edges(stored.scores).abs().max() > 0
 
 
 def test_path_patching_needs_an_identify_run(tmp_path: Path, capsys) -> None:
@@ -147,3 +165,21 @@ def test_draw_a_chosen_size_from_a_circuit_folder(circuit_run, tmp_path: Path) -
     top = torch.sort(graph.to_edges(stored.scores), descending=True, stable=True).indices[:26].tolist()
     titles = {p.find("{http://www.w3.org/2000/svg}title").text.split(": score")[0] for p in paths}  # type: ignore[union-attr]
     assert titles == {graph.edge_names[i] for i in top}
+
+
+def test_a_folder_made_before_held_out_evaluation(circuit_run, tmp_path: Path, capsys) -> None:
+    """A folder without test_prompts.jsonl (as every folder written before this split) is refused for evaluation in
+    one sentence; --in-sample evaluates it on its own pairs, and says so."""
+    model, run = circuit_run
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    (old / "test_prompts.jsonl").unlink()
+    args = ["circuit", "--model", str(tmp_path / "no-such-model"), "--from", str(old), "--evaluate", *SMALL]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no held-out pairs" in err and "--in-sample" in err and "Traceback" not in err
+    again = tmp_path / "in-sample"
+    args = ["circuit", "--model", str(model), "--from", str(old), "--evaluate", "--in-sample", *SMALL]
+    assert main([*args, "--out", str(again)]) == 0
+    assert {r["pairs"] for r in csv.DictReader((again / "faithfulness.csv").open())} == {"in-sample"}
+    assert not (again / "test_prompts.jsonl").exists()

@@ -1,4 +1,5 @@
-"""`arithmech circuit`'s prompts: the answer filter's counts and refusal, and MIB's own dataset files."""
+"""`arithmech circuit`'s prompts: find and test pairs, the answer filter's counts of each and its refusal, and MIB's
+own dataset files (find on one split, evaluate on another, shared rows dropped)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,31 @@ def test_the_answer_filter_is_counted_in_metadata_and_printout(
     out = tmp_path / "run"
     assert main(["circuit", "--model", str(tiny_model_dir("llama")), *SMALL, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "answer filter, addition: " in printed and "4 of 4 pairs pass" in printed
-    counts = json.loads((out / "metadata.json").read_text())["answer_filter"]
-    assert counts[0]["source"] == "addition" and counts[0]["kept"] == 4
-    assert counts[0]["prompts_answered"] <= counts[0]["prompts_drawn"]
-    for line in (out / "prompts.jsonl").read_text().splitlines():
-        assert int(json.loads(line)["a"]) % 2 == 0
+    assert "answer filter (find), addition: " in printed and "answer filter (test), addition: " in printed
+    assert printed.count("4 of 4 pairs pass") == 2
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["counts"] == {"find_pairs": 4, "test_pairs": 4}
+    for part in ("find", "test"):
+        [counts] = meta["answer_filter"][part]
+        assert counts["source"] == "addition" and counts["kept"] == 4
+        assert counts["prompts_answered"] <= counts["prompts_drawn"]
+    for name in ("prompts.jsonl", "test_prompts.jsonl"):
+        for line in (out / name).read_text().splitlines():
+            assert int(json.loads(line)["a"]) % 2 == 0
+
+
+def test_too_few_test_pairs_are_refused_before_scoring(
+    tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in model answers only prompts whose fact is in the find part: the test part is refused."""
+    from arithmech.data.mib_arithmetic import fact_part
+
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at",
+                        _answers_when(lambda a, b: fact_part("addition", a, b, 0) == "find"))  # fmt: skip
+    code = main(["circuit", "--model", str(tiny_model_dir("llama")), *SMALL, "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "only 0 test pairs survive the answer filter" in err and "--test-prompts" in err
+    assert not (tmp_path / "x" / "edges.json").exists()
 
 
 def test_too_few_answered_pairs_are_refused_in_one_sentence(tiny_model_dir, tmp_path: Path, capsys) -> None:
@@ -56,15 +76,14 @@ def test_too_few_answered_pairs_are_refused_in_one_sentence(tiny_model_dir, tmp_
     assert "fewer than 4" in err and "addition:" in err
 
 
-def _mib_file(path: Path, n: int) -> Path:
-    """n addition rows in MIB's columns, with operands of two digits (equal token lengths)."""
-    rows = []
-    for i in range(n):
-        a, b, a2, b2 = 10 + i, 20 + 2 * i, 30 + i, 40 + i
-        rows.append({
-            "prompt": f"Q: How much is {a} plus {b}? A:", "label": a + b, "operator": "+",
-            "random_counterfactual": {"prompt": f"Q: How much is {a2} plus {b2}? A:", "label": a2 + b2},
-        })  # fmt: skip
+def _row(a: int, b: int, a2: int, b2: int) -> dict:
+    return {"prompt": f"Q: How much is {a} plus {b}? A:", "label": a + b, "operator": "+",
+            "random_counterfactual": {"prompt": f"Q: How much is {a2} plus {b2}? A:", "label": a2 + b2}}  # fmt: skip
+
+
+def _mib_file(path: Path, n: int, rows: list[dict] | None = None) -> Path:
+    """n addition rows in MIB's columns, with operands of two digits (equal token lengths); or `rows`."""
+    rows = rows or [_row(10 + i, 20 + 2 * i, 30 + i, 40 + i) for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -73,16 +92,34 @@ def test_mib_dataset_rows_go_through_the_same_filter(
     tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _mib_file(tmp_path / "mib.jsonl", 12)
+    shared = [_row(10, 20, 55, 11), _row(56, 12, 31, 41), _row(57, 13, 10, 20)]  # a find row's clean, cf, clean
+    held = _mib_file(tmp_path / "validation.jsonl", 0, [*shared, *(_row(50 + i, 11, 60 + i, 12) for i in range(3))])
     monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0 or a >= 30))
     out = tmp_path / "run"
     args = ["circuit", "--model", str(tiny_model_dir("llama")), "--mib-dataset", str(data), *SMALL]
-    assert main([*args, "--out", str(out)]) == 0
-    assert f"answer filter, {data} (addition): " in capsys.readouterr().out
-    counts = json.loads((out / "metadata.json").read_text())["answer_filter"][0]
-    assert counts["clean_missed"] >= 1 and counts["cf_missed"] == 0 and counts["kept"] == 6
+    assert main([*args, "--mib-eval-dataset", str(held), "--test-prompts", "2", "--min-prompts", "2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"answer filter (find), {data} (addition): " in printed and "answer filter (test)" in printed
+    meta = json.loads((out / "metadata.json").read_text())
+    [find], [test] = meta["answer_filter"]["find"], meta["answer_filter"]["test"]
+    assert find["clean_missed"] >= 1 and find["cf_missed"] == 0 and find["kept"] == 6
+    assert test["shared"] == meta["evaluation"]["shared_rows_dropped"] == 3 and test["kept"] == 3  # 2 used
+    assert meta["counts"] == {"find_pairs": 4, "test_pairs": 2}
     prompts = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     expected = [f"Q: How much is {a} plus {20 + 2 * (a - 10)}? A: " for a in (10, 12, 14, 16)]
     assert [p["reference"] for p in prompts] == expected
+    find_texts = {p[k] for p in prompts for k in ("reference", "counterfactual")}
+    tests = [json.loads(line) for line in (out / "test_prompts.jsonl").read_text().splitlines()]
+    assert len(tests) == 2 and not find_texts & {p[k] for p in tests for k in ("reference", "counterfactual")}
+
+
+def test_one_file_without_splits_needs_its_evaluation_rows(tmp_path: Path, capsys) -> None:
+    data = _mib_file(tmp_path / "mib.jsonl", 4)
+    missing_model = str(tmp_path / "no-such-model")
+    code = main(["circuit", "--model", missing_model, "--mib-dataset", str(data), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is one table without splits" in err and "--mib-eval-dataset" in err
 
 
 def test_bad_mib_dataset_is_refused_before_the_model_loads(tmp_path: Path, capsys) -> None:

@@ -1,8 +1,10 @@
 """The report section of the circuit stage: faithfulness curves, CPR and CMD per ranking, and the circuit drawn.
 
-Reads what stages/circuit.py writes (metadata.json, cpr_cmd.csv, faithfulness.csv, faithfulness.png,
-circuit.svg) and says in words how much of the model's logit difference the top edges keep, and at what size.
-Nothing is recomputed.
+Reads what stages/circuit.py writes (metadata.json, cpr_cmd.csv, faithfulness.csv, file_circuit.csv,
+faithfulness.png, circuit.svg) and says in words how much of the model's logit difference the top edges keep, at
+what size, and on which pairs: held-out test pairs (the default, as MIB evaluates on a split the circuit was not
+found on) or the pairs the edges were scored on ("in-sample", said wherever a number is; so is every folder
+written before held-out evaluation, whose files name no pairs). Nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -18,38 +20,92 @@ GOOD_F = 0.8
 ABOVE_ONE = 0.05
 """How far above 1 an f must be for the reading to explain what f > 1 means (not for rounding)."""
 METHOD_NAMES = {"eap": "EAP", "eap-ig": "EAP-IG", "path-patching": "path patching (identify's node ranking)",
-                "random": "a random ranking"}  # fmt: skip
+                "random": "a random ranking", "file": "the circuit file's scores"}  # fmt: skip
+IN_SAMPLE = "in-sample"
+
+
+def _curve(row: dict[str, str]) -> bool:
+    """A faithfulness.csv row of a method's curve (for the random ranking the mean over seeds, not one seed)."""
+    return row.get("draw", "") in ("", "mean")
 
 
 def _smallest_faithful(rows: list[dict[str, str]], method: str) -> dict[str, str] | None:
     """The smallest swept circuit of `method` (signed ranking) with f >= GOOD_F."""
-    signed = [r for r in rows if r["method"] == method and r["ranking"] == "signed" and value(r["f"]) >= GOOD_F]
+    signed = [r for r in rows if r["method"] == method and r["ranking"] == "signed" and _curve(r)
+              and value(r["f"]) >= GOOD_F]  # fmt: skip
     return min(signed, key=lambda r: value(r["percent"])) if signed else None
 
 
+def _filter_parts(meta: dict[str, Any]) -> dict[str, list[dict[str, Any]]] | None:
+    """The answer filter's counts per set ("find", "test"); a folder of before the split gives one list (find)."""
+    filtered = meta.get("answer_filter")
+    if isinstance(filtered, list):
+        return {"find": filtered}
+    return filtered if isinstance(filtered, dict) else None
+
+
 def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
-    """What the prompts were and how many rows the answer filter dropped; the per-source table rows."""
+    """What the find pairs were and how many rows the answer filter dropped; the per-set, per-source table rows."""
     counts: dict[str, Any] = meta.get("counts", {})
-    n = counts.get("prompts", "n/a")
+    n = counts.get("find_pairs", counts.get("prompts", "n/a"))
     if counts.get("from"):
         return f"{n} prompt pairs read back from {counts['from']}", []
-    filtered = meta.get("answer_filter")
-    if not isinstance(filtered, list):
+    parts = _filter_parts(meta)
+    if parts is None:
         return f"{n} prompt pairs in MIB's arithmetic format, kept whether the model answers them or not", []
-    parts, rows = [], []
-    for c in filtered:
-        pairs, kept = int(c.get("pairs", 0)), int(c.get("kept", 0))
-        drawn, answered = int(c.get("prompts_drawn", 0)), int(c.get("prompts_answered", 0))
-        made = (f"the model answers {answered} of {drawn} single prompts drawn ({drawn - answered} dropped); of "
-                "the pairs made of them " if drawn else "")  # fmt: skip
-        unusable = f"{c['unusable']} rows unusable; " if c.get("unusable") else ""
-        parts.append(f"{c.get('source', '?')}: {unusable}{made}{kept} of {pairs} pass ({pairs - kept} dropped: "
-                     f"{c.get('clean_missed', 0)} missed on the clean prompt, {c.get('cf_missed', 0)} on the "
-                     "counterfactual)")  # fmt: skip
-        rows.append((str(c.get("source", "?")), count(drawn) if drawn else "n/a", count(answered) if drawn else "n/a",
-                     count(pairs), count(c.get("clean_missed")), count(c.get("cf_missed")), count(kept)))  # fmt: skip
+    said, rows = [], []
+    for part, filtered in parts.items():
+        for c in filtered:
+            pairs, kept = int(c.get("pairs", 0)), int(c.get("kept", 0))
+            drawn, answered = int(c.get("prompts_drawn", 0)), int(c.get("prompts_answered", 0))
+            made = (f"the model answers {answered} of {drawn} single prompts drawn ({drawn - answered} dropped); of "
+                    "the pairs made of them " if drawn else "")  # fmt: skip
+            unusable = f"{c['unusable']} rows unusable; " if c.get("unusable") else ""
+            shared = f"{c['shared']} rows dropped for sharing a prompt with the find split; " if c.get("shared") else ""
+            said.append(f"{part} pairs, {c.get('source', '?')}: {shared}{unusable}{made}{kept} of {pairs} pass "
+                        f"({pairs - kept} dropped: {c.get('clean_missed', 0)} missed on the clean prompt, "
+                        f"{c.get('cf_missed', 0)} on the counterfactual)")  # fmt: skip
+            rows.append((part, str(c.get("source", "?")), count(drawn) if drawn else "n/a",
+                         count(answered) if drawn else "n/a", count(pairs), count(c.get("clean_missed")),
+                         count(c.get("cf_missed")), count(kept)))  # fmt: skip
     return (f"{n} prompt pairs in MIB's arithmetic format, kept where the model's top token is the answer on both "
-            f"prompts ({'; '.join(parts)})", rows)  # fmt: skip
+            f"prompts ({'; '.join(said)})", rows)  # fmt: skip
+
+
+def _pairs_label(meta: dict[str, Any], summary: list[dict[str, str]]) -> str:
+    """"held-out" or "in-sample": from metadata, else cpr_cmd.csv; a folder that names neither is in-sample."""
+    label = (meta.get("evaluation") or {}).get("pairs") or (summary[0].get("pairs") if summary else None)
+    return str(label or IN_SAMPLE)
+
+
+def _evaluation_sentence(meta: dict[str, Any], label: str) -> str:
+    counts: dict[str, Any] = meta.get("counts", {})
+    if label == IN_SAMPLE:
+        return ("The circuits are evaluated IN-SAMPLE, on the same pairs their edges were scored on, so f, CPR and "
+                "CMD say how well a circuit fits those pairs, not how well it generalises (MIB evaluates on a "
+                "split the circuit was not found on).")  # fmt: skip
+    test = (meta.get("evaluation") or {}).get("test") or "the test pairs"
+    return (f"The circuits are evaluated on {counts.get('test_pairs', 'n/a')} held-out test pairs ({test}), which "
+            "share no prompt (and, for the built-in prompts, no arithmetic fact) with the pairs the edges were "
+            "scored on, as MIB finds circuits on its train split and evaluates them on validation.")  # fmt: skip
+
+
+def _cell(row: dict[str, str], name: str, digits: int = 3) -> str:
+    """CPR or CMD, with the spread over seeds for the random ranking."""
+    if not row.get("seeds"):
+        return fixed(value(row[name]), digits)
+    sd = fixed(value(row.get(f"{name}_sd")), digits)
+    return f"{fixed(value(row[name]), digits)} ± {sd} ({len(row['seeds'].split())} seeds)"
+
+
+def _file_circuit(stage: StageFolder, label: str) -> str:
+    if not stage.has("file_circuit.csv"):
+        return ""
+    row = stage.csv("file_circuit.csv")[0]
+    return (f"The circuit file {row['source']} marks a circuit of {count(value(row['edges']))} edges "
+            f"({num(value(row['percent']))} % of them); on {row['prompts']} {row.get('pairs', label)} pairs it keeps "
+            f"f = {fixed(value(row['f']), 3)} (m = {num(value(row['m']))}, whole model {num(value(row['m_full']))}, "
+            f"every edge ablated {num(value(row['m_empty']))}).")  # fmt: skip
 
 
 def circuit_body(stage: StageFolder) -> Body:
@@ -58,15 +114,16 @@ def circuit_body(stage: StageFolder) -> Body:
     graph: dict[str, Any] = meta.get("graph", {})
     counts: dict[str, Any] = meta.get("counts", {})
     method = str(config.get("method", "n/a"))
-    prompts, op_rows = _prompt_sentence(meta)
-    text = [
-        f"Edges of MIB's graph ({count(graph.get('n_edges'))} edges: input, {graph.get('n_layers', '?')} layers of "
-        f"{graph.get('n_heads', '?')} heads and an MLP, logits) ranked by {METHOD_NAMES.get(method, method)} on "
-        f"{prompts}."
-    ]
+    prompts, filter_rows = _prompt_sentence(meta)
+    summary = stage.csv("cpr_cmd.csv") if stage.has("cpr_cmd.csv") else []
+    label = _pairs_label(meta, summary)
+    edges = (f"Edges of MIB's graph ({count(graph.get('n_edges'))} edges: input, {graph.get('n_layers', '?')} layers "
+             f"of {graph.get('n_heads', '?')} heads and an MLP, logits)")  # fmt: skip
+    scored = (f"{edges}, scored by a circuit file made elsewhere ({config.get('circuit_file')})." if method == "file"
+              else f"{edges} ranked by {METHOD_NAMES.get(method, method)} on {prompts}.")  # fmt: skip
+    text = [scored, _evaluation_sentence(meta, label), _file_circuit(stage, label)]
     figures, tables = [], []
-    if stage.has("cpr_cmd.csv"):
-        summary = stage.csv("cpr_cmd.csv")
+    if summary:
         rows = stage.csv("faithfulness.csv")
         first = summary[0]
         text.append(
@@ -81,17 +138,19 @@ def circuit_body(stage: StageFolder) -> Body:
             smallest = _smallest_faithful(rows, name)
             size = (f"{num(value(smallest['percent']))} % ({count(value(smallest['edges']))} edges)"
                     if smallest else f"none of the swept sizes reaches f >= {GOOD_F:g}")  # fmt: skip
-            described.append(f"{METHOD_NAMES.get(name, name)} CPR {fixed(value(row['cpr']))}, CMD "
-                             f"{fixed(value(row['cmd']))}, smallest circuit with f >= {GOOD_F:g}: {size}")  # fmt: skip
-            table_rows.append((name, fixed(value(row["cpr"]), 3), fixed(value(row["cmd"]), 3),
+            seeds = f" (mean over seeds {row['seeds']})" if row.get("seeds") else ""
+            described.append(f"{METHOD_NAMES.get(name, name)}{seeds} CPR {_cell(row, 'cpr', 2)}, CMD "
+                             f"{_cell(row, 'cmd', 2)}, smallest circuit with f >= {GOOD_F:g}: {size}")  # fmt: skip
+            table_rows.append((name, row.get("pairs", label), _cell(row, "cpr"), _cell(row, "cmd"),
                                num(value(smallest["percent"])) if smallest else "n/a",
                                count(value(smallest["edges"])) if smallest else "n/a"))  # fmt: skip
         text.append(
-            f"Over the swept sizes: {listing(described)}. CPR is the area under f with edges ranked by signed "
-            "score (higher is better: a circuit that keeps the behaviour with few edges); CMD the area of |1 - f| "
-            "with edges ranked by |score| (lower is better: close to the model at every size)."
+            f"Over the swept sizes, on the {label} pairs: {listing(described)}. CPR is the area under f with edges "
+            "ranked by signed score (higher is better: a circuit that keeps the behaviour with few edges); CMD the "
+            "area of |1 - f| with edges ranked by |score| (lower is better: close to the model at every size)."
         )
-        above = sorted({r["method"] for r in rows if r["ranking"] == "signed" and value(r["f"]) > 1 + ABOVE_ONE})
+        above = sorted({r["method"] for r in rows if r["ranking"] == "signed" and _curve(r)
+                        and value(r["f"]) > 1 + ABOVE_ONE})  # fmt: skip
         if above:
             text.append(f"f above 1 ({listing([METHOD_NAMES.get(m, m) for m in above])}) means a circuit pushes the "
                         "answer harder than the whole model: the edges it leaves out include ones that work against "
@@ -99,27 +158,33 @@ def circuit_body(stage: StageFolder) -> Body:
         best = max(summary, key=lambda r: value(r["cpr"]))
         if len(summary) > 1:
             text.append(f"The highest CPR here is {METHOD_NAMES.get(best['method'], best['method'])}'s.")
-        tables.append(Table(f"Faithfulness summary ({counts.get('prompts', 'n/a')} prompts; MIB's CPR and CMD)",
-                            ("ranking", "CPR", "CMD", f"smallest f >= {GOOD_F:g} (% of edges)", "its edges"),
-                            table_rows))  # fmt: skip
-        swept = [(r["method"], r["ranking"], num(value(r["percent"])), count(value(r["edges"])),
-                  fixed(value(r["f"]), 3)) for r in rows]  # fmt: skip
-        tables.append(Table("f of each swept circuit (faithfulness.csv)",
-                            ("ranking", "ranked by", "% of edges", "edges", "f"), swept, collapsed=True))  # fmt: skip
+        n_eval = first.get("prompts", counts.get("test_pairs", "n/a"))
+        tables.append(Table(f"Faithfulness summary ({n_eval} {label} pairs; MIB's CPR over the signed ranking and "
+                            "CMD over the |score| ranking; random: mean ± sd over seeds)",
+                            ("ranking", "pairs", "CPR (signed ranking)", "CMD (|score| ranking)",
+                             f"smallest f >= {GOOD_F:g} (% of edges)", "its edges"), table_rows))  # fmt: skip
+        swept = [(r["method"], r.get("pairs", label), r["ranking"], r.get("draw", "") or "-", num(value(r["percent"])),
+                  count(value(r["edges"])), fixed(value(r["f"]), 3)) for r in rows]  # fmt: skip
+        tables.append(Table("f of each swept circuit (faithfulness.csv; random: the mean over seeds and each seed)",
+                            ("ranking", "pairs", "ranked by", "draw", "% of edges", "edges", "f"), swept,
+                            collapsed=True))  # fmt: skip
         if stage.has("faithfulness.png"):
             figures.append(Figure(stage.folder / "faithfulness.png",
-                                  "Faithfulness f of the top-k % circuits, one curve per ranking: ranked by signed "
-                                  "score (left, CPR) and by |score| (right, CMD)."))  # fmt: skip
-    else:
+                                  f"Faithfulness f of the top-k % circuits on the {label} pairs, one curve per "
+                                  "ranking: ranked by signed score (left, CPR) and by |score| (right, "
+                                  "CMD)."))  # fmt: skip
+    elif method != "file":
         text.append("The faithfulness sweep was not run (evaluate off), so there is no CPR or CMD.")
-    if op_rows:
+    if filter_rows:
         tables.append(Table("Prompts: the answer filter (a pair is kept only where the model's top token is the answer "
-                            "on both of its prompts)", ("source", "single prompts drawn", "answered", "pairs",
-                            "missed clean", "missed counterfactual", "kept"), op_rows))  # fmt: skip
+                            "on both of its prompts), for the find and the test pairs",
+                            ("pairs", "source", "single prompts drawn", "answered", "pairs checked", "missed clean",
+                             "missed counterfactual", "kept"), filter_rows))  # fmt: skip
     oracle = meta.get("oracle")
     if isinstance(oracle, dict):
-        text.append(f"Exact scores of {oracle.get('edges', 'n/a')} sampled edges agree with {method}'s by Spearman "
-                    f"{fixed(oracle.get('spearman'))}, top-n overlap {pct(oracle.get('top_n_overlap'))}.")  # fmt: skip
+        text.append(f"Exact scores of {oracle.get('edges', 'n/a')} sampled edges (on the find pairs) agree with "
+                    f"{method}'s by Spearman {fixed(oracle.get('spearman'))}, top-n overlap "
+                    f"{pct(oracle.get('top_n_overlap'))}.")  # fmt: skip
     drawings = []
     if stage.has("circuit.svg"):
         why = (meta.get("drawing") or {}).get("why", "")
@@ -127,5 +192,6 @@ def circuit_body(stage: StageFolder) -> Body:
                                      f"The circuit drawn ({why}): blue edges have positive scores, vermillion "
                                      "negative; solid, dashed and dotted edges enter a head's query, key and value; "
                                      "hover an edge for its name and score."))  # fmt: skip
-    small = small_samples({"": counts.get("prompts")}, "prompt pair")
-    return Body(" ".join(text), figures, tables, small, drawings)
+    small = small_samples({"find": counts.get("find_pairs", counts.get("prompts")), "test": counts.get("test_pairs")},
+                          "prompt pair")
+    return Body(" ".join(t for t in text if t), figures, tables, small, drawings)

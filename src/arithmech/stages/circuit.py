@@ -1,27 +1,33 @@
-"""The circuit stage: score every edge of MIB's graph on MIB's arithmetic prompts, and sweep faithfulness.
+"""The circuit stage: score every edge of MIB's graph on find pairs, and sweep faithfulness on held-out test pairs.
 
-Prompts are built in MIB's format (`data/mib_arithmetic.py`), `n_prompts` pairs kept where the model's top
-token is the scored answer on the clean prompt and the counterfactual answer on the counterfactual prompt
-(`circuits/prompts.py` says why both); fewer than `min_prompts` surviving is refused. Edges are ranked by EAP,
-EAP-IG (`circuits/attribution.py`), by an identify run's node effects (`circuits/node_ranking.py`), or at random
-(the baseline); or their scores are read back from an earlier circuit folder (`from_circuit`, with its prompts).
-With `evaluate` the top k % circuits are evaluated exactly (`circuits/faithfulness.py`) and summarised by CPR and CMD;
-`compare_methods` ranks the same prompts by further methods and sweeps them too, so 2024's node ranking and 2025's
-edge scores meet on one protocol.
-Writes edges.json (MIB's format; in_graph = the top `circuit_percent` % by signed score), prompts.jsonl,
-oracle.csv (with `oracle` n: the exact scores of the top n edges by |score| and n random ones, next to the
-method's; Spearman and top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv (a row per method) and
-faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn beside this run's), circuit.svg
-(the drawing, `drawn_circuit`), and metadata.json last.
+Prompts are built in MIB's format (`data/mib_arithmetic.py`) or read from MIB's data (--mib-dataset), in two
+disjoint sets (`stages/circuit_prompts.py`): `n_prompts` find pairs the edges are scored on and `test_prompts`
+test pairs the circuits are evaluated on, as MIB finds circuits on its train split and evaluates them on
+validation; each set keeps only pairs where the model's top token is the scored answer on the clean prompt and
+the counterfactual answer on the counterfactual prompt (`circuits/prompts.py` says why both), and fewer than
+`min_prompts` in either is refused before scoring. `in_sample` evaluates on the find pairs instead, and every
+table, the figure, the drawing's title and metadata.json then say "in-sample".
+Edges are ranked by EAP, EAP-IG (`circuits/attribution.py`), by an identify run's node effects
+(`circuits/node_ranking.py`), or at random (the baseline, drawn with `random_seeds` seeds); or their scores are
+read back from an earlier circuit folder (`from_circuit`, with its find and test pairs). With `evaluate` the top
+k % circuits are evaluated exactly (`circuits/faithfulness.py`) on the test pairs and summarised by CPR and CMD;
+`compare_methods` ranks the same find pairs by further methods and sweeps them too, so 2024's node ranking and
+2025's edge scores meet on one protocol. `circuit_file` evaluates a circuit file of MIB's format made by another
+tool: the circuit it marks in_graph, and the sweep by its scores where it scores every edge.
+Writes edges.json (MIB's format, `circuits/circuit_file.py`; in_graph = the top `circuit_percent` % by signed
+score), prompts.jsonl (find pairs) and test_prompts.jsonl (test pairs), oracle.csv (with `oracle` n: the exact
+scores, on the find pairs, of the top n edges by |score| and n random ones, next to the method's; Spearman and
+top-n overlap in metadata.json), faithfulness.csv, cpr_cmd.csv (a row per method; `stages/circuit_tables.py`
+names their columns) and faithfulness.png (with `evaluate`; the curves of the `compare` folders drawn beside
+this run's), file_circuit.csv (with `circuit_file`), circuit.svg (the drawing, `drawn_circuit`), and
+metadata.json last.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
-import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +36,14 @@ import torch
 from arithmech.analysis.agreement import spearman
 from arithmech.circuits.attribution import edge_scores
 from arithmech.circuits.batch import CircuitBatch
-from arithmech.circuits.circuit_file import EDGES_FILE, check_matches, graph_cfg, read_edges, write_edges
-from arithmech.circuits.faithfulness import SweepResult, faithfulness_sweep, top_edges
+from arithmech.circuits.circuit_file import EDGES_FILE, graph_cfg, read_edges, write_edges
+from arithmech.circuits.faithfulness import SeededSweeps, SweepResult, circuit_metrics, faithfulness_sweep, top_edges
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.node_ranking import node_edge_scores
 from arithmech.circuits.oracle import exact_edge_scores, oracle_subset
-from arithmech.circuits.prompts import FilterCounts, answered_pairs, circuit_batch, filter_answered
+from arithmech.circuits.prompts import FilterCounts, circuit_batch
 from arithmech.circuits.senders import check_edge_graph
-from arithmech.data.io import read_prompt_file, write_prompt_file
-from arithmech.data.mib_arithmetic import mib_pairs
-from arithmech.data.mib_dataset import mib_dataset_pairs, read_mib_rows
-from arithmech.data.prompts import PromptPair
+from arithmech.data.io import write_prompt_file
 from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
@@ -48,12 +51,22 @@ from arithmech.patching.attribution import frozen_parameters
 from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
-from arithmech.stages.circuit_config import DRAWN_DEFAULT, DRAWN_MAX, IDENTIFY_METHOD, CircuitConfig
+from arithmech.stages.circuit_config import (
+    DRAWN_DEFAULT,
+    DRAWN_MAX,
+    IDENTIFY_METHOD,
+    TEST_PROMPTS_FILE,
+    CircuitConfig,
+)
+from arithmech.stages.circuit_prompts import PromptSplit, prompt_split, stored_split
+from arithmech.stages.circuit_tables import compared_curves, faithfulness_rows, file_circuit_row, summary_row
 from arithmech.stages.identify_run import read_identify_run
 
 logger = logging.getLogger(__name__)
 
 DRAWING_FILE = "circuit.svg"
+FILE_METHOD = "file"
+"""The method name of a circuit read with `circuit_file` (its rows in faithfulness.csv and cpr_cmd.csv)."""
 DRAWN_F = 0.8
 """The faithfulness of the circuit drawn by default: the smallest swept one that reaches it."""
 
@@ -64,83 +77,36 @@ class CircuitResult:
     method: str
     n_edges: int
     n_prompts: int
+    """Find pairs (the edges were scored on them; 0 for a circuit file)."""
     sweep: SweepResult | None
+    """The method's curve (for the random ranking, the mean over seeds)."""
     oracle: dict[str, Any] | None = None
-    filtered: list[FilterCounts] | None = None
-    """What the answer filter kept, per operation (None: prompts read back, or kept unfiltered)."""
+    filtered: dict[str, list[FilterCounts]] | None = None
+    """What the answer filter kept, per set ("find", "test") and operation (None: read back, or kept unfiltered)."""
     compared: dict[str, SweepResult] | None = None
-    """The sweeps of `compare_methods`."""
+    """The curves of `compare_methods`."""
+    summary: list[dict[str, Any]] | None = None
+    """cpr_cmd.csv's rows: per method CPR and CMD (mean and spread over seeds for the random ranking)."""
+    pairs: str = ""
+    """Which pairs the circuits were evaluated on: "held-out" or "in-sample"."""
+    n_test: int | None = None
+    """Pairs the circuits were evaluated on."""
+    file_circuit: dict[str, Any] | None = None
+    """With `circuit_file`: f of the circuit the file marks (file_circuit.csv's row)."""
 
 
-def mib_prompt_set(handle: ModelHandle, cfg: CircuitConfig) -> tuple[list[PromptPair], list[FilterCounts] | None]:
-    """MIB pairs of each operation (n_prompts / operations each) that pass the answer filter, and its counts."""
-    quota = math.ceil(cfg.n_prompts / len(cfg.operations))
-    if cfg.mib_dataset is not None:
-        return dataset_prompt_set(handle, cfg, quota)
-    if cfg.keep_incorrect:
-        pairs = [p for op in cfg.operations for p in mib_pairs(handle.tokenizer, op, quota, cfg.seed, cfg.max_operand)]
-        return pairs[: cfg.n_prompts], None
-    kept: list[PromptPair] = []
-    counts: list[FilterCounts] = []
-    for operation in cfg.operations:
-        pairs, seen = answered_pairs(
-            handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand, cfg.batch_size
-        )
-        logger.info("answer filter: %s", seen.describe())
-        kept, counts = kept + pairs, [*counts, seen]
-    check_enough(len(kept), counts, cfg)
-    return kept[: cfg.n_prompts], counts
-
-
-def dataset_prompt_set(
-    handle: ModelHandle, cfg: CircuitConfig, quota: int
-) -> tuple[list[PromptPair], list[FilterCounts] | None]:
-    """The pairs of MIB's own data (`--mib-dataset`) of each operation, through the same answer filter."""
-    assert cfg.mib_dataset is not None
-    rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
-    kept: list[PromptPair] = []
-    counts: list[FilterCounts] = []
-    for operation in cfg.operations:
-        pairs, unusable = mib_dataset_pairs(handle.tokenizer, rows, operation)
-        source = f"{cfg.mib_dataset} ({operation})"
-        if not pairs and not unusable:
-            raise DataError(
-                f"--mib-dataset {cfg.mib_dataset!r} has no {operation} rows (column operator); choose the operation "
-                "its rows hold with --operations"
-            )
-        if cfg.keep_incorrect:
-            kept += pairs[:quota]
-            continue
-        passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
-        seen = replace(seen, unusable=unusable)
-        logger.info("answer filter: %s", seen.describe())
-        kept, counts = kept + passed, [*counts, seen]
-    if cfg.keep_incorrect:
-        return kept[: cfg.n_prompts], None
-    check_enough(len(kept), counts, cfg)
-    return kept[: cfg.n_prompts], counts
-
-
-def check_enough(kept: int, counts: list[FilterCounts], cfg: CircuitConfig) -> None:
-    """A DataError when fewer pairs than `min_prompts` (at most n_prompts) survive the answer filter."""
-    need = min(cfg.min_prompts, cfg.n_prompts)
-    if kept >= need:
-        return
-    seen = "; ".join(c.describe() for c in counts)
-    raise DataError(
-        f"only {kept} prompt pairs survive the answer filter (the model's top token must be the scored answer on "
-        f"the clean prompt and the counterfactual answer on the counterfactual prompt), fewer than {need} ({seen}): "
-        "try smaller operands (--max-operand 9), other prompts, a lower --min-prompts, or another model"
-    )
+def random_scores(graph: CircuitGraph, seed: int) -> torch.Tensor:
+    """[receiver, sender] a random ranking: standard normal scores drawn with `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
 
 
 def rank_edges(
     handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str
 ) -> torch.Tensor:
-    """[receiver, sender] signed scores by `method`."""
+    """[receiver, sender] signed scores by `method` (on the find pairs `batch`; random: the first seed)."""
     if method == "random":
-        gen = torch.Generator().manual_seed(cfg.seed)
-        return torch.randn(graph.n_receivers, graph.n_senders, generator=gen) * graph.valid
+        return random_scores(graph, cfg.seed)
     if method == IDENTIFY_METHOD:
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
@@ -149,55 +115,98 @@ def rank_edges(
         return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
 
 
+def sweep_rankings(
+    handle: ModelHandle,
+    graph: CircuitGraph,
+    find: CircuitBatch | None,
+    test: CircuitBatch,
+    cfg: CircuitConfig,
+    rankings: dict[str, torch.Tensor | None],
+) -> dict[str, SeededSweeps]:
+    """The sweep of each ranking on the test pairs (None: scored on the find pairs now); the random ranking once
+    per seed (`random_seeds` seeds from `seed`)."""
+    sweeps: dict[str, SeededSweeps] = {}
+    for name, scores in rankings.items():
+        seeds = tuple(cfg.seed + i for i in range(cfg.random_seeds)) if name == "random" else ()
+        if seeds:
+            drawn = [random_scores(graph, seed) for seed in seeds]
+        else:
+            if scores is None:
+                assert find is not None, "a ranking scored now needs find pairs"
+                scores = rank_edges(handle, graph, find, cfg, name)
+            drawn = [scores]
+        ablation = cfg.ablation
+        runs = tuple(faithfulness_sweep(handle.view, graph, test, ranking, cfg.percents, ablation,  # type: ignore[arg-type]
+                                        cfg.batch_size) for ranking in drawn)  # fmt: skip
+        sweeps[name] = SeededSweeps(seeds, runs)
+    return sweeps
+
+
 def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet: bool = False) -> CircuitResult:
-    """Score the edges (or read their scores), optionally sweep faithfulness, and write the run folder."""
+    """Score the edges on the find pairs (or read their scores), optionally sweep faithfulness on the test pairs,
+    and write the run folder."""
     start = time.perf_counter()
     view = handle.view
     check_edge_graph(view)
     graph = CircuitGraph.from_dims(handle.dims, view.parallel_residual)
-    model_cfg = graph_cfg(graph, handle.dims.d_model, handle.dims.n_kv_heads)
+    model_cfg = graph_cfg(graph, handle.dims.d_model)
     logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
+    method, marked, scores, file_scored = cfg.method, None, None, False
     edges_path = cfg.edges_file()
-    method = cfg.method
-    filtered: list[FilterCounts] | None = None
-    if edges_path is not None:
-        stored = read_edges(edges_path)
-        check_matches(stored, model_cfg, str(edges_path))
-        pairs = read_prompt_file(edges_path.parent / "prompts.jsonl")
-        earlier = read_metadata(edges_path.parent) or {}
-        method = str(earlier.get("config", {}).get("method", "file"))
-        scores = stored.scores.nan_to_num(0.0)
-        batch = circuit_batch(handle.tokenizer, pairs)
-        counts: dict[str, Any] = {"prompts": len(batch), "from": str(edges_path.parent)}
+    if cfg.circuit_file is not None:
+        stored = read_edges(cfg.circuit_file, model_cfg)
+        method, marked, scores, file_scored = FILE_METHOD, stored.in_graph, stored.scores, stored.fully_scored
+        split = prompt_split(handle, cfg)
+    elif edges_path is not None:
+        scores = read_edges(edges_path, model_cfg).scores
+        split = stored_split(edges_path.parent, cfg)
+        method = str((read_metadata(edges_path.parent) or {}).get("config", {}).get("method", FILE_METHOD))
     else:
-        pairs, filtered = mib_prompt_set(handle, cfg)
-        batch = circuit_batch(handle.tokenizer, pairs)
-        scores = rank_edges(handle, graph, batch, cfg, method)
-        counts = {"prompts": len(batch)}
+        split = prompt_split(handle, cfg)
+    find = circuit_batch(handle.tokenizer, split.find) if split.find else None
+    if scores is None:
+        assert find is not None, "a new run has find pairs"
+        scores = rank_edges(handle, graph, find, cfg, method)
+    scores = scores.nan_to_num(0.0)  # an edge a file does not score: 0
     scored_s = time.perf_counter() - start
-    sweeps: dict[str, SweepResult] = {}
-    if cfg.evaluate:
-        ranked = {method: scores, **{m: rank_edges(handle, graph, batch, cfg, m) for m in cfg.compare_methods}}
-        for name, ranking in ranked.items():
-            sweeps[name] = faithfulness_sweep(view, graph, batch, ranking, cfg.percents, cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
-        if abs(sweeps[method].m_full - sweeps[method].m_empty) < 1e-6:
-            raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
-    sweep = sweeps.get(method)
-    oracle = oracle_rows(handle, graph, batch, scores, cfg) if cfg.oracle else None
+    evaluated = split.evaluated
+    test = circuit_batch(handle.tokenizer, evaluated) if evaluated is not None else None
+    sweeps: dict[str, SeededSweeps] = {}
+    file_row = None
+    if test is not None and marked is not None:
+        metrics = circuit_metrics(view, graph, test, [marked.float()], cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        file_row = file_circuit_row(str(cfg.circuit_file), metrics, marked, graph.n_edges, len(test), split.label)
+        if file_scored:
+            sweeps = sweep_rankings(handle, graph, None, test, cfg, {method: scores})
+    elif cfg.evaluate and test is not None:
+        rankings: dict[str, torch.Tensor | None] = {method: scores, **dict.fromkeys(cfg.compare_methods)}
+        sweeps = sweep_rankings(handle, graph, find, test, cfg, rankings)
+    if sweeps and abs(sweeps[method].sweeps[0].m_full - sweeps[method].sweeps[0].m_empty) < 1e-6:
+        raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
+    sweep = sweeps[method].mean if method in sweeps else None
+    oracle = oracle_rows(handle, graph, find, scores, cfg) if cfg.oracle and find is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if oracle is not None:
         atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
-    write_edges(out / EDGES_FILE, model_cfg, scores, top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0)
-    write_prompt_file(out / "prompts.jsonl", pairs)
-    title = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format), {len(batch)} prompts"
+    if marked is None:
+        kept = top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0
+        write_edges(out / EDGES_FILE, model_cfg, scores, kept)
+    if split.find:
+        write_prompt_file(out / "prompts.jsonl", split.find)
+    if split.test is not None:
+        write_prompt_file(out / TEST_PROMPTS_FILE, split.test)
+    title = run_title(handle, cfg, split, method)
+    summary = [summary_row(n, r, split.label, len(test or ())) for n, r in sweeps.items()]
     if sweeps:
-        rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result)]
+        rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result, split.label)]
         atomic_write_text(out / "faithfulness.csv", csv_text(rows))
-        atomic_write_text(out / "cpr_cmd.csv", csv_text([summary_row(n, r, len(batch)) for n, r in sweeps.items()]))
-        curves = {n: (r.percents, r.f_signed, r.f_absolute) for n, r in sweeps.items()}
+        atomic_write_text(out / "cpr_cmd.csv", csv_text(summary))
+        curves = {n: (list(r.mean.percents), list(r.mean.f_signed), list(r.mean.f_absolute)) for n, r in sweeps.items()}
         faithfulness_curves({**curves, **compared_curves(cfg.compare)}, out / "faithfulness.png", title)
-    drawing = drawn_circuit(graph, scores, cfg.draw_percent, sweep)
+    if file_row is not None:
+        atomic_write_text(out / "file_circuit.csv", csv_text([file_row]))
+    drawing = drawn_circuit(graph, scores, cfg.draw_percent, sweep, marked)
     names = [(f"{graph.sender_names[s]}->{graph.receiver_names[r]}", float(scores[r, s])) for r, s in drawing.edges]
     svg = circuit_svg(names, graph.n_layers, graph.n_heads, title, f"{method}: {drawing.why}")
     atomic_write_text(out / DRAWING_FILE, svg)
@@ -206,12 +215,18 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "model": handle.source,
         "dims": asdict(handle.dims),
         "config": {**asdict(cfg), "method": method},
-        "graph": {**model_cfg, "n_edges": graph.n_edges, "n_nodes": len(graph.node_names)},
-        "counts": counts,
-        "answer_filter": None if filtered is None else [c.as_dict() for c in filtered],
+        "graph": {**model_cfg, "n_key_value_heads": handle.dims.n_kv_heads, "n_edges": graph.n_edges,
+                  "n_nodes": len(graph.node_names)},  # fmt: skip
+        "counts": {"find_pairs": len(split.find), "test_pairs": None if split.test is None else len(split.test),
+                   **({"from": str(edges_path.parent)} if edges_path is not None else {})},  # fmt: skip
+        "evaluation": split.record(),
+        "answer_filter": None if split.filtered is None else {
+            part: [c.as_dict() for c in counts] for part, counts in split.filtered.items()
+        },
         "identify_runs": [] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record],
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
-        "oracle": None if oracle is None else oracle[1],
+        "oracle": None if oracle is None else {**oracle[1], "pairs": "find"},
+        "file_circuit": file_row,
         "seed": cfg.seed,
         "timings": {"scores_s": scored_s, "total_s": time.perf_counter() - start},
         "versions": package_versions(),
@@ -220,10 +235,22 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     }
     atomic_write_json(out / "metadata.json", metadata)
     return CircuitResult(
-        out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(batch), sweep=sweep,
-        oracle=None if oracle is None else oracle[1], filtered=filtered,
-        compared={n: r for n, r in sweeps.items() if n != method},
+        out_dir=out, method=method, n_edges=graph.n_edges, n_prompts=len(split.find), sweep=sweep,
+        oracle=None if oracle is None else oracle[1], filtered=split.filtered,
+        compared={n: r.mean for n, r in sweeps.items() if n != method}, summary=summary, pairs=split.label,
+        n_test=None if test is None else len(test), file_circuit=file_row,
     )  # fmt: skip
+
+
+def run_title(handle: ModelHandle, cfg: CircuitConfig, split: PromptSplit, method: str) -> str:
+    """The figure's and the drawing's title: the model, the task and which pairs the circuits were evaluated on."""
+    task = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format)"
+    if method == FILE_METHOD:
+        return f"{task}, circuit file {Path(str(cfg.circuit_file)).name}, {len(split.test or ())} held-out pairs"
+    if split.in_sample:
+        return f"{task}, IN-SAMPLE: scored and evaluated on the same {len(split.find)} pairs"
+    held = f", evaluated on {len(split.test)} held-out pairs" if split.test is not None else ""
+    return f"{task}, scored on {len(split.find)} pairs{held}"
 
 
 @dataclass(frozen=True)
@@ -236,12 +263,22 @@ class Drawing:
 
 
 def drawn_circuit(
-    graph: CircuitGraph, scores: torch.Tensor, percent: float | None, sweep: SweepResult | None
+    graph: CircuitGraph,
+    scores: torch.Tensor,
+    percent: float | None,
+    sweep: SweepResult | None,
+    marked: torch.Tensor | None = None,
 ) -> Drawing:
-    """The edges to draw: the top `percent` %; without it the smallest swept circuit with f >= DRAWN_F (signed
-    ranking, as CPR's), else the top DRAWN_DEFAULT edges; at most the DRAWN_MAX strongest of them."""
+    """The edges to draw: the top `percent` %; without it the circuit a circuit file marks (`marked`), else the
+    smallest swept circuit with f >= DRAWN_F (signed ranking, as CPR's), else the top DRAWN_DEFAULT edges; at most
+    the DRAWN_MAX strongest of them (by signed score)."""
+    values = graph.to_edges(scores.float())
     if percent is not None:
         n, why = max(1, int(percent / 100 * graph.n_edges)), f"top {percent:g} % of edges"
+    elif marked is not None:
+        kept = graph.to_edges(marked.bool())
+        values = torch.where(kept, values, float("-inf"))
+        n, why = int(kept.sum()), "the circuit the file marks in_graph"
     else:
         reached = [(k, n) for k, n, f in zip(sweep.percents, sweep.edges, sweep.f_signed, strict=True)
                    if f >= DRAWN_F] if sweep is not None else []  # fmt: skip
@@ -250,7 +287,7 @@ def drawn_circuit(
             why = f"smallest swept circuit with f >= {DRAWN_F:g} ({k:g} % of edges)"
         else:
             n, why = min(DRAWN_DEFAULT, graph.n_edges), f"top {min(DRAWN_DEFAULT, graph.n_edges)} edges"
-    order = torch.sort(graph.to_edges(scores.float()), descending=True, stable=True).indices[: min(n, DRAWN_MAX)]
+    order = torch.sort(values, descending=True, stable=True).indices[: min(n, DRAWN_MAX)]
     edges = [(int(r), int(s)) for r, s in graph.edge_index[order].tolist()]
     if n > DRAWN_MAX:
         why += f", its {DRAWN_MAX} strongest drawn"
@@ -278,33 +315,3 @@ def oracle_rows(
         "top_n_overlap": len(top_est & top_exact) / n,
     }
     return rows, agreement
-
-
-def compared_curves(folders: tuple[str, ...]) -> dict[str, tuple[list[float], list[float], list[float]]]:
-    """method -> (percents, f signed, f absolute) read from other circuit folders' faithfulness.csv."""
-    curves: dict[str, tuple[list[float], list[float], list[float]]] = {}
-    for folder in folders:
-        with (Path(folder).expanduser() / "faithfulness.csv").open() as handle:
-            rows = list(csv.DictReader(handle))
-        method = rows[0]["method"] if rows else Path(folder).name
-        name = method if method not in curves else f"{method} ({Path(folder).name})"
-        signed = [r for r in rows if r["ranking"] == "signed"]
-        absolute = [float(r["f"]) for r in rows if r["ranking"] == "absolute"]
-        curves[name] = ([float(r["percent"]) for r in signed], [float(r["f"]) for r in signed], absolute)
-    return curves
-
-
-def faithfulness_rows(method: str, sweep: SweepResult) -> list[dict[str, Any]]:
-    rows = []
-    for ranking, fs, ms in (
-        ("signed", sweep.f_signed, sweep.m_signed),
-        ("absolute", sweep.f_absolute, sweep.m_absolute),
-    ):
-        for k, n, f, m in zip(sweep.percents, sweep.edges, fs, ms, strict=True):
-            rows.append({"method": method, "ranking": ranking, "percent": k, "edges": n, "f": f, "m": m})
-    return rows
-
-
-def summary_row(method: str, sweep: SweepResult, prompts: int) -> dict[str, Any]:
-    return {"method": method, "cpr": sweep.cpr, "cmd": sweep.cmd, "m_full": sweep.m_full, "m_empty": sweep.m_empty,
-            "prompts": prompts}  # fmt: skip

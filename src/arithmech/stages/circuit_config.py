@@ -1,7 +1,8 @@
 """The circuit stage's settings (stages/circuit.py runs them), importable without torch.
 
 The CLI builds `arithmech circuit`'s config from its options and validates it before a model loads: an unknown
-method, a circuit size outside (0, 100] %, or a --from that holds no readable circuit file fails at once.
+method, a circuit size outside (0, 100] %, a combination that makes no sense (--circuit-file with --from), or a
+--from that holds no readable circuit file (or, for a held-out evaluation, no test pairs) fails at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ IDENTIFY_METHOD = "path-patching"
 CIRCUIT_ABLATIONS = ("counterfactual", "mean")
 MIB_OPERATION_NAMES = ("addition", "subtraction")
 MIB_PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+MIB_FIND_SPLIT = "train"
+"""The split MIB finds circuits on (MIB-circuit-track run_attribution.py, --split default)."""
+MIB_EVAL_SPLIT = "validation"
+"""The split MIB evaluates circuits on (run_evaluation.py, --split default; its README: "By default, this will
+evaluate on the validation set")."""
+TEST_PROMPTS_FILE = "test_prompts.jsonl"
+"""The held-out pairs a circuit folder is evaluated on, beside prompts.jsonl (the pairs its edges were scored on)."""
 DRAWN_DEFAULT = 200
 """Edges drawn when no size is given and no swept circuit reaches f >= 0.8."""
 DRAWN_MAX = 500
@@ -44,7 +52,8 @@ class CircuitConfig:
         """Whether these settings rank edges by an identify run's node effects: path-patching as `method` (of
         edges scored anew, not read back with `from_circuit`) or among `compare_methods`. `arithmech run` then
         fills `identify_run` with its own identify folder."""
-        method = config.get("method", "eap-ig") if config.get("from_circuit") is None else None
+        read = config.get("from_circuit") is not None or config.get("circuit_file") is not None
+        method = None if read else config.get("method", "eap-ig")
         return IDENTIFY_METHOD in (method, *(config.get("compare_methods") or ()))
 
     method: str = field(default="eap-ig", metadata={"help": "edge ranking: eap, eap-ig, path-patching or random"})
@@ -59,7 +68,22 @@ class CircuitConfig:
     operations: tuple[str, ...] = field(
         default=("addition",), metadata={"help": "MIB arithmetic tasks whose prompts are pooled: addition, subtraction"}
     )
-    n_prompts: int = field(default=32, metadata={"help": "prompt pairs kept (the model predicts the scored token)"})
+    n_prompts: int = field(
+        default=32, metadata={"help": "prompt pairs the edges are scored on (the find pairs; the model answers both)"}
+    )
+    test_prompts: int | None = field(
+        default=None,
+        metadata={"help": "held-out pairs the circuits are evaluated on (the test pairs; default n_prompts), disjoint "
+                          "from the find pairs"},
+    )  # fmt: skip
+    in_sample: bool = field(
+        default=False,
+        metadata={"help": "evaluate on the pairs the edges were scored on (no held-out split; every table says "
+                          "in-sample)"},
+    )  # fmt: skip
+    random_seeds: int = field(
+        default=3, metadata={"help": "seeds the random ranking is drawn with; its CPR and CMD are the mean and spread"}
+    )
     steps: int = field(default=5, metadata={"help": "EAP-IG interpolation steps (MIB: 5)"})
     ablation: str = field(default="counterfactual", metadata={"help": "edges outside: counterfactual or mean"})
     evaluate: bool = field(default=False, metadata={"help": "run the faithfulness sweep (CPR, CMD)"})
@@ -73,8 +97,14 @@ class CircuitConfig:
                           f"with f >= 0.8, else the top {DRAWN_DEFAULT} edges; at most {DRAWN_MAX} edges are drawn"},
     )  # fmt: skip
     from_circuit: str | None = field(
-        default=None, metadata={"help": "circuit folder (or its edges.json) whose scores and prompts are reused"}
+        default=None,
+        metadata={"help": "circuit folder (or its edges.json) whose scores and find and test pairs are reused"},
     )
+    circuit_file: str | None = field(
+        default=None,
+        metadata={"help": "a circuit file in MIB's format (made by any tool) to evaluate on the test pairs: its "
+                          "in_graph circuit, and the sweep by its scores where it scores every edge"},
+    )  # fmt: skip
     oracle: int = field(
         default=0, metadata={"help": "exact scores of the top n edges and n random ones, against the method's (0: off)"}
     )
@@ -92,7 +122,19 @@ class CircuitConfig:
             "(mib-bench/arithmetic_addition) or a local copy (save_to_disk folder, .json/.jsonl/.parquet/.csv)"
         },
     )
-    mib_split: str = field(default="train", metadata={"help": "split of --mib-dataset (MIB finds circuits on train)"})
+    mib_split: str = field(
+        default=MIB_FIND_SPLIT, metadata={"help": "split of --mib-dataset the edges are scored on (MIB: train)"}
+    )
+    mib_eval_split: str = field(
+        default=MIB_EVAL_SPLIT,
+        metadata={"help": "split the circuits are evaluated on (MIB evaluates on validation); its rows that share a "
+                          "prompt with the find split are dropped"},
+    )  # fmt: skip
+    mib_eval_dataset: str | None = field(
+        default=None,
+        metadata={"help": "where the evaluation rows are, when --mib-dataset is one file without splits (default: "
+                          "--mib-dataset itself)"},
+    )  # fmt: skip
     min_prompts: int = field(
         default=4,
         metadata={"help": "fewest pairs that may survive the answer filter (at most n_prompts); fewer is refused"},
@@ -134,11 +176,47 @@ class CircuitConfig:
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
         if self.mib_dataset is not None and self.from_circuit is not None:
             raise ConfigError("--from reuses its folder's prompts: give --mib-dataset or --from, not both")
+        self._check_split()
+        self._check_circuit_file()
         if self.oracle < 0:
             raise ConfigError(f"oracle must be 0 (off) or a number of edges (got {self.oracle})")
-        for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand"):
-            if getattr(self, name) < 1:
+        for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand", "random_seeds", "test_prompts"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+    def _check_split(self) -> None:
+        """The held-out split's settings: each only where it applies."""
+        if self.in_sample and (self.test_prompts is not None or self.mib_eval_dataset is not None):
+            raise ConfigError("--in-sample evaluates on the pairs the edges were scored on: leave out --test-prompts "
+                              "and --mib-eval-dataset, or drop --in-sample")  # fmt: skip
+        if self.mib_eval_dataset is not None and self.mib_dataset is None:
+            raise ConfigError("--mib-eval-dataset holds MIB's evaluation rows: give --mib-dataset (the find rows) too")
+        same = self.mib_eval_dataset is None and self.mib_eval_split == self.mib_split
+        if self.mib_dataset is not None and not self.in_sample and same:
+            raise ConfigError(
+                f"--mib-split and --mib-eval-split are both {self.mib_split!r}, so the circuits would be evaluated on "
+                f"the rows they were found on; give another --mib-eval-split (MIB: {MIB_EVAL_SPLIT}) or --in-sample"
+            )
+
+    def _check_circuit_file(self) -> None:
+        """--circuit-file evaluates a circuit made elsewhere: no scoring here, so no scoring settings."""
+        if self.circuit_file is None:
+            return
+        settings = (
+            ("--from", self.from_circuit), ("--compare-methods", self.compare_methods), ("--oracle", self.oracle),
+            ("--identify", self.identify_run), ("--in-sample", self.in_sample),
+        )  # fmt: skip
+        clash = [flag for flag, value in settings if value]
+        if clash:
+            raise ConfigError(
+                f"--circuit-file evaluates a circuit another tool found, on the test pairs, so {clash[0]} (which "
+                "scores edges here) does not apply; score methods in their own runs and draw them with --compare"
+            )  # fmt: skip
+
+    @property
+    def n_test(self) -> int:
+        """Held-out pairs wanted: test_prompts, else as many as find pairs."""
+        return self.n_prompts if self.test_prompts is None else self.test_prompts
 
     def edges_file(self) -> Path | None:
         """The edges.json of `from_circuit` (a folder or the file itself)."""
@@ -157,9 +235,11 @@ class CircuitConfig:
                     f"--compare {folder!r} holds no faithfulness.csv; give a folder of `arithmech circuit --evaluate`"
                 )
         if self.mib_dataset is not None:
-            from arithmech.data.mib_dataset import read_mib_rows  # reads the rows now: bad data fails before the model
+            self._check_mib_rows()
+        if self.circuit_file is not None:
+            from arithmech.circuits.circuit_file import read_edges  # torch: only when a file is given
 
-            read_mib_rows(self.mib_dataset, self.mib_split)
+            read_edges(self.circuit_file)
         path = self.edges_file()
         if path is None:
             return
@@ -173,3 +253,25 @@ class CircuitConfig:
                 f"--from {self.from_circuit!r} has an edges.json but no prompts.jsonl beside it; give the whole folder "
                 "`arithmech circuit` wrote"
             )
+        if self.evaluate and not self.in_sample and not path.parent.joinpath(TEST_PROMPTS_FILE).is_file():
+            raise ConfigError(
+                f"--from {self.from_circuit!r} holds no held-out pairs ({TEST_PROMPTS_FILE}: it was scored before "
+                "circuits were evaluated on held-out pairs, or with --in-sample); score it anew, or pass --in-sample "
+                "to evaluate on the pairs its edges were scored on"
+            )
+
+    def _check_mib_rows(self) -> None:
+        """Read --mib-dataset's rows now (bad data fails before the model loads), and the evaluation rows' source."""
+        from arithmech.data.mib_dataset import holds_splits, read_mib_rows
+
+        assert self.mib_dataset is not None
+        read_mib_rows(self.mib_dataset, self.mib_split)
+        if self.in_sample:
+            return
+        if self.mib_eval_dataset is None and not holds_splits(self.mib_dataset):
+            raise ConfigError(
+                f"--mib-dataset {self.mib_dataset!r} is one table without splits, so it has no {self.mib_eval_split!r} "
+                "split to evaluate on; give the evaluation rows with --mib-eval-dataset (e.g. MIB's validation split "
+                "saved as .jsonl), a save_to_disk folder of all splits, or --in-sample"
+            )
+        read_mib_rows(self.mib_eval_dataset or self.mib_dataset, self.mib_eval_split)
