@@ -51,10 +51,11 @@ def test_one_pass_circuit_equals_the_reference_on_smollm2(handle: ModelHandle) -
     torch.testing.assert_close(m_fast, m_naive, atol=1e-4, rtol=0)
 
 
-def test_answer_filter_gives_faithfulness_its_two_ends(handle: ModelHandle) -> None:
+@pytest.mark.parametrize("part", [None, "test"])  # every fact (--in-sample), and the held-out test part
+def test_answer_filter_gives_faithfulness_its_two_ends(handle: ModelHandle, part: str | None) -> None:
     """On the kept pairs the clean run prefers the answer and the counterfactual run the counterfactual answer,
     so m(full) > 0 > m(empty) (with a clean-only filter m(empty) came out positive on this model)."""
-    pairs, counts = answered_pairs(handle.view, handle.tokenizer, "addition", 2, seed=0, max_operand=99)
+    pairs, counts = answered_pairs(handle.view, handle.tokenizer, "addition", 2, seed=0, max_operand=99, part=part)
     assert len(pairs) == counts.kept == 2 and counts.prompts_answered < counts.prompts_drawn
     graph = CircuitGraph.from_dims(handle.dims)
     result = circuit_metrics(handle.view, graph, circuit_batch(handle.tokenizer, pairs), [])

@@ -114,13 +114,15 @@ def test_a_circuit_file_without_scores_is_evaluated_on_the_test_pairs(
     """Every edge in: the whole model (f = 1); none: every edge ablated (f = 0); no scores, so no sweep."""
     model, run = held_out
     path = _edges_file(run / "edges.json", tmp_path / "c.json", bare_nodes=bare_nodes, keep_all=keep_all, scores=False)
-    out = tmp_path / "out"
+    out = tmp_path / "run" / "circuit"
     assert main(["circuit", "--model", str(model), "--circuit-file", str(path), *SMALL, "--out", str(out)]) == 0
     [row] = _rows(out / "file_circuit.csv")
     assert float(row["f"]) == pytest.approx(f, abs=1e-4) and row["pairs"] == "held-out" and row["prompts"] == "4"
     assert int(row["edges"]) == (262 if keep_all else 0)
     assert not (out / "faithfulness.csv").exists() and not (out / "edges.json").exists()
     assert (out / "test_prompts.jsonl").read_text() == (run / "test_prompts.jsonl").read_text()  # the same test part
+    report = write_report(tmp_path / "run").read_text()
+    assert f"marks a circuit of {int(row['edges'])} edges" in report and "on 4 held-out pairs it keeps f = " in report
 
 
 def test_a_scored_circuit_file_is_swept_by_its_scores(held_out, tmp_path: Path) -> None:
