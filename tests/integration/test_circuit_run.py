@@ -75,7 +75,8 @@ def test_the_report_shows_the_circuit(tiny_model_dir, tmp_path: Path) -> None:
     section = section[: section.index("</section>")]
     assert '<span class="status done">' in section
     assert "fig-circuit-faithfulness-img" in section  # the curves, one per ranking
-    assert "ranked by EAP-IG on 2 prompt pairs" in section and "CPR" in section and "CMD" in section
+    assert "ranked by EAP-IG on 2 find pairs" in section and "CPR" in section and "CMD" in section
+    assert "evaluated on 2 held-out test pairs" in section
     drawing = section[section.index("<svg") : section.index("</svg>") + 6]
     edges = json.loads((run / "circuit" / "metadata.json").read_text())["drawing"]["edges"]
     assert drawing.count('<path class="edge"') == edges and drawing.count("&lt;q&gt;") + drawing.count("-&gt;") > 0
@@ -152,7 +153,7 @@ def test_reading_from_known_numbers(tmp_path: Path) -> None:
         rows += [f"{method},held-out,signed,{draw},{k},{n},{f},0" for k, n, f in sizes]
     (folder / "faithfulness.csv").write_text("\n".join(rows) + "\n")
     text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
-    assert ("ranked by EAP-IG on 12 prompt pairs in MIB's arithmetic format, kept where the model's top token is the "
+    assert ("ranked by EAP-IG on 12 find pairs in MIB's arithmetic format, kept where the model's top token is the "
             "answer on both prompts (find pairs, addition: the model answers 40 of 300 single prompts drawn (260 "
             "dropped); of the pairs made of them 12 of 20 pass (8 dropped: 5 missed on the clean prompt, 6 on the "
             "counterfactual); test pairs, addition: ") in text  # fmt: skip
@@ -173,7 +174,8 @@ def test_reading_from_known_numbers(tmp_path: Path) -> None:
     (folder / "faithfulness.csv").write_text("method,ranking,percent,edges,f,m\neap-ig,signed,1.0,1232,0.85,0\n")
     text = write_report(tmp_path / "run").read_text().replace("&#x27;", "'")
     assert "The circuits are evaluated IN-SAMPLE, on the same pairs their edges were scored on" in text
-    assert "Faithfulness summary (12 in-sample pairs" in text and "(find pairs, addition: the model answers 40" in text
+    assert "Faithfulness summary (12 in-sample pairs" in text and "on 12 prompt pairs in MIB's arithmetic" in text
+    assert "(find pairs, addition: the model answers 40" in text
 
     (folder / "metadata.json").unlink()
     (tmp_path / "run" / "identify").mkdir()  # a run folder without a finished circuit stage

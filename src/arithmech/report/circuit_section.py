@@ -48,11 +48,12 @@ def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
     """What the find pairs were and how many rows the answer filter dropped; the per-set, per-source table rows."""
     counts: dict[str, Any] = meta.get("counts", {})
     n = counts.get("find_pairs", counts.get("prompts", "n/a"))
+    noun = "find pairs" if "find_pairs" in counts else "prompt pairs"  # a folder of before the split: one set
     if counts.get("from"):
-        return f"{n} prompt pairs read back from {counts['from']}", []
+        return f"{n} {noun} read back from {counts['from']}", []
     parts = _filter_parts(meta)
     if parts is None:
-        return f"{n} prompt pairs in MIB's arithmetic format, kept whether the model answers them or not", []
+        return f"{n} {noun} in MIB's arithmetic format, kept whether the model answers them or not", []
     said, rows = [], []
     for part, filtered in parts.items():
         for c in filtered:
@@ -68,7 +69,7 @@ def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
             rows.append((part, str(c.get("source", "?")), count(drawn) if drawn else "n/a",
                          count(answered) if drawn else "n/a", count(pairs), count(c.get("clean_missed")),
                          count(c.get("cf_missed")), count(kept)))  # fmt: skip
-    return (f"{n} prompt pairs in MIB's arithmetic format, kept where the model's top token is the answer on both "
+    return (f"{n} {noun} in MIB's arithmetic format, kept where the model's top token is the answer on both "
             f"prompts ({'; '.join(said)})", rows)  # fmt: skip
 
 
