@@ -14,8 +14,8 @@ results from the same machine (CPU model, logical cores, torch version, device).
     python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py and gpu_finetune.py
 
 results.json holds the last accepted entry of each benchmark at each size, with its command, machine, date and
-git sha; the Performance tables of docs/performance.md are rendered from it (`readme_tables.py --write`, which the make
-targets run after --update).
+git sha; the Performance tables of docs/performance.md and the README's speed paragraph are rendered from it
+(`readme_tables.py --write`, which the make targets run after --update).
 """
 
 from __future__ import annotations
@@ -326,8 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stamp = {"machine": machine, "date": datetime.date.today().isoformat(), "git_sha": git_sha()}
         entries = {**(previous or {}), **{n: {**e, **stamp} for n, e in current.items()}}
         write_results(args.results, {**(stored or {s: {} for s in SIZES}), size: entries})
-        print(f"stored as the {size}-size results in {args.results}; render docs/performance.md's tables from it "
-              "(`python benchmarks/readme_tables.py --write`, which the make targets run) and commit both")
+        print(f"stored as the {size}-size results in {args.results}; render docs/performance.md's tables and the "
+              "README's speed paragraph from it (`python benchmarks/readme_tables.py --write`, which the make targets "
+              "run) and commit the three")
         return 0
     if args.update:
         print(f"{args.results} not written: every benchmark must run and pass its correctness checks first.")

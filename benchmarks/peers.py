@@ -1,8 +1,8 @@
 """Activation patching of every head's END output: arithmech vs TransformerLens and nnsight, same prompts, one run.
 
-The work: the reference set of the model (`--prompts` pairs, 3-shot "a + b = " vs "a @ b = ", right-padded),
-each head's output at END taken from the counterfactual run into the reference run, and the relative change of
-the answer logit at END as the metric. Each side computes it its own way:
+The work: a reference set of the model (`--prompts` pairs, "a + b = " vs "a @ b = " after solved examples,
+right-padded), each head's output at END taken from the counterfactual run into the reference run, and the
+relative change of the answer logit at END as the metric. Each side computes it its own way:
 
 - TransformerLens (TransformerBridge over the same weights): `patching.get_act_patch_attn_head_out_by_pos`, one
   call per prompt length (a patched index holds one position), the (layer, END, head) cells as index_df and a
@@ -11,13 +11,21 @@ the answer logit at END as the metric. Each side computes it its own way:
   prompt's END;
 - arithmech: `path_patch(..., "total")` on every head and MLP at once, and the `path` variant for scale.
 
-Each peer is timed on `--heads` heads spread over the layers, after one untimed warm-up head, and scaled to every
-component (heads and MLPs; a component costs it one forward pass, an MLP as much as a head). Its values are
-checked against arithmech's on those heads: the largest |difference| is printed, and above `--atol` (1e-5) the
-script says so and exits 1. A plain forward pass of the batch (the CausalLM on the right-padded batch) is timed
-as the unit of "forwards per component"; arithmech's scans are also counted in plain forward passes
-(tests/forward_cost.py), which no machine load changes, of the right-padded batch and of every prompt at its own
-length (the cost model in docs/performance.md counts the latter).
+The comparison is algorithmic: arithmech recomputes each component's last token on the cached reference prompt,
+the peers run one full forward pass per component. It runs on two prompt sets (`--sets`,
+`suite.PEER_PROMPT_SETS`): short (2 solved examples, about 30 tokens a prompt) and the default reference set (3,
+about 45). On each, every side runs once untimed (a warm-up; the peers' on one head), then `--repeats`
+interleaved repetitions: arithmech, then each peer (their order rotated each repetition) on `--heads` heads
+spread over the layers, scaled to every component (heads and MLPs; a component costs it one forward pass, an MLP
+as much as a head). Each repetition gives a ratio per peer, against arithmech's time in the same repetition; the
+script records their median, min and max, since single timings on a shared machine reorder the peers from run
+to run. Each peer's values are checked against arithmech's on the heads it times: the largest |difference| is
+printed, and above `--atol` (1e-5) the script says so and exits 1.
+
+Work is counted (tests/forward_cost.py, which no machine load changes) in forward passes of the prompts: each
+prompt at its own length, logits of its last token only, the unit of one forward pass per component. arithmech's
+scans are also counted in the padded unit (the right-padded batch with logits at every position), and each
+peer's warm-up head in the first. A forward pass of the prompts is timed too, for "forwards per component".
 
 TransformerLens and nnsight are not dependencies of arithmech: `pip install "arithmech[peers]"` (or
 `pip install transformer-lens nnsight`). Without either, this script prints arithmech's counts, says so and
@@ -26,7 +34,7 @@ exits 0.
 `--scaled` prints only arithmech's counts, on a model of the same shape with every width / 16 (see
 benchmarks/answer_check.py) and a stratified sample of the same templates, unfiltered: in seconds on a CPU.
 
-    python benchmarks/peers.py [--prompts 64] [--heads 12] [--model ID_OR_PATH] [--device cpu] [--atol 1e-5]
+    python benchmarks/peers.py [--prompts 64] [--heads 12] [--repeats 3] [--sets short,default] [--model ID]
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from answer_check import scaled  # noqa: E402
 from record import record  # noqa: E402
+from suite import PEER_PROMPT_SETS  # noqa: E402
 
 from arithmech.data.reference_config import reference_pairs  # noqa: E402
 from arithmech.data.reference_set import ReferenceSetConfig, build_reference_set  # noqa: E402
@@ -56,7 +66,8 @@ from arithmech.models.sites import Component, all_components  # noqa: E402
 from arithmech.models.view import ModelView  # noqa: E402
 from arithmech.patching.path import PatchingBatch, PatchResult, path_patch  # noqa: E402
 
-from forward_cost import count_work, plain_forward_macs  # noqa: E402
+from forward_cost import count_work, plain_forward_macs, prompt_forward_macs  # noqa: E402
+from reference_patching import end_logits  # noqa: E402
 
 PEERS = {"transformer_lens": "TransformerLens", "nnsight": "nnsight"}
 INSTALL = 'pip install "arithmech[peers]"   (or: pip install transformer-lens nnsight)'
@@ -153,8 +164,7 @@ def transformer_lens_patcher(
 
 
 def time_peer(patch: Patcher, heads: Sequence[Component], fast: PatchResult) -> tuple[float, float]:
-    """Seconds per head (after one warm-up head) and the largest |peer - arithmech total| on the heads."""
-    patch(heads[0])
+    """Seconds per head and the largest |peer - arithmech total| on the heads."""
     worst, start = 0.0, time.perf_counter()
     for head in heads:
         values = patch(head)
@@ -162,15 +172,37 @@ def time_peer(patch: Patcher, heads: Sequence[Component], fast: PatchResult) -> 
     return (time.perf_counter() - start) / len(heads), worst
 
 
+def prompt_forward(model: Any, batch: PatchingBatch) -> None:
+    """One forward pass of the prompts, the unit of the counts: each length's prompts together, unpadded, the
+    vocabulary projection of END only (`reference_patching.end_logits`)."""
+    lengths = batch.ref_mask.sum(1)
+    for n in lengths.unique().tolist():
+        rows = lengths == n
+        end_logits(model, batch.ref_ids[rows, :n], batch.ref_mask[rows, :n], batch.end[rows])
+
+
+def spread(name: str, values: Sequence[float]) -> dict[str, float]:
+    """`name`: the median of `values`; `name_min`, `name_max`."""
+    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=12, help="heads each peer is timed on")
+    parser.add_argument("--heads", type=int, default=12, help="heads each peer is timed on, each repetition")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of every side")
+    names = ", ".join(PEER_PROMPT_SETS)
+    parser.add_argument("--sets", default=",".join(PEER_PROMPT_SETS), help=f"prompt sets, of {names}")
     parser.add_argument("--model", default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--atol", type=float, default=1e-5, help="largest |peer - arithmech| accepted")
     parser.add_argument("--scaled", action="store_true", help="count only, on the model's shape scaled down (below)")
     args = parser.parse_args(argv)
+    sets = [name.strip() for name in args.sets.split(",") if name.strip()]
+    if not sets or any(name not in PEER_PROMPT_SETS for name in sets):
+        parser.error(f"--sets takes names of {names} (got {args.sets!r})")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     peers = installed_peers()
     missing = [PEERS[name] for name in PEERS if name not in peers]
     if missing:
@@ -178,63 +210,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.manual_seed(0)
     handle = load_model(ModelConfig(model=args.model, device=args.device))
-    cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4))
-    if args.scaled:  # the counts only: prompts of the same templates (not filtered), a model of the same shape
-        return count_scaled(handle, cfg)
-    t = build_reference_set(handle, cfg).tokenized
-    batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
-    model, view, dims = handle.model, handle.view, handle.dims
-    components = all_components(dims)
-    heads = [c for c in components if c.head is not None]
-    heads = heads[:: max(1, len(heads) // args.heads)][: args.heads]
-    print(f"model {handle.source.get('model')}: {dims.n_layers} layers x {dims.n_heads} heads, {len(components)} "
-          f"components; {len(batch)} prompt pairs, {int(t.ref_mask.sum()) / len(batch):.1f} tokens per prompt on "
-          f"average ({batch.ref_ids.shape[1]} padded); peers timed on {len(heads)} heads")  # fmt: skip
-
-    with torch.no_grad():
-        model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask)  # warm-up
-        start = time.perf_counter()
-        logits = model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits
-        plain_s = time.perf_counter() - start
-    ref_logit = logits[torch.arange(len(batch)), batch.end, batch.answer_ids]
-    unit = plain_forward_macs(model, batch.ref_ids, batch.ref_mask)
-    lengths = batch.ref_mask.sum(1)
-    unpadded = sum(plain_forward_macs(model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
-                   for n in lengths.unique().tolist())  # every prompt at its own length  # fmt: skip
-    metrics: dict[str, float] = {"plain_forward_s": plain_s, "components": len(components)}
-    fast: dict[str, PatchResult] = {}
-    for variant in ("total", "path"):
-        start = time.perf_counter()
-        with count_work(model) as work:
-            fast[variant] = path_patch(view, batch, variant, batch_size=len(batch))
-        metrics[f"{variant}_s"] = time.perf_counter() - start
-        metrics[f"{variant}_passes"] = work.macs / unit
-        metrics[f"{variant}_passes_unpadded"] = work.macs / unpadded
-    print(f"one plain forward pass of the batch: {plain_s:.2f} s")
-    for variant in ("total", "path"):
-        print(f"arithmech --variant {variant}, all {len(components)} components: {metrics[f'{variant}_s']:.2f} s, "
-              f"{metrics[f'{variant}_s'] / plain_s / len(components):.3f} forwards per component (by time); "
-              f"{metrics[f'{variant}_passes']:.2f} plain forward passes of the padded batch in all, "
-              f"{metrics[f'{variant}_passes_unpadded']:.2f} of the unpadded prompts (counted)")  # fmt: skip
+    metrics: dict[str, float] = {"components": len(all_components(handle.dims)), "repeats": args.repeats}
+    for name in sets:
+        cfg = ReferenceSetConfig(max_prompts=args.prompts, n_per_template=max(16, args.prompts // 4),
+                                 few_shot=PEER_PROMPT_SETS[name])  # fmt: skip
+        if args.scaled:  # the counts only: prompts of the same templates (not filtered), a model of the same shape
+            count_scaled(handle, cfg, name)
+            continue
+        t = build_reference_set(handle, cfg).tokenized
+        batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
+        measured = side_by_side(handle, batch, name, peers, args)
+        metrics.update({f"{name}_{key}": value for key, value in measured.items()})
+    if args.scaled:
+        return 0
     if not peers:
         print(f"neither TransformerLens nor nnsight is installed, so there is nothing to compare with; {INSTALL}")
         return 0
-
-    patchers = {
-        "nnsight": lambda: nnsight_patcher(copy.deepcopy(model), view, batch, ref_logit),
-        "transformer_lens": lambda: transformer_lens_patcher(
-            copy.deepcopy(model), handle.tokenizer, batch, ref_logit, args.device
-        ),
-    }
-    for name in peers:
-        key = _key(name)
-        per_head, worst = time_peer(patchers[name](), heads, fast["total"])
-        metrics[f"{key}_s_per_head"], metrics[f"{key}_max_abs_diff"] = per_head, worst
-        metrics[f"total_vs_{key}"] = per_head * len(components) / metrics["total_s"]
-        print(f"{PEERS[name]}: {per_head:.2f} s per head = {per_head / plain_s:.2f} forwards; max |{PEERS[name]} - "
-              f"arithmech| {worst:.1e} on {len(heads)} heads; arithmech total is {metrics[f'total_vs_{key}']:.1f}x "
-              f"faster on all {len(components)} components")  # fmt: skip
-    disagree = [PEERS[name] for name in peers if metrics[f"{_key(name)}_max_abs_diff"] > args.atol]
+    disagree = sorted({PEERS[peer] for peer in peers for name in sets
+                       if metrics[f"{name}_{_key(peer)}_max_abs_diff"] > args.atol})  # fmt: skip
     if disagree:
         print(f"{' and '.join(disagree)} disagree with arithmech by more than {args.atol:g}: the timings compare "
               "different computations")  # fmt: skip
@@ -243,26 +236,101 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def count_scaled(handle: ModelHandle, cfg: ReferenceSetConfig) -> int:
+def side_by_side(
+    handle: ModelHandle, batch: PatchingBatch, name: str, peers: Sequence[str], args: argparse.Namespace
+) -> dict[str, float]:
+    """One prompt set: arithmech's counts, then the interleaved repetitions; the metrics, without the set's name."""
+    model, view, dims = handle.model, handle.view, handle.dims
+    components = all_components(dims)
+    heads = [c for c in components if c.head is not None]
+    heads = heads[:: max(1, len(heads) // args.heads)][: args.heads]
+    tokens = int(batch.ref_mask.sum()) / len(batch)
+    print(f"\n{name} prompts, model {handle.source.get('model')}: {dims.n_layers} layers x {dims.n_heads} heads, "
+          f"{len(components)} components; {len(batch)} prompt pairs, {tokens:.1f} tokens per prompt on average "
+          f"({batch.ref_ids.shape[1]} padded); peers timed on {len(heads)} heads, {args.repeats} times")  # fmt: skip
+    m: dict[str, float] = {"prompts": len(batch), "tokens": tokens, "padded_width": batch.ref_ids.shape[1]}
+    with torch.no_grad():
+        logits = model(input_ids=batch.ref_ids, attention_mask=batch.ref_mask).logits  # [batch, pos, d_vocab]
+        ref_logit = logits[torch.arange(len(batch)), batch.end, batch.answer_ids]
+        del logits
+        prompt_forward(model, batch)  # warm-up
+        start = time.perf_counter()
+        prompt_forward(model, batch)
+        m["prompt_forward_s"] = time.perf_counter() - start
+    unit = prompt_forward_macs(model, batch.ref_ids, batch.ref_mask)
+    padded = plain_forward_macs(model, batch.ref_ids, batch.ref_mask)
+    fast: dict[str, PatchResult] = {}
+    for variant in ("total", "path"):  # counted; total's run is also its warm-up, path's its one timing
+        start = time.perf_counter()
+        with count_work(model) as work:
+            fast[variant] = path_patch(view, batch, variant, batch_size=len(batch))
+        m[f"{variant}_s"] = time.perf_counter() - start
+        m[f"{variant}_prompt_passes"], m[f"{variant}_passes"] = work.macs / unit, work.macs / padded
+        print(f"arithmech --variant {variant}: {m[f'{variant}_prompt_passes']:.2f} forward passes of the prompts "
+              f"(each at its own length, last-token logits), {m[f'{variant}_passes']:.2f} of the right-padded batch "
+              "with logits at every position (counted)")  # fmt: skip
+    print(f"arithmech --variant path, all {len(components)} components: {m['path_s']:.2f} s (one timing)")
+    if not peers:
+        return m
+
+    patchers = {}
+    for peer in peers:
+        copied = copy.deepcopy(model)
+        if peer == "nnsight":
+            patchers[peer] = nnsight_patcher(copied, view, batch, ref_logit)
+        else:
+            patchers[peer] = transformer_lens_patcher(copied, handle.tokenizer, batch, ref_logit, args.device)
+        with count_work(copied) as work:
+            patchers[peer](heads[0])  # warm-up, counted
+        if work.macs:  # the peer ran the copy's own linear modules
+            m[f"{_key(peer)}_prompt_passes_per_head"] = work.macs / unit
+    total_s: list[float] = []
+    per_head: dict[str, list[float]] = {peer: [] for peer in peers}
+    worst = dict.fromkeys(peers, 0.0)
+    for rep in range(args.repeats):
+        start = time.perf_counter()
+        path_patch(view, batch, "total", batch_size=len(batch))
+        total_s.append(time.perf_counter() - start)
+        line = [f"arithmech total {total_s[-1]:.2f} s"]
+        for peer in peers[rep % len(peers) :] + peers[: rep % len(peers)]:  # the peers' order rotates
+            seconds, difference = time_peer(patchers[peer], heads, fast["total"])
+            per_head[peer].append(seconds)
+            worst[peer] = max(worst[peer], difference)
+            line.append(f"{PEERS[peer]} {seconds:.2f} s per head ({seconds * len(components) / total_s[-1]:.1f}x)")
+        print(f"repetition {rep + 1}: " + ", ".join(line))
+    m.update(spread("total_s", total_s))
+    for peer in peers:
+        key = _key(peer)
+        ratios = [s * len(components) / t for s, t in zip(per_head[peer], total_s, strict=True)]
+        m.update({**spread(f"{key}_s_per_head", per_head[peer]), **spread(f"total_vs_{key}", ratios)})
+        m[f"{key}_max_abs_diff"] = worst[peer]
+        counted = m.get(f"{key}_prompt_passes_per_head")
+        print(f"{PEERS[peer]}: {m[f'{key}_s_per_head']:.2f} s per head (median) = "
+              f"{m[f'{key}_s_per_head'] / m['prompt_forward_s']:.2f} forward passes of the prompts by time"
+              + (f", {counted:.2f} counted" if counted else "") + f"; max |{PEERS[peer]} - arithmech| "
+              f"{worst[peer]:.1e}; arithmech total is {m[f'total_vs_{key}']:.1f}x faster on all {len(components)} "
+              f"components (median of {args.repeats}; {min(ratios):.1f}-{max(ratios):.1f}x)")  # fmt: skip
+    return m
+
+
+def count_scaled(handle: ModelHandle, cfg: ReferenceSetConfig, name: str) -> None:
     """arithmech's scans counted on `answer_check.scaled`'s model (the model's shape, widths / 16) and a stratified
     sample of the generated prompts, unfiltered: the same templates, so the same lengths, in the same shares."""
     tokenized, _ = tokenize_pairs(handle.tokenizer, reference_pairs(cfg))
     tokenized = tokenized.take(stratified_sample(tokenized.unique_pairs(), cfg.max_prompts, cfg.seed))
     small, t = scaled(handle, tokenized)
     batch = PatchingBatch(t.ref_ids, t.ref_mask, t.cf_ids, t.cf_mask, t.end, t.answer_ids)
-    lengths = batch.ref_mask.sum(1)
-    unit = plain_forward_macs(small.model, batch.ref_ids, batch.ref_mask)
-    unpadded = sum(plain_forward_macs(small.model, batch.ref_ids[lengths == n, :n], batch.ref_mask[lengths == n, :n])
-                   for n in lengths.unique().tolist())  # fmt: skip
-    average = float(lengths.float().mean())
-    print(f"{len(batch)} prompt pairs of {average:.1f} tokens on average ({batch.ref_ids.shape[1]} padded), on "
-          f"{handle.source.get('model')}'s shape with every width / 16 (counts only)")  # fmt: skip
+    unit = prompt_forward_macs(small.model, batch.ref_ids, batch.ref_mask)
+    padded = plain_forward_macs(small.model, batch.ref_ids, batch.ref_mask)
+    average = float(batch.ref_mask.sum(1).float().mean())
+    print(f"{name} prompts: {len(batch)} prompt pairs of {average:.1f} tokens on average ({batch.ref_ids.shape[1]} "
+          f"padded), on {handle.source.get('model')}'s shape with every width / 16 (counts only)")  # fmt: skip
     for variant in ("total", "path"):
         with count_work(small.model) as work:
             path_patch(small.view, batch, variant, batch_size=len(batch))
-        print(f"arithmech --variant {variant}: {work.macs / unit:.2f} plain forward passes of the padded batch, "
-              f"{work.macs / unpadded:.2f} of the unpadded prompts (counted)")  # fmt: skip
-    return 0
+        print(f"arithmech --variant {variant}: {work.macs / unit:.2f} forward passes of the prompts (each at its own "
+              f"length, last-token logits), {work.macs / padded:.2f} of the right-padded batch with logits at every "
+              "position (counted)")  # fmt: skip
 
 
 def _key(name: str) -> str:

@@ -1,19 +1,27 @@
-"""The Performance tables of the docs (docs/performance.md), rendered from benchmarks/results.json so the two cannot
-disagree.
+"""The Performance tables of the docs (docs/performance.md) and the README's speed paragraph, rendered from
+benchmarks/results.json so that neither can disagree with it.
 
 One table per size (`suite.SIZES`): full (each script's defaults, `compare.py --full --update`), then quick (what
 `make bench` compares against). Each row is one measurement of a benchmark as recorded: its exact command, the fast
 side's and the baseline's time (or rate), the ratio of the two measured in that run, and its correctness check
-(a benchmark may show several rows; a row whose metrics an older entry lacks is left out); each caption names the
-date, machine and commit of its runs. The side-by-side comparison with TransformerLens and nnsight
-(benchmarks/peers.py) gets a table of its own per size.
-docs/performance.md holds the rendered text between the marker lines
-`<!-- bench:begin -->` and `<!-- bench:end -->`; tests/unit/test_bench_compare.py fails when it differs from what
-results.json renders.
+(a benchmark may show several rows; a row whose metrics an older entry lacks is left out, and a count an older
+entry lacks is not shown); each caption names the date, machine and commit of its runs. The side-by-side
+comparison with TransformerLens and nnsight (benchmarks/peers.py) gets a table of its own per size, one column
+per prompt set, medians of interleaved repetitions with their min and max; an entry recorded before the
+repetitions (single timings) is left out and said so.
 
-    python benchmarks/readme_tables.py           # print the section
-    python benchmarks/readme_tables.py --write   # rewrite the page between the markers (make bench-update runs it)
-    python benchmarks/readme_tables.py --check   # exit 1 when the page differs from results.json
+"Forward passes" are counted in one unit (tests/forward_cost.py `prompt_forward_macs`): every prompt at its own
+length, the logits of its last token only, which is what one forward pass per component costs. Counts in the
+padded unit (the right-padded batch, logits at every position) appear beside them, labelled as padded. A number
+the renderer needs and results.json lacks is rendered as "not measured yet", never filled in.
+
+docs/performance.md holds the rendered tables between the marker lines `<!-- bench:begin -->` and
+`<!-- bench:end -->`, README.md the speed paragraph between `<!-- speed:begin -->` and `<!-- speed:end -->`;
+tests/unit/test_bench_compare.py fails when either differs from what results.json renders.
+
+    python benchmarks/readme_tables.py           # print both sections
+    python benchmarks/readme_tables.py --write   # rewrite them between the markers (make bench-update runs it)
+    python benchmarks/readme_tables.py --check   # exit 1 when a page differs from results.json
 """
 
 from __future__ import annotations
@@ -26,13 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from compare import RESULTS, Results, load_results
+from speed_claims import NOT_MEASURED, PEERS, peers_table, speed_paragraph, wrap
 from suite import BENCHMARKS, SIZES, Size
 
 from arithmech.runs import atomic_write_text
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
+README_BEGIN = "<!-- speed:begin -->"
+README_END = "<!-- speed:end -->"
 Metrics = Mapping[str, Any]
 
 
@@ -40,7 +52,8 @@ Metrics = Mapping[str, Any]
 class Shown:
     """How one benchmark's recorded metrics appear in a row: the two sides of its ratio and its check."""
 
-    what: str
+    what: str | Callable[[Metrics], str]
+    """The row's description, or a function of the entry's metrics giving it."""
     fast: str
     """Metric of the fast side."""
     baseline: str | None
@@ -50,9 +63,36 @@ class Shown:
     ratio: str = "speedup"
     """Metric of the ratio of the two sides."""
 
+    def describe(self, m: Metrics) -> str:
+        return self.what if isinstance(self.what, str) else self.what(m)
 
-def _passes(m: Metrics, key: str) -> str:
-    return f"; {m[key]:.2f} forward passes of the batch (counted)" if key in m else ""
+
+def _passes(m: Metrics, variant: str, rows: str = "prompts") -> str:
+    """`; 3.56 forward passes of the prompts, 1.92 padded (counted)`: the scan's count in the prompt unit (with
+    the loop's, per component, where recorded) and in the padded one; an entry recorded before the prompt unit
+    has its padded count only, labelled, and one without counts nothing."""
+    prompt, padded = m.get(f"{variant}_prompt_passes"), m.get(f"{variant}_passes")
+    if prompt is None and padded is None:
+        return ""
+    text = f"; {NOT_MEASURED} in forward passes of the {rows}" if prompt is None else (
+        f"; {prompt:.2f} forward passes of the {rows}")  # fmt: skip
+    if "loop_prompt_passes" in m:
+        text += f" (the loop {m['loop_prompt_passes']:.2f} per component)"
+    padded_text = "" if padded is None else f", {padded:.2f} of the right-padded {rows} with logits at every position"
+    return f"{text}{padded_text} (counted)"
+
+
+def _loop(what: str) -> Callable[[Metrics], str]:
+    """`what` and the loop's batch: the engine's length chunks, or (entries recorded before the loop ran them,
+    without `loop_prompt_passes`) the right-padded batch, which gave the engine a ratio partly of padding."""
+
+    def describe(m: Metrics) -> str:
+        if "loop_prompt_passes" in m:
+            return f"{what}, both in the engine's length chunks (sampled, scaled)"
+        return (f"{what}, the loop on the right-padded batch (sampled, scaled; recorded before the loop ran the "
+                "engine's length chunks)")
+
+    return describe
 
 
 def _knockout_check(m: Metrics) -> str:
@@ -66,31 +106,31 @@ def _knockout_check(m: Metrics) -> str:
 SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "path_patching": (
         Shown(
-            "path patching, every head and MLP: fast engine vs one forward pass per component (sampled, scaled)",
+            _loop("path patching, every head and MLP: fast engine vs one forward pass per component"),
             "fast_s", "loop_s", "s",
-            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path_passes')}",
+            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path')}",
         ),
         Shown(
-            "activation patching at END (`--variant total`), every head and MLP: fast engine vs one forward pass "
-            "per component (sampled, scaled)",
+            _loop("activation patching at END (`--variant total`), every head and MLP: fast engine vs one forward "
+                  "pass per component"),
             "total_s", "total_loop_s", "s",
-            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total_passes')}",
+            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total')}",
             ratio="total_speedup",
         ),
     ),
     "answer_digits": (
         Shown(
-            "per-digit path patching (`identify --answer-digits`, two-digit sums, every head and MLP at each answer "
-            "token): fast engine vs one forward pass per component (sampled, scaled)",
+            _loop("per-digit path patching (`identify --answer-digits`, two-digit sums, every head and MLP at each "
+                  "answer token): fast engine vs one forward pass per component"),
             "fast_s", "loop_s", "s",
-            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}; {m['path_passes']:.2f} forward passes of the "
-            f"{m['rows']} rows (prompt x answer token; counted)",
+            lambda m: f"max \\|fast - loop\\| {m['max_abs_diff']:.1e}{_passes(m, 'path', 'rows')}; {m['rows']} rows "
+            "(prompt x answer token)",
         ),
         Shown(
-            "per-digit activation patching at END (`--answer-digits --variant total`): fast engine vs one forward "
-            "pass per component (sampled, scaled)",
+            _loop("per-digit activation patching at END (`--answer-digits --variant total`): fast engine vs one "
+                  "forward pass per component"),
             "total_s", "total_loop_s", "s",
-            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total_passes')}",
+            lambda m: f"max \\|fast - loop\\| {m['total_max_abs_diff']:.1e}{_passes(m, 'total', 'rows')}",
             ratio="total_speedup",
         ),
     ),
@@ -138,8 +178,8 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         "exact edge oracle (`circuit --oracle`): a receiver's edges batched, each pass from the receiver's layer "
         "and the first position where the prompts differ, vs one full patched forward pass per edge: ms per edge",
         "oracle_ms_per_edge", "naive_ms_per_edge", "ms",
-        lambda m: f"max \\|oracle - loop\\| {m['max_abs_diff']:.1e}; {m['oracle_passes_per_edge']:.2f} forward passes "
-        f"per edge (counted; cost model {m['model_passes_per_edge']:.2f})",
+        lambda m: f"max \\|oracle - loop\\| {m['max_abs_diff']:.1e}; {m['oracle_passes_per_edge']:.2f} plain forward "
+        f"passes of the batch per edge (counted; cost model {m['model_passes_per_edge']:.2f})",
     ),
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
@@ -210,85 +250,66 @@ def table(size: Size, entries: Mapping[str, Mapping[str, Any]]) -> str:
         metrics = entry["metrics"]
         for shown in (s for s in rows_of(name) if s.fast in metrics):
             baseline = "-" if shown.baseline is None else _number(metrics[shown.baseline], shown.unit)
-            cells = [shown.what, f"`{entry['command']}`", _number(metrics[shown.fast], shown.unit), baseline,
-                     _ratio(metrics[shown.ratio]), shown.check(metrics)]  # fmt: skip
+            cells = [shown.describe(metrics), f"`{entry['command']}`", _number(metrics[shown.fast], shown.unit),
+                     baseline, _ratio(metrics[shown.ratio]), shown.check(metrics)]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-PEERS = "peers"
-PEERS_HOW = '`pip install "arithmech[peers]"`, then `python benchmarks/compare.py --only peers --update`'
-PEER_ROWS = (
-    ("tl", "TransformerLens (TransformerBridge, `get_act_patch_attn_head_out_by_pos`)"),
-    ("nnsight", "nnsight (one trace per head)"),
-)
-
-
-def peers_table(size: Size, entry: Mapping[str, Any] | None) -> str:
-    """The side-by-side table of one size: each peer's time per head, a plain forward pass, arithmech's scans."""
-    caption = f"Side by side with TransformerLens and nnsight, {size} size"
-    if entry is None:
-        return f"{caption}: nothing recorded yet ({PEERS_HOW})."
-    m = entry["metrics"]
-    plain, n = m["plain_forward_s"], m["components"]
-    lines = [f"{caption} (`{entry['command']}`); {provenance({PEERS: entry})}:", "",
-             "| | time | per component |", "|---|---|---|"]  # fmt: skip
-    for key, what in PEER_ROWS:
-        if f"{key}_s_per_head" in m:
-            per_head = m[f"{key}_s_per_head"]
-            lines.append(f"| {what} | {_number(per_head, 's')} per head | {per_head / plain:.2f} forwards; "
-                         f"max \\|difference\\| to arithmech {m[f'{key}_max_abs_diff']:.1e} |")  # fmt: skip
-    lines.append(f"| one plain forward pass of the batch | {_number(plain, 's')} | |")
-    for variant in ("total", "path"):
-        versus = [f"{_ratio(m[f'total_vs_{key}'])} {what.split(' ')[0]}" for key, what in PEER_ROWS
-                  if variant == "total" and f"total_vs_{key}" in m]  # fmt: skip
-        per = f"{m[f'{variant}_s'] / plain / n:.3f} forwards" + (f": {', '.join(versus)}" if versus else "")
-        lines.append(f"| arithmech `--variant {variant}`, all {n} components | {_number(m[f'{variant}_s'], 's')} | "
-                     f"{per}; {m[f'{variant}_passes']:.2f} forward passes in all (counted) |")  # fmt: skip
-    return "\n".join(lines)
-
-
 def render(results: Results) -> str:
-    """The whole section of the page, markers included."""
-    tables = "\n\n".join(
-        [table(size, results[size]) for size in SIZES] + [peers_table(size, results[size].get(PEERS)) for size in SIZES]
-    )
+    """The whole section of the performance page, markers included."""
+    peers = [peers_table(size, entry, provenance({PEERS: entry}) if entry else "")
+             for size, entry in ((size, results[size].get(PEERS)) for size in SIZES)]  # fmt: skip
+    tables = "\n\n".join([table(size, results[size]) for size in SIZES] + peers)
     note = "<!-- rendered from benchmarks/results.json by `python benchmarks/readme_tables.py --write`; do not edit -->"
     return f"{BEGIN}\n{note}\n{tables}\n{END}"
 
 
-def replace_section(page: str, section: str) -> str:
-    """`page` with the text from the BEGIN marker line to the END marker line replaced by `section`."""
-    if page.count(BEGIN) != 1 or page.count(END) != 1 or page.index(BEGIN) > page.index(END):
-        raise ValueError(f"the page must hold one {BEGIN} line followed by one {END} line")
-    return page[: page.index(BEGIN)] + section + page[page.index(END) + len(END) :]
+def render_readme(results: Results) -> str:
+    """The README's speed paragraph, markers included (from the full-size entries)."""
+    note = "<!-- rendered from benchmarks/results.json by `python benchmarks/readme_tables.py --write`; do not edit -->"
+    return f"{README_BEGIN}\n{note}\n{wrap(speed_paragraph(results['full']))}\n{README_END}"
+
+
+def replace_section(page: str, section: str, begin: str = BEGIN, end: str = END) -> str:
+    """`page` with the text from the `begin` marker line to the `end` marker line replaced by `section`."""
+    if page.count(begin) != 1 or page.count(end) != 1 or page.index(begin) > page.index(end):
+        raise ValueError(f"the page must hold one {begin} line followed by one {end} line")
+    return page[: page.index(begin)] + section + page[page.index(end) + len(end) :]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--page", type=Path, default=PAGE)
+    parser.add_argument("--readme", type=Path, default=README)
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", action="store_true", help="rewrite the page's section")
-    action.add_argument("--check", action="store_true", help="exit 1 when the page's section differs")
+    action.add_argument("--write", action="store_true", help="rewrite the pages' sections")
+    action.add_argument("--check", action="store_true", help="exit 1 when a page's section differs")
     args = parser.parse_args(argv)
     results = load_results(args.results)
     if results is None:
         sys.exit(f"{args.results} does not exist; run `make bench-update` first")
-    section = render(results)
+    sections = [(args.page, render(results), BEGIN, END), (args.readme, render_readme(results), README_BEGIN,
+                                                            README_END)]  # fmt: skip
     if not (args.write or args.check):
-        print(section)
+        print("\n\n".join(section for _, section, _, _ in sections))
         return 0
-    page = args.page.read_text(encoding="utf-8")
-    wanted = replace_section(page, section)
-    if args.check:
-        if wanted != page:
-            print(f"{args.page}'s Performance tables differ from {args.results}; run {Path(__file__).name} --write")
-            return 1
-        return 0
-    if wanted != page:
-        atomic_write_text(args.page, wanted)
-    print(f"{args.page}: Performance tables rendered from {args.results}")
+    stale = []
+    for page, section, begin, end in sections:
+        text = page.read_text(encoding="utf-8")
+        wanted = replace_section(text, section, begin, end)
+        if wanted == text:
+            continue
+        if args.check:
+            stale.append(str(page))
+        else:
+            atomic_write_text(page, wanted)
+    if stale:
+        print(f"{' and '.join(stale)} differ from {args.results}; run {Path(__file__).name} --write")
+        return 1
+    if args.write:
+        print(f"{args.page} (Performance tables) and {args.readme} (speed paragraph) rendered from {args.results}")
     return 0
 
 

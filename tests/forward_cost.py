@@ -6,13 +6,20 @@ unembedding when it goes through the model's module (a whole-vocabulary readout 
 answer row is not). Attention scores, norms and element-wise work are left out: at the prompt lengths
 patching uses they are a few percent of a layer.
 
-One forward pass of a batch is what `model(input_ids, attention_mask)` of the CausalLM costs on it, the
-logits of every position included: what TransformerLens and nnsight run once per patched component. So
-`forward_passes(...)` of 6.0 means as much work as six such passes.
+Two units of a forward pass:
+
+- `prompt_forward_macs`, the unit the docs and the README count in ("forward passes of the prompts"): every
+  prompt at its own length, no padding, and the vocabulary projection of its last token only; what a loop of
+  one forward pass per component needs to read the answer logit, so that loop costs one such pass per
+  component;
+- `plain_forward_macs`, the padded unit: what `model(input_ids, attention_mask)` of the CausalLM costs on the
+  right-padded batch, the logits of every position included (what TransformerLens and nnsight run once per
+  patched component). On the default reference set it is about twice the first (padding to 70 tokens from a
+  mean of 45, and SmolLM2's vocabulary projection, a fifth of a full-logit pass), so counts in it look smaller.
 
     >>> with count_work(model) as work:
     ...     path_patch(view, batch, "total")
-    >>> work.macs / plain_forward_macs(model, batch.ref_ids, batch.ref_mask)
+    >>> work.macs / prompt_forward_macs(model, batch.ref_ids, batch.ref_mask)
 """
 
 from __future__ import annotations
@@ -69,4 +76,19 @@ def plain_forward_macs(model: nn.Module, input_ids: torch.Tensor, attention_mask
     """The multiply-accumulates of one plain forward pass of the batch, logits of every position included."""
     with count_work(model) as work:
         model(input_ids=input_ids, attention_mask=attention_mask)
+    return work.macs
+
+
+@torch.no_grad()
+def prompt_forward_macs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """The multiply-accumulates of one forward pass of the prompts: each right-padded row at its own length (the
+    rows of each length run together, unpadded) and the vocabulary projection of its last token only."""
+    lengths = attention_mask.sum(1)  # [batch]
+    with count_work(model) as work:
+        for n in lengths.unique().tolist():
+            rows = lengths == n
+            hidden = model.base_model(
+                input_ids=input_ids[rows, :n], attention_mask=attention_mask[rows, :n], use_cache=False
+            ).last_hidden_state  # [rows, n, d_model]
+            model.get_output_embeddings()(hidden[:, -1])  # [rows, d_vocab]
     return work.macs

@@ -18,6 +18,7 @@ if str(BENCH_DIR) not in sys.path:  # the benchmark scripts are not a package; t
 import compare  # noqa: E402
 import readme_tables  # noqa: E402
 import record  # noqa: E402
+import speed_claims  # noqa: E402
 import suite  # noqa: E402
 
 MACHINE = {"cpu": "Test CPU", "logical_cores": 2, "torch": "2.13.0", "device": "cpu"}
@@ -29,10 +30,12 @@ KNOCKOUT = next(b for b in suite.BENCHMARKS if b.name == "knockout")
 
 def entry(machine: dict[str, Any] = MACHINE, **metrics: Any) -> dict[str, Any]:
     """A path_patching results entry: 100x speedup, 10 s fast, 1000 s loop, agreeing to 1e-6 (the total variant:
-    50x, 20 s, 1000 s, 1e-6), 3.8 and 4.7 forward passes, unless overridden."""
-    base = {"speedup": 100.0, "fast_s": 10.0, "loop_s": 1000.0, "max_abs_diff": 1e-6, "path_passes": 3.8,
-            "total_speedup": 50.0, "total_s": 20.0, "total_loop_s": 1000.0, "total_max_abs_diff": 1e-6,
-            "total_passes": 4.7}  # fmt: skip
+    50x, 20 s, 1000 s, 1e-6), 3.7 and 4.6 forward passes of the prompts (1.9 and 2.3 padded), the loop 1.02 per
+    component, 300 components, unless overridden."""
+    base = {"speedup": 100.0, "fast_s": 10.0, "loop_s": 1000.0, "max_abs_diff": 1e-6, "path_passes": 1.9,
+            "path_prompt_passes": 3.7, "total_speedup": 50.0, "total_s": 20.0, "total_loop_s": 1000.0,
+            "total_max_abs_diff": 1e-6, "total_passes": 2.3, "total_prompt_passes": 4.6, "loop_prompt_passes": 1.02,
+            "components": 300}  # fmt: skip
     return {"metrics": {**base, **metrics}, "args": ARGS, "machine": machine, "date": "2025-01-01", "git_sha": "abc"}
 
 
@@ -80,7 +83,8 @@ def test_correctness_break_fails_even_when_faster() -> None:
 
 def test_missing_previous_benchmark_or_metric_is_new_not_failed() -> None:
     first_run = verdicts({}, {"path_patching": entry()})
-    checks = {"ok (must be <= 0.0001)", "ok (must be <= 5)", "ok (must be <= 6)"}
+    checks = {"ok (must be <= 0.0001)", "ok (must be <= 5)", "ok (must be <= 6)", "ok (must be <= 1.1)",
+              "ok (must be a positive whole number)"}  # fmt: skip
     assert set(first_run.values()) == {"new: no previous result", *checks}
     assert failed({}, {"path_patching": entry()}) == set()
     previous = entry()
@@ -245,49 +249,134 @@ def test_readme_table_rows_caption_and_missing_size() -> None:
     assert "path_patching: 2025-02-02 on Other CPU, 2 logical cores, torch 2.13.0, cpu, git abcdef0" in caption
     assert "knockout: 2025-01-01 on Test CPU" in caption
     rows = [line for line in section if line.startswith("| ") and "`" in line and "benchmarks/x.py" in line]
-    counted = "forward passes of the batch (counted) |"
+    loop = "(the loop 1.02 per component)"
+    padded = "of the right-padded prompts with logits at every position (counted) |"
+    path, total = (f"max \\|fast - loop\\| 1.0e-06; {n} forward passes of the prompts {loop}, {p} {padded}"
+                   for n, p in (("3.70", "1.90"), ("4.60", "2.30")))  # fmt: skip
     assert [row.split(" | ")[2:] for row in rows] == [  # suite order, not the file's
-        ["10.0 s", "1,000 s", "**100.0x**", f"max \\|fast - loop\\| 1.0e-06; 3.80 {counted}"],
-        ["20.0 s", "1,000 s", "**50.0x**", f"max \\|fast - loop\\| 1.0e-06; 4.70 {counted}"],
+        ["10.0 s", "1,000 s", "**100.0x**", path],
+        ["20.0 s", "1,000 s", "**50.0x**", total],
         ["50.3 s", "55.0 s", "**1.09x**", "accuracies identical |"],
     ]
+    assert rows[0].split(" | ")[0].endswith("both in the engine's length chunks (sampled, scaled)")
 
 
 def test_rows_an_older_entry_lacks_are_left_out() -> None:
     """An entry recorded before the total variant's metrics existed shows its path row only, without a count."""
-    older = {k: v for k, v in entry()["metrics"].items() if not k.startswith("total") and k != "path_passes"}
+    counts = ("path_passes", "path_prompt_passes", "loop_prompt_passes")
+    older = {k: v for k, v in entry()["metrics"].items() if not k.startswith("total") and k not in counts}
     section = readme_tables.table("quick", {"path_patching": stamped(older)})
     rows = [line for line in section.splitlines() if "benchmarks/x.py" in line]
     assert len(rows) == 1 and rows[0].endswith("max \\|fast - loop\\| 1.0e-06 |")
 
 
-PEERS_METRICS = {
+def test_an_entry_before_the_prompt_unit_and_the_chunked_loop_is_labelled() -> None:
+    """Recorded with the padded count only and the loop on the right-padded batch: the row says both, and shows
+    no count in forward passes of the prompts."""
+    older = {k: v for k, v in entry()["metrics"].items()
+             if k not in ("path_prompt_passes", "total_prompt_passes", "loop_prompt_passes", "components")}  # fmt: skip
+    rows = [line for line in readme_tables.table("full", {"path_patching": stamped(older)}).splitlines()
+            if "benchmarks/x.py" in line]  # fmt: skip
+    assert len(rows) == 2
+    assert "the loop on the right-padded batch (sampled, scaled; recorded before" in rows[0]
+    assert rows[0].endswith("1.0e-06; not measured yet in forward passes of the prompts, 1.90 of the right-padded "
+                            "prompts with logits at every position (counted) |")  # fmt: skip
+    paragraph = speed_claims.speed_paragraph({"path_patching": stamped(older)})
+    assert "what every head and MLP cost is not measured yet" in paragraph
+    assert "their time ratio is not measured yet" in paragraph and "100" not in paragraph
+
+
+def set_metrics(name: str, tokens: float, tl: float, nnsight: float) -> dict[str, Any]:
+    """peers.py's metrics of one prompt set: arithmech total 12 s (10-14), TransformerLens 2.8 s per head and
+    nnsight 2.5 s (each with a spread), ratios `tl` and `nnsight` (with a spread of 10 each way)."""
+    m: dict[str, Any] = {
+        "prompts": 64, "tokens": tokens, "padded_width": 70, "prompt_forward_s": 2.0, "total_s": 12.0,
+        "total_s_min": 10.0, "total_s_max": 14.0, "total_prompt_passes": 4.57, "total_passes": 2.32, "path_s": 10.0,
+        "path_prompt_passes": 3.71, "path_passes": 1.88, "tl_s_per_head": 2.8, "tl_s_per_head_min": 2.6,
+        "tl_s_per_head_max": 3.0, "tl_prompt_passes_per_head": 1.26, "tl_max_abs_diff": 6e-7, "total_vs_tl": tl,
+        "total_vs_tl_min": tl - 10, "total_vs_tl_max": tl + 10, "nnsight_s_per_head": 2.5,
+        "nnsight_s_per_head_min": 2.4, "nnsight_s_per_head_max": 2.7, "nnsight_prompt_passes_per_head": 2.15,
+        "nnsight_max_abs_diff": 5e-7, "total_vs_nnsight": nnsight, "total_vs_nnsight_min": nnsight - 10,
+        "total_vs_nnsight_max": nnsight + 10,
+    }  # fmt: skip
+    return {f"{name}_{key}": value for key, value in m.items()}
+
+
+PEERS_METRICS = {"components": 300, "repeats": 3, **set_metrics("short", 31.2, 60.0, 55.0),
+                 **set_metrics("default", 45.3, 70.0, 62.5)}  # fmt: skip
+LEGACY_PEERS = {
     "plain_forward_s": 2.5, "components": 300, "total_s": 12.0, "total_passes": 4.7, "path_s": 10.0,
     "path_passes": 3.8, "tl_s_per_head": 2.8, "tl_max_abs_diff": 6e-7, "total_vs_tl": 70.0,
     "nnsight_s_per_head": 2.5, "nnsight_max_abs_diff": 5e-7, "total_vs_nnsight": 62.5,
 }  # fmt: skip
+"""An entry of peers.py from before the repetitions: one timing per side, one prompt set."""
 
 
-def test_peers_table_in_the_layout_of_the_issue() -> None:
+def test_peers_table_gives_medians_with_their_spread_per_prompt_set() -> None:
     results = {"full": {"peers": stamped(PEERS_METRICS)}, "quick": {}}
     lines = readme_tables.render(results).splitlines()
     caption = next(line for line in lines if line.startswith("Side by side") and "full size" in line)
     assert "(`python benchmarks/x.py --n 1`); measured 2025-01-01 on Test CPU" in caption
-    rows = [line for line in lines if line.startswith("| ") and "time" not in line and "---" not in line]
-    assert rows == [
-        "| TransformerLens (TransformerBridge, `get_act_patch_attn_head_out_by_pos`) | 2.80 s per head | 1.12 "
-        "forwards; max \\|difference\\| to arithmech 6.0e-07 |",
-        "| nnsight (one trace per head) | 2.50 s per head | 1.00 forwards; max \\|difference\\| to arithmech 5.0e-07 |",
-        "| one plain forward pass of the batch | 2.50 s | |",
-        "| arithmech `--variant total`, all 300 components | 12.0 s | 0.016 forwards: **70.0x** TransformerLens, "
-        "**62.5x** nnsight; 4.70 forward passes in all (counted) |",
-        "| arithmech `--variant path`, all 300 components | 10.0 s | 0.013 forwards; 3.80 forward passes in all "
-        "(counted) |",
+    assert "median of 3 interleaved repetitions" in caption
+    start = lines.index(caption) + 2
+    rows = lines[start : lines.index("", start) if "" in lines[start:] else None]
+    rows = [row for row in rows if row.startswith("|") and not row.startswith("|---")]
+    assert rows[0] == (
+        "| | short prompts (2 solved examples): 31.2 tokens a prompt on average, 64 pairs (70 padded) | the default "
+        "prompts (3 solved examples): 45.3 tokens a prompt on average, 64 pairs (70 padded) |"
+    )
+    assert rows[1] == (
+        "| TransformerLens (TransformerBridge, `get_act_patch_attn_head_out_by_pos`) | 2.80 s (2.60-3.00) per head: "
+        "1.40 forward passes by time, 1.26 counted; max \\|difference\\| to arithmech 6.0e-07 | 2.80 s (2.60-3.00) per "
+        "head: 1.40 forward passes by time, 1.26 counted; max \\|difference\\| to arithmech 6.0e-07 |"
+    )
+    assert rows[4] == (
+        "| arithmech `--variant total`, all 300 components | 12.0 s (10.0-14.0); 4.57 forward passes of the prompts, "
+        "2.32 padded | 12.0 s (10.0-14.0); 4.57 forward passes of the prompts, 2.32 padded |"
+    )
+    assert rows[-2:] == [
+        "| arithmech `--variant total` against TransformerLens: time ratio on all 300 components | **60x (50-70)** | "
+        "**70x (60-80)** |",
+        "| arithmech `--variant total` against nnsight: time ratio on all 300 components | **55x (45-65)** | "
+        "**62x (52-72)** |",
     ]
     assert any(line.startswith("Side by side") and "quick size: nothing recorded yet" in line for line in lines)
-    only_nnsight = {k: v for k, v in PEERS_METRICS.items() if not k.startswith(("tl", "total_vs_tl"))}
-    table = readme_tables.peers_table("quick", stamped(only_nnsight))
-    assert "TransformerLens (" not in table and "**62.5x** nnsight;" in table
+
+
+def test_peers_table_says_not_measured_for_a_missing_set_or_peer() -> None:
+    only_default = {k: v for k, v in PEERS_METRICS.items() if not k.startswith("short_")}
+    only_nnsight = {k: v for k, v in only_default.items() if "_tl" not in k}
+    table = speed_claims.peers_table("quick", stamped(only_nnsight), "measured then")
+    assert "| short prompts: not measured yet | the default prompts (3 solved examples)" in table
+    assert "TransformerLens (" not in table and "| **62x (52-72)** |" in table
+    assert "| arithmech `--variant total`, all 300 components | not measured yet | 12.0 s" in table
+
+
+def test_a_peers_entry_of_single_timings_is_left_out_and_said_so() -> None:
+    section = readme_tables.render({"full": {"peers": stamped(LEGACY_PEERS)}, "quick": {}})
+    line = next(line for line in section.splitlines() if "full size" in line and line.startswith("Side by side"))
+    assert line.startswith("Side by side with TransformerLens and nnsight, full size: not measured yet in repeated "
+                           "timings. The stored entry (2025-01-01, git abcdef0")  # fmt: skip
+    assert "70.0" not in section and "62.5" not in section and "**70" not in section
+
+
+def test_readme_paragraph_states_the_medians_and_that_the_comparison_is_algorithmic() -> None:
+    full = {"path_patching": stamped(entry(speedup=80.4, total_speedup=64.3)["metrics"]),
+            "peers": stamped(PEERS_METRICS)}  # fmt: skip
+    text = speed_claims.speed_paragraph(full)
+    assert "all 300 heads and MLPs cost 3.7 (4.6 for activation patching)" in text
+    assert "they take 64-80x less time on a 2-core CPU" in text
+    assert ("as the median of 3 interleaved repetitions: 70x (TransformerLens) and 62x (nnsight) less time on the "
+            "default prompts (45 tokens a prompt); 60x (TransformerLens) and 55x (nnsight) less time on short "
+            "prompts (31 tokens a prompt)") in text  # fmt: skip
+    assert "The comparison is algorithmic: cached last-token recomputation against one full pass per component" in text
+    assert "not measured yet" not in text
+    legacy = speed_claims.speed_paragraph({"peers": stamped(LEGACY_PEERS)})
+    assert "not measured yet on the default prompts (3 solved examples); not measured yet on short prompts" in legacy
+    assert "70" not in legacy and "all 300 heads and MLPs" in legacy
+    wrapped = readme_tables.render_readme({"full": full, "quick": {}}).splitlines()
+    assert wrapped[0] == readme_tables.README_BEGIN and wrapped[-1] == readme_tables.README_END
+    assert all(len(line) <= 120 for line in wrapped[2:-1])
 
 
 def test_every_benchmark_of_the_suite_has_a_readme_row() -> None:
@@ -312,7 +401,9 @@ def test_performance_section_is_replaced_between_the_markers_only(tmp_path: Path
     results = tmp_path / "results.json"
     compare.write_results(results, {"full": {}, "quick": {"knockout": stamped({
         "speedup": 1.5, "batched_s": 2.0, "loop_s": 3.0, "accuracies_agree": True})}})  # fmt: skip
-    args = ["--results", str(results), "--page", str(page)]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{readme_tables.README_BEGIN}\n{readme_tables.README_END}\n")
+    args = ["--results", str(results), "--page", str(page), "--readme", str(readme)]
     assert readme_tables.main([*args, "--check"]) == 1
     assert readme_tables.main([*args, "--write"]) == 0 and readme_tables.main([*args, "--check"]) == 0
     text = page.read_text()
@@ -322,9 +413,24 @@ def test_performance_section_is_replaced_between_the_markers_only(tmp_path: Path
         readme_tables.replace_section("no markers", "section")
 
 
+def test_a_hand_edit_of_the_readme_paragraph_fails_the_check(tmp_path: Path) -> None:
+    results = tmp_path / "results.json"
+    compare.write_results(results, {"full": {"peers": stamped(PEERS_METRICS)}, "quick": {}})
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page.write_text(f"{readme_tables.BEGIN}\n{readme_tables.END}\n")
+    readme.write_text(f"# arithmech\n\n{readme_tables.README_BEGIN}\n{readme_tables.README_END}\n\n## Next\n")
+    args = ["--results", str(results), "--page", str(page), "--readme", str(readme)]
+    assert readme_tables.main([*args, "--write"]) == 0 and readme_tables.main([*args, "--check"]) == 0
+    text = readme.read_text()
+    assert text.startswith("# arithmech\n\n<!-- speed:begin -->") and text.endswith("<!-- speed:end -->\n\n## Next\n")
+    assert "70x (TransformerLens)" in text
+    readme.write_text(text.replace("70x (TransformerLens)", "150x (TransformerLens)"))
+    assert readme_tables.main([*args, "--check"]) == 1
+
+
 def test_performance_page_tables_are_what_results_json_renders() -> None:
-    """docs/performance.md quotes no benchmark number that benchmarks/results.json does not hold (make bench-update
-    and make bench-full-update re-render it)."""
+    """docs/performance.md and the README's speed paragraph quote no benchmark number that benchmarks/results.json
+    does not hold (make bench-update and make bench-full-update re-render them)."""
     assert readme_tables.main(["--check"]) == 0, (
-        "run `python benchmarks/readme_tables.py --write` and commit docs/performance.md"
+        "run `python benchmarks/readme_tables.py --write` and commit docs/performance.md and README.md"
     )

@@ -1,10 +1,11 @@
-"""The cost of the path-patching scans, counted in forward passes of the batch (tests/forward_cost.py).
+"""The cost of the path-patching scans, counted in forward passes (tests/forward_cost.py: of the prompts, each at its
+own length with its last token's logits, the docs' unit; and of the right-padded batch).
 
 Counted on a random-init model with SmolLM2-135M's shape scaled down (30 layers x 9 heads, 3 key/value heads,
 d_mlp / d_model = 8 / 3, d_vocab / d_model = 49152 / 576): linear-layer work scales as d_model^2 throughout,
 so the count in forward passes is SmolLM2's own, on any machine. The prompts look like the benchmark's: about
 30 tokens, the pair differing only at the query's operator, four tokens before END (few-shot examples shared).
-The README's cost model (section Performance) is the formula checked here.
+The cost model of docs/performance.md is the formula checked here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from arithmech.models.hooks import count_hooks
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, length_chunks, path_patch
 
-from forward_cost import count_work, plain_forward_macs
+from forward_cost import count_work, plain_forward_macs, prompt_forward_macs
 from tiny_models import seeded_rng
 
 LENGTHS = [28, 30, 32, 30, 29, 31, 30, 30]
@@ -48,10 +49,12 @@ def benchmark_like_batch(vocab: int) -> PatchingBatch:
 
 
 def predicted_passes(
-    view: ModelView, batch: PatchingBatch, variant: str, batch_size: int, unpadded: bool = False
+    view: ModelView, batch: PatchingBatch, variant: str, batch_size: int, unit: str = "padded"
 ) -> float:
-    """The README's cost model, in multiply-accumulates of a llama-family model, over one plain forward pass of
-    the batch (right-padded, or with `unpadded` each prompt at its own length).
+    """The cost model of docs/performance.md, in multiply-accumulates of a llama-family model, over one forward
+    pass in `unit`: "prompts", each prompt at its own length with the logits of its last token (the docs' unit,
+    `prompt_forward_macs`), or "padded", the right-padded batch with the logits of every position
+    (`plain_forward_macs`).
 
     Both variants, per chunk of the engine (`length_chunks`): the reference pass (n x W tokens through L layers,
     W the chunk's longest prompt) and the counterfactual pass of the positions after the chunk's shared start s
@@ -64,8 +67,10 @@ def predicted_passes(
     c_attn = 2 * d.d_model * d.n_heads * d.d_head + 2 * d.d_model * d.n_kv_heads * d.d_head  # q, o; k, v
     c_mlp = 3 * d.d_model * d_mlp  # gate, up, down
     c_layer = c_attn + c_mlp
-    tokens = int(batch.ref_mask.sum()) if unpadded else len(batch) * batch.ref_ids.shape[1]
-    plain = tokens * (d.n_layers * c_layer + d.d_vocab * d.d_model)
+    if unit == "prompts":
+        plain = int(batch.ref_mask.sum()) * d.n_layers * c_layer + len(batch) * d.d_vocab * d.d_model
+    else:
+        plain = len(batch) * batch.ref_ids.shape[1] * (d.n_layers * c_layer + d.d_vocab * d.d_model)
     passes = 0
     for prompts in length_chunks(batch, batch_size):
         chunk = batch.select(prompts)
@@ -78,16 +83,19 @@ def predicted_passes(
     return (passes + scan) / plain
 
 
-@pytest.mark.parametrize(("variant", "limit"), [("path", 5.0), ("total", 6.0)])
+@pytest.mark.parametrize(("variant", "limit"), [("path", 5.5), ("total", 6.5)])
 def test_scan_costs_what_the_cost_model_says(variant: str, limit: float) -> None:
+    """In both units; the limit in the docs' (about 30 tokens a prompt: the per-sender work weighs more than at
+    the default set's 45)."""
     view = smollm2_shaped()
     batch = benchmark_like_batch(view.dims.d_vocab)
-    unit = plain_forward_macs(view.model, batch.ref_ids, batch.ref_mask)
     with count_work(view.model) as work:
         path_patch(view, batch, variant, batch_size=len(batch))
-    passes = work.macs / unit
-    assert passes == pytest.approx(predicted_passes(view, batch, variant, len(batch)), rel=0.01)
-    assert passes <= limit, f"{variant} patching costs {passes:.2f} forward passes of the batch (limit {limit})"
+    padded = work.macs / plain_forward_macs(view.model, batch.ref_ids, batch.ref_mask)
+    assert padded == pytest.approx(predicted_passes(view, batch, variant, len(batch)), rel=0.01)
+    passes = work.macs / prompt_forward_macs(view.model, batch.ref_ids, batch.ref_mask)
+    assert passes == pytest.approx(predicted_passes(view, batch, variant, len(batch), unit="prompts"), rel=0.01)
+    assert passes <= limit, f"{variant} patching costs {passes:.2f} forward passes of the prompts (limit {limit})"
     assert count_hooks(view.model) == 0
 
 
@@ -105,12 +113,10 @@ def test_prompts_of_many_lengths_cost_what_unpadded_prompts_would() -> None:
         mask[i, :n] = 1
         cf[i, n - 7] = (ref[i, n - 7] + 1) % vocab  # the operator, 7 tokens before the end (T - s = 6.75 there)
     batch = PatchingBatch(ref, mask, cf, mask.clone(), torch.tensor(lengths) - 1, torch.randint(3, vocab, (16,)))
-    per_prompt = sum(
-        plain_forward_macs(view.model, ref[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in enumerate(lengths)
-    )  # the unit: a plain pass of every prompt at its own length
+    unit = prompt_forward_macs(view.model, ref, mask)  # every prompt at its own length, its last token's logits
     with count_work(view.model) as work:
         path_patch(view, batch, "total", batch_size=len(batch))
-    passes = work.macs / per_prompt
-    assert passes == pytest.approx(predicted_passes(view, batch, "total", len(batch), unpadded=True), rel=0.01)
-    one_prompt_chunks = predicted_passes(view, batch, "total", 1, unpadded=True)  # no padding, each its own s
+    passes = work.macs / unit
+    assert passes == pytest.approx(predicted_passes(view, batch, "total", len(batch), unit="prompts"), rel=0.01)
+    one_prompt_chunks = predicted_passes(view, batch, "total", 1, unit="prompts")  # no padding, each its own s
     assert passes <= 1.10 * one_prompt_chunks, f"{passes:.2f} passes against {one_prompt_chunks:.2f} unpadded"
