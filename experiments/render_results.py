@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import re
+import statistics
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -81,6 +82,13 @@ class Table(list[Row]):
             raise KeyError(f"{len(rows)} rows match {equal}, not one")
         return rows[0]
 
+    def best(self, column: str, **equal: Any) -> Row:
+        """The row of largest `column` among those whose columns equal the given values (empty cells skipped)."""
+        rows = [r for r in self.where(**equal) if getattr(r, column) is not None]
+        if not rows:
+            raise KeyError(f"no row with {column} matches {equal}")
+        return max(rows, key=lambda r: getattr(r, column))
+
     def col(self, name: str) -> list[Any]:
         return [getattr(r, name) for r in self]
 
@@ -100,17 +108,18 @@ class Table(list[Row]):
         return Table(sorted(self, key=key, reverse=reverse)[:n])
 
 
+INTEGER = re.compile(r"[-+]?\d+")
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)")
+
+
 def _value(text: str) -> Any:
     """A CSV cell as int, float, bool or text ("" as None)."""
     if text == "":
         return None
     if text in ("True", "False"):
         return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    if NUMBER.fullmatch(text):
+        return int(text) if INTEGER.fullmatch(text) else float(text)
     return text
 
 
@@ -174,6 +183,22 @@ def largest(values: dict[Any, float], n: int) -> list[Any]:
     return sorted(values, key=lambda key: values[key], reverse=True)[:n]
 
 
+def area(curve: Table, lo: float = 0.0, hi: float = 100.0) -> float:
+    """Trapezoid area of f over x = percent / 100 between the sweep sizes lo and hi % (CPR's rule over the whole
+    sweep, circuits/faithfulness.py), on a curve's rows in increasing percent."""
+    points = [(r.percent / 100, r.f) for r in curve if lo <= r.percent <= hi]
+    return sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False))
+
+
+def reaching(curve: Table, level: float) -> Row | None:
+    """The smallest swept circuit whose f is at least `level` (None: none)."""
+    return next((r for r in curve if r.f >= level), None)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
 def spans(numbers: list[int]) -> str:
     """[20, 21, 22, 24] -> "20-22, 24"."""
     out: list[tuple[int, int]] = []
@@ -186,7 +211,8 @@ def spans(numbers: list[int]) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "pct": pct, "num": num, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans,
+    "pct": pct, "num": num, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans, "median": median,
+    "area": area, "reaching": reaching,
 }  # fmt: skip
 
 

@@ -49,12 +49,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--n-shot", type=int, default=8, help="chain-of-thought exemplars before each math question")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--data", default="llm_adapters_math_v1", help="training rows (finetune's --data)")
+    parser.add_argument("--max-length", type=int, default=None, help="longest training row in tokens (finetune's)")
+    parser.add_argument("--model", default=None, help="default: the built-in SmolLM2-135M-Instruct")
     parser.add_argument("--train-only", action="store_true", help="train (samples/s column) but evaluate nothing")
     args = parser.parse_args()
     out = Path(args.out)
-    train = ["--data", "llm_adapters_math_v1", "--target", "rationale", "--max-samples", str(args.train_samples),
+    model = ["--model", args.model] if args.model else []
+    data = ["--data", args.data, *(["--target", "rationale"] if args.data == "llm_adapters_math_v1" else [])]
+    train = [*data, "--max-samples", str(args.train_samples),
              "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--micro-batch-size",
-             str(args.micro_batch_size), "--lr", str(args.lr), "--device", args.device]  # fmt: skip
+             str(args.micro_batch_size), "--lr", str(args.lr), "--device", args.device, *model,
+             *(["--max-length", str(args.max_length)] if args.max_length else [])]  # fmt: skip
     methods: dict[str, list[str]] = {"base": []}
     for k in args.ks.split(","):
         methods[f"precise-top{k}"] = ["--method", "precise", "--from", args.from_run, "--top-k", k]
@@ -75,8 +81,8 @@ def main() -> None:
                 delta = ["--delta", str(folder)] if how else []
                 shots = ["--n-shot", str(args.n_shot)] if group == "math" else []
                 _run(["evaluate", *delta, *shots, "--benchmarks", ",".join(benches), "--limit", str(limit),
-                      "--max-new-tokens", str(args.max_new_tokens), "--base-model", "default", "--device",
-                      args.device, "--out", str(target)])  # fmt: skip
+                      "--max-new-tokens", str(args.max_new_tokens), "--base-model", args.model or "default",
+                      "--device", args.device, *model, "--out", str(target)])  # fmt: skip
         rows.append(_row(name, folder, groups))
     _write(out, rows, evaluated=bool(groups))
 

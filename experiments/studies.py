@@ -97,7 +97,8 @@ SOURCES: dict[str, Source] = {
                      ("mediation_total.csv", "mediation_by_class.csv", "neuron_overlap.csv")),
                 Kept("mediation-neurons", "agreement", "demo/agreement", ("agreement.csv",)),
                 Kept("mediation-neurons", "neurons", "demo/neurons",
-                     ("head_importance.csv", "cna_neurons.csv", "pruning.csv", "lora_coefficients.csv")),
+                     ("head_importance.csv", "specialisation.json", "cna_neurons.csv", "pruning.csv",
+                      "lora_coefficients.csv")),
                 Kept("circuits", "demo", "demo/circuit", ("cpr_cmd.csv", "faithfulness.csv")),
             ),  # fmt: skip
             figures=(("demo/identify/effects_heatmap.png", "demo-effects-heatmap.png"),),
@@ -137,6 +138,26 @@ SOURCES: dict[str, Source] = {
                     Kept("circuits", op, op, ("cpr_cmd.csv", "faithfulness.csv", "oracle.csv")),
                     Kept("circuits", f"{op}-eap-oracle", f"{op}-eap-oracle", ("oracle.csv",)),
                 )
+            ),
+        ),
+        Source(
+            name="sft-table",
+            commands=(
+                "arithmech identify --operations addition --max-prompts 64 --fraction-threshold 0.1 "
+                "--out {runs}/identify",
+                "python experiments/sft_table.py --from {runs}/identify --out {runs}/sft-table --ks 8,32 "
+                "--train-samples 64 --eval-limit 6 --n-shot 4 --max-new-tokens 64 --general-limit 20",
+            ),
+            quick=(
+                "arithmech identify --model {model} --operations addition --max-prompts 4 --n-per-template 2 "
+                "--keep-incorrect --fraction-threshold 0.1 --out {runs}/identify",
+                "python experiments/sft_table.py --model {model} --from {runs}/identify --out {runs}/sft-table "
+                "--ks 2 --train-samples 4 --batch-size 2 --micro-batch-size 2 --eval-limit 1 --n-shot 0 "
+                "--max-new-tokens 4 --general-limit 2 --data arithmetic",
+            ),
+            kept=(
+                Kept("sft-table", "identify", "identify", ("key_components.json",)),
+                Kept("sft-table", "table", "sft-table", ("table.csv",), metadata=False),
             ),
         ),
     )
