@@ -120,13 +120,21 @@ def keep(kept: Kept, runs: Path, results: Path) -> dict[str, Any] | None:
     return json.loads((folder / "metadata.json").read_text()) if kept.metadata else None
 
 
-def collect(source: Source, runs: Path, results: Path, seconds: float | None, quick: bool = False) -> list[str]:
-    """Keep the source's files from `runs` and record its provenance in each study.json; the studies touched."""
+def collect(
+    source: Source,
+    runs: Path,
+    results: Path,
+    seconds: float | None,
+    quick: bool = False,
+    state: dict[str, Any] | None = None,
+) -> list[str]:
+    """Keep the source's files from `runs` and record its provenance in each study.json (`state`: the tree when
+    the run started, default now); the studies touched."""
     metadata = [m for kept in source.kept if (m := keep(kept, runs, results)) is not None]
     record = {
         "command": command_line(source),
         "commands": list(source.quick if quick else source.commands),
-        **tree_state(),
+        **(state or tree_state()),
         "model": model_record(metadata[0]) if metadata else None,
         "seconds": None if seconds is None else round(seconds),
         "collected": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -161,11 +169,12 @@ def main() -> None:
     source = SOURCES[args.source]
     runs = args.runs or SCRATCH / source.name
     seconds = args.seconds
+    state = tree_state()
     if args.action == "run":
-        if tree_state()["uncommitted_changes"]:
+        if state["uncommitted_changes"]:
             print("warning: src/, experiments/ or configs/ have uncommitted changes; study.json will say so")
         seconds = run_source(source, runs)
-    touched = collect(source, runs, args.results, seconds)
+    touched = collect(source, runs, args.results, seconds, state=state if args.action == "run" else None)
     print(f"kept in {', '.join(f'results/{s}' for s in touched)}; now python experiments/render_results.py --write")
 
 
