@@ -104,6 +104,31 @@ SOURCES: dict[str, Source] = {
             figures=(("demo/identify/effects_heatmap.png", "demo-effects-heatmap.png"),),
         ),
         Source(
+            name="per-digit",
+            commands=(
+                "arithmech identify --answer-digits --operand-min 10 --operand-max 49 --n-per-template 48 "
+                "--max-prompts 64 --out {runs}/addition",
+                "arithmech knockout --from {runs}/addition --max-k 16 --n-random 3 --out {runs}/addition-knockout",
+                "arithmech analyze attention --from {runs}/addition --heads 14.2,18.5,20.8,20.6,20.2 "
+                "--out {runs}/addition-attention",
+            ),
+            quick=(
+                "arithmech identify --model {model} --answer-digits --operand-min 10 --operand-max 49 "
+                "--n-per-template 4 --max-prompts 8 --keep-incorrect --out {runs}/addition",
+                "arithmech knockout --model {model} --from {runs}/addition --max-k 2 --n-random 1 "
+                "--out {runs}/addition-knockout",
+                "arithmech analyze attention --model {model} --from {runs}/addition --heads 0.1,1.2 "
+                "--out {runs}/addition-attention",
+            ),
+            kept=(
+                Kept("per-digit", "identify", "addition",
+                     ("effects_by_place.csv", "place_overlap.csv", "template_accuracy.csv", "key_components.json")),
+                Kept("per-digit", "knockout", "addition-knockout",
+                     ("knockout_summary.csv", "knockout_place_summary.csv")),
+                Kept("per-digit", "attention", "addition-attention", ("attention_by_place.csv",)),
+            ),  # fmt: skip
+        ),
+        Source(
             name="circuits",
             commands=tuple(
                 command.format(op=op)
