@@ -185,10 +185,11 @@ def estimate(a: argparse.Namespace, out: Path) -> None:
     for name in row_types(plan):
         if name.startswith("precise-random"):
             continue
-        how = finetune_args(plan, out, name, 0)
-        if name == "lora":
-            rank = lora_rank(out / "estimate" / f"precise-top{max(a.ks)}", identify_dir)
-            how = ["--method", "lora", "--lora-r", str(rank)]
+        if name == "lora":  # its rank from the timed precise top-max(k) run (the sweep's is not trained here)
+            how = ["--method", "lora", "--lora-r", str(lora_rank(out / "estimate" / f"precise-top{max(a.ks)}",
+                                                                identify_dir))]  # fmt: skip
+        else:
+            how = finetune_args(plan, out, name, 0)
         folder = out / "estimate" / name
         start = time.perf_counter()
         train(plan, folder, how, 1e-4)

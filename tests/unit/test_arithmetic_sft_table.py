@@ -151,3 +151,28 @@ def test_sweep_score_is_the_mean_over_training_operations(tmp_path: Path) -> Non
     (folder / "arithmetic.csv").write_text(",".join(GROUP_COLUMNS) + "\n" + "\n".join(rows) + "\n")
     assert table.sweep_score(folder, ("subtraction", "division")) == pytest.approx(0.375)
 
+
+
+def test_estimate_times_lora_at_its_own_precise_runs_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--estimate trains no sweep folder, so LoRA's rank comes from the timed precise top-max(k) run (it once read
+    the sweep's and failed)."""
+    (tmp_path / "identify").mkdir()
+    (tmp_path / "identify" / "metadata.json").write_text(json.dumps({"dims": SMOLLM2, "timings": {"patch": 5.0}}))
+    trained: dict[str, list[str]] = {}
+
+    def fake_train(a: Namespace, folder: Path, how: list[str], lr: float, seed: int = 0) -> None:
+        folder.mkdir(parents=True)
+        (folder / "train_log.csv").write_text("step,seconds\n1,2.5\n2,2.0\n")
+        (folder / "metadata.json").write_text(json.dumps({"trainable_parameters": 3_981_312}))
+        trained[folder.name] = how
+
+    monkeypatch.setattr(driver, "identify", lambda a, out: out / "identify")
+    monkeypatch.setattr(driver, "train", fake_train)
+    monkeypatch.setattr(driver, "evaluate", lambda *args: None)
+    monkeypatch.setattr(driver, "print_estimate", lambda *args: None)
+    plan = Namespace(ks=[8, 32], seeds=5, lrs_precise=[1e-3], lrs_full=[1e-4], lrs_lora=[1e-3], steps=16)
+    driver.estimate(plan, tmp_path)
+    assert sorted(trained) == ["full", "lora", "precise-top32", "precise-top8"]  # random-k rows time like top-k
+    assert trained["lora"] == ["--method", "lora", "--lora-r", "35"] and not (tmp_path / "sweep").exists()
+    timing = json.loads((tmp_path / "estimate.json").read_text())
+    assert timing["identify_s"] == 5.0 and timing["lora"]["s_per_step"] == 2.0
