@@ -116,7 +116,7 @@ def _comparison(name: str, op: str, k: int | str, side_a: list[str], side_b: lis
         each = [records[n] for n in names]
         rec.update({f"rows_{side}": ";".join(names), f"seeds_{side}": len(names),
                     f"accuracy_{side}": statistics.fmean(r[f"{op}_accuracy"] for r in each),
-                    f"trainable_parameters_{side}": ";".join(sorted({str(r.get("trainable_parameters", 0))
+                    f"trainable_parameters_{side}": ";".join(sorted({str(r.get("trainable_parameters", ""))
                                                                       for r in each}))})  # fmt: skip
     rec.update(difference=diff.mean, ci_low=diff.low, ci_high=diff.high, df=diff.df, cluster_df=diff.cluster_df,
                templates=diff.templates, facts=diff.facts)  # fmt: skip

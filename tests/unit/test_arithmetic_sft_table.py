@@ -1,7 +1,7 @@
 """experiments/arithmetic_sft_table.py on hand-written run folders: the table, the positive control and effect-ranked
 vs random heads as paired differences with clustered t intervals over the same seeds (df stated, comparisons.csv),
-whether the rows are parameter-matched, the cross-operation fact count, LoRA's matched rank, the sweep score and the
-one learning-rate rule."""
+whether the rows are parameter-matched, the cross-operation fact count, LoRA's matched rank, the sweep score, the
+one learning-rate rule, and random-k heads drawn to touch as many key/value groups as the top-k."""
 
 from __future__ import annotations
 
@@ -151,6 +151,20 @@ def test_sweep_score_is_the_mean_over_training_operations(tmp_path: Path) -> Non
     (folder / "arithmetic.csv").write_text(",".join(GROUP_COLUMNS) + "\n" + "\n".join(rows) + "\n")
     assert table.sweep_score(folder, ("subtraction", "division")) == pytest.approx(0.375)
 
+
+def test_random_heads_touch_as_many_key_value_groups_as_the_top_k(tmp_path: Path) -> None:
+    """Each seed draws its own heads, each draw as many heads and K/V groups (so parameters) as the top-k."""
+    folder = tmp_path / "identify"
+    folder.mkdir()
+    dims = {**SMOLLM2, "d_vocab": 49152}
+    (folder / "metadata.json").write_text(json.dumps({"stage": "identify", "dims": dims}))
+    effects = {"14.2": -0.5, "13.6": -0.4, "14.6": -0.3, "13.0": -0.2, "20.1": -0.1, "14.8": -0.09, "13.3": -0.08,
+               "19.5": -0.07, "mlp.20": -0.9, "2.2": -0.01, "3.3": 0.2}  # fmt: skip
+    (folder / "effects.csv").write_text("component,effect\n" + "".join(f"{c},{e}\n" for c, e in effects.items()))
+    draws = [driver.random_heads(folder, 8, seed).split(",") for seed in range(5)]
+    assert len({tuple(d) for d in draws}) == 5 and draws[0] == driver.random_heads(folder, 8, 0).split(",")
+    for heads in draws:  # the top-8 heads (mlp.20 is not a head) sit in 7 groups of 3: 14.6 and 14.8 share one
+        assert len(set(heads)) == 8 and len({(h.split(".")[0], int(h.split(".")[1]) // 3) for h in heads}) == 7
 
 
 def test_estimate_times_lora_at_its_own_precise_runs_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
