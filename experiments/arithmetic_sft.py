@@ -4,8 +4,9 @@ Zhang et al. (2024, Table 1) fine-tune the key heads on math word problems; a 13
 before or after (docs/results.md, experiments/sft_table.py). Here every row trains on the skill the heads were found
 for, arithmetic prompts of the operations the default model is weak at (subtraction by default), and is tested on
 prompts that share neither a template family nor a fact with any training prompt of their operation
-(src/arithmech/data/arithmetic_split.py). One command runs it all and writes <out>/table.md, table.csv, sweep.csv
-and arithmetic_sft.png; every training and evaluation has its own folder, so a rerun skips what is done.
+(src/arithmech/data/arithmetic_split.py). One command runs it all and writes <out>/table.md, table.csv,
+comparisons.csv, sweep.csv and arithmetic_sft.png; every training and evaluation has its own folder, so a rerun
+skips what is done.
 
 Steps
     1. identify on train-part prompts of the training operations only (train templates x train pairs), so not
@@ -14,17 +15,23 @@ Steps
        rate trains on the same data, steps and schedule with each of the row type's training seeds and is scored
        on the validation part (train templates x validation pairs); the rate with the best mean first-token
        accuracy over those seeds wins (ties: the smaller rate). Top-k and random-k rows train `--seeds` seeds
-       each (seed s: training seed s, and for random-k the s-th random draw of heads), so the two sides get the
-       same grid, the same seeds and the same tie-break; full SFT and LoRA, the controls, train seed 0. The
-       chosen rate's runs are the row's models; LoRA's rank is chosen so that its trainable parameters are
-       closest to precise top-max(k)'s (computed from the model's dims and printed);
+       each (default 5; seed s: training seed s, and for random-k the s-th random draw of heads), so the two
+       sides get the same grid, the same seeds and the same tie-break; full SFT and LoRA, the controls, train seed
+       0. Each random draw is k heads touching as many key/value groups as the top-k heads (uniformly among such
+       sets: finetune/matched_heads.py), so random-k trains exactly as many parameters as top-k (a K/V group
+       trains once per group touched under grouped-query attention). The chosen rate's runs are the row's models;
+       LoRA's rank is chosen so that its trainable parameters are closest to precise top-max(k)'s (computed from
+       the model's dims and printed);
     3. every row (and base) is scored on the test part (all four operations), the multi-digit transfer set of the
        training operations, MMLU and CommonsenseQA subsets, and general-text perplexity with KL to the base
        model; trainable parameters, samples/s and peak memory come from each training's metadata.json;
-    4. table.md: every accuracy with its 95% interval clustered by template and fact (evaluate/clustered_interval.py),
-       the positive control (full SFT minus base) and effect-ranked minus random heads as paired per-prompt
-       differences with clustered intervals (plus the seed-to-seed variance), and how many test problems state a
-       fact that the training trains in another operation (5 - 3 = 2 trained, 2 + 3 tested).
+    4. table.md: every accuracy with its 95% interval clustered by template and fact (evaluate/clustered_interval.py:
+       Wilson with t on min(templates, facts) - 1 df), the positive control (full SFT minus base) and
+       effect-ranked minus random heads at each k as paired per-prompt differences whose intervals add each
+       side's seed-to-seed variance on its own df (seeds - 1) to the clustered variance, with t on the
+       Welch-Satterthwaite df of the sum (stated per line, and in comparisons.csv with both sides' trainable
+       parameters), and how many test problems state a fact that the training trains in another operation
+       (5 - 3 = 2 trained, 2 + 3 tested).
 
     python experiments/arithmetic_sft.py --out runs/arithmetic-sft                   # the table (hours)
     python experiments/arithmetic_sft.py --out runs/arithmetic-sft-estimate --estimate   # time it first (minutes)
@@ -104,11 +111,22 @@ def evaluate(a: argparse.Namespace, folder: Path, part: str, delta: Path | None)
              "eval-general" else []), *model_args(a), "--out", str(folder / name)])  # fmt: skip
 
 
+RANDOM_DRAW = "k heads touching as many key/value groups as the top-k heads, uniformly (finetune/matched_heads.py)"
+"""How random-k rows draw their heads; in settings.json, so a folder trained with another draw is refused."""
+
+
 def random_heads(identify_dir: Path, k: int, seed: int) -> str:
-    """k heads drawn from all of the model's heads (as knockout's random-rank control draws them)."""
-    dims = read_json(identify_dir / "metadata.json")["dims"]
-    pool = [f"{layer}.{head}" for layer in range(dims["n_layers"]) for head in range(dims["n_heads"])]
-    return ",".join(random.Random(f"arithmetic-sft-{k}-{seed}").sample(pool, k))
+    """Seed `seed`'s draw of k heads for a random-k row: uniform among the sets of k heads that touch as many
+    key/value groups as the top-k heads, so that both rows train as many heads and as many parameters (precise SFT
+    trains a group's K/V rows once per group touched: finetune/matched_heads.py)."""
+    from arithmech.finetune.matched_heads import kv_groups, matched_random_heads
+    from arithmech.models.view import Dims
+    from arithmech.stages.identify_run import by_effect, read_effects
+
+    dims = Dims(**read_json(identify_dir / "metadata.json")["dims"])
+    top = by_effect(read_effects(identify_dir, dims), "head")[:k]
+    rng = random.Random(f"arithmetic-sft-{k}-{seed}")
+    return ",".join(c.name for c in matched_random_heads(dims, k, len(kv_groups(top, dims.group_size)), rng))
 
 
 def row_types(a: argparse.Namespace) -> dict[str, tuple[list[float], list[int]]]:
@@ -185,10 +203,11 @@ def estimate(a: argparse.Namespace, out: Path) -> None:
     for name in row_types(plan):
         if name.startswith("precise-random"):
             continue
-        how = finetune_args(plan, out, name, 0)
-        if name == "lora":
-            rank = lora_rank(out / "estimate" / f"precise-top{max(a.ks)}", identify_dir)
-            how = ["--method", "lora", "--lora-r", str(rank)]
+        if name == "lora":  # its rank from the timed precise top-max(k) run (the sweep's is not trained here)
+            how = ["--method", "lora", "--lora-r", str(lora_rank(out / "estimate" / f"precise-top{max(a.ks)}",
+                                                                identify_dir))]  # fmt: skip
+        else:
+            how = finetune_args(plan, out, name, 0)
         folder = out / "estimate" / name
         start = time.perf_counter()
         train(plan, folder, how, 1e-4)
@@ -221,7 +240,8 @@ def main() -> None:
     p.add_argument("--out", default="runs/arithmetic-sft")
     p.add_argument("--operations", default="subtraction", help="training operations (the model's weak ones)")
     p.add_argument("--ks", default="8,32", help="precise SFT of k heads, effect-ranked and random, for each k")
-    p.add_argument("--seeds", type=int, default=3, help="training seeds of every top-k and random-k row alike")
+    p.add_argument("--seeds", type=int, default=5, help="training seeds of every top-k and random-k row alike (each "
+                   "random-k seed its own draw of heads)")
     p.add_argument("--steps", type=int, default=16, help="optimizer steps of every training")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per step (steps x batch = training prompts)")
     p.add_argument("--micro-batch-size", type=int, default=8)
@@ -253,6 +273,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps({k: v for k, v in vars(a).items() if k not in ("estimate", "threads", "out")}))
+    settings["random_heads"] = RANDOM_DRAW
     if (out / "settings.json").is_file() and read_json(out / "settings.json") != settings:
         p.error(f"{out} holds a run made with other settings (its settings.json); give another --out")
     (out / "settings.json").write_text(json.dumps(settings, indent=2))

@@ -15,10 +15,11 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from arithmetic_sft_compare import paired_difference, points
+from arithmetic_sft_compare import degrees, paired_difference, points
 
 from arithmech.data.arithmetic_split import TRANSFER_PER_TEMPLATE, make_split
 from arithmech.data.templates import OPERATIONS, load_templates
+from arithmech.evaluate.clustered_interval import Difference
 
 
 def read_json(path: Path) -> Any:
@@ -102,20 +103,85 @@ def _table(records: list[dict[str, Any]], a: Namespace) -> list[str]:
     return lines
 
 
-def _top_vs_random(rows: dict[str, Path | None], records: list[dict[str, Any]], a: Namespace) -> list[str]:
-    """Effect-ranked minus random heads per k and training operation: both sides the mean over the same seeds."""
-    lines = []
+COMPARISONS_FILE = "comparisons.csv"
+"""Every paired difference table.md states, one row each (the prose is rendered from these numbers)."""
+
+
+def _comparison(name: str, op: str, k: int | str, side_a: list[str], side_b: list[str], diff: Difference,
+                records: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """One comparison's row of comparisons.csv: both sides' seeds, accuracies and trainable parameters, and the
+    difference with its interval and degrees of freedom."""
+    rec: dict[str, Any] = {"comparison": name, "operation": op, "k": k}
+    for side, names in (("a", side_a), ("b", side_b)):
+        each = [records[n] for n in names]
+        rec.update({f"rows_{side}": ";".join(names), f"seeds_{side}": len(names),
+                    f"accuracy_{side}": statistics.fmean(r[f"{op}_accuracy"] for r in each),
+                    f"trainable_parameters_{side}": ";".join(sorted({str(r.get("trainable_parameters", ""))
+                                                                      for r in each}))})  # fmt: skip
+    rec.update(difference=diff.mean, ci_low=diff.low, ci_high=diff.high, df=diff.df, cluster_df=diff.cluster_df,
+               templates=diff.templates, facts=diff.facts)  # fmt: skip
+    return rec
+
+
+def comparisons(rows: dict[str, Path | None], records: list[dict[str, Any]], out: Path, a: Namespace) -> list[dict]:
+    """The positive control (full SFT minus base) and effect-ranked minus random heads at each k, per training
+    operation; both sides of a head comparison are means over the same seeds."""
+    by_name = {r["row"]: r for r in records}
+    found = []
+    for op in a.ops:
+        diff = paired_difference([_folder(rows, "full")], [out / "base"], op)
+        found.append(_comparison("full - base", op, "", ["full"], ["base"], diff, by_name))
     for k in a.ks:
         top = [n for n in rows if n.startswith(f"precise-top{k}-seed")]
         rand = [n for n in rows if n.startswith(f"precise-random{k}-seed")]
         for op in a.ops:
-            each = {name: next(r[f"{op}_accuracy"] for r in records if r["row"] == name) for name in [*top, *rand]}
-            top_mean, rand_mean = statistics.fmean(each[n] for n in top), statistics.fmean(each[n] for n in rand)
             diff = paired_difference([_folder(rows, n) for n in top], [_folder(rows, n) for n in rand], op)
-            lines.append(f"- k = {k}, {op}: effect-ranked {top_mean:.1%} vs random {rand_mean:.1%} (means over "
-                         f"{len(top)} and {len(rand)} seeds: {_listed(each, top)} vs {_listed(each, rand)}); "
-                         f"difference {points(*diff)}")  # fmt: skip
-    return lines
+            found.append(_comparison("effect-ranked - random", op, k, top, rand, diff, by_name))
+    return found
+
+
+def _difference(c: dict[str, Any]) -> Difference:
+    return Difference(c["difference"], c["ci_low"], c["ci_high"], c["df"], c["cluster_df"], c["templates"],
+                      c["facts"])  # fmt: skip
+
+
+def _matched(c: dict[str, Any]) -> bool:
+    return ";" not in c["trainable_parameters_a"] and c["trainable_parameters_a"] == c["trainable_parameters_b"]
+
+
+MATCHED = ("- effect-ranked minus random heads: paired per prompt, each side the mean over its seeds; 95% intervals "
+           "are t on the Welch-Satterthwaite df of the template-and-fact clustered variance (min(templates, facts) - 1 "
+           "df) and each side's seed-to-seed variance (seeds - 1 df). Each random-k seed draws its own k heads among "
+           "the sets touching as many key/value groups as the top-k heads, ")  # fmt: skip
+"""The sentence before the head comparisons; it ends with whether the rows are parameter-matched."""
+
+
+def _comparison_lines(found: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[str]:
+    """table.md's reading of comparisons.csv: the control's verdict, and per k the two sides, their difference with
+    its interval and df, and their trainable parameters."""
+    accuracy = {r["row"]: r for r in records}
+    control, heads = [], []
+    for c in found:
+        diff, op = _difference(c), c["operation"]
+        if c["comparison"] == "full - base":
+            verdict = "above 0" if diff.low > 0 else "NOT above 0: the setup is too small, raise --steps"
+            control.append(f"- positive control, {op}: full SFT minus base {points(diff)} ({degrees(diff)}): {verdict}")
+            continue
+        top, rand = c["rows_a"].split(";"), c["rows_b"].split(";")
+        each = {n: accuracy[n][f"{op}_accuracy"] for n in [*top, *rand]}
+        params = (f"{int(c['trainable_parameters_a']):,} both" if _matched(c) else
+                  f"NOT matched: {c['trainable_parameters_a']} vs {c['trainable_parameters_b']}")  # fmt: skip
+        heads.append(f"- k = {c['k']}, {op}: effect-ranked {c['accuracy_a']:.1%} vs random {c['accuracy_b']:.1%} "
+                     f"(means over {len(top)} and {len(rand)} seeds: {_listed(each, top)} vs {_listed(each, rand)}); "
+                     f"difference {points(diff)} ({degrees(diff, (len(top), len(rand)))}); trainable parameters "
+                     f"{params}")  # fmt: skip
+    if not heads:
+        return control
+    matched = all(_matched(c) for c in found if c["comparison"] != "full - base")
+    ending = ("so the rows are parameter-matched: the same number of heads and of trainable parameters" if matched
+              else "but these rows are NOT parameter-matched (made before the matched draw?): their difference is "
+              "confounded with the number of parameters trained")  # fmt: skip
+    return [*control, MATCHED + ending, *heads]
 
 
 def _folder(rows: dict[str, Path | None], name: str) -> Path:
@@ -126,16 +192,6 @@ def _folder(rows: dict[str, Path | None], name: str) -> Path:
 
 def _listed(values: dict[str, float], names: list[str]) -> str:
     return ", ".join(f"{values[n]:.1%}" for n in names)
-
-
-def _control(rows: dict[str, Path | None], out: Path, a: Namespace) -> list[str]:
-    """Whether full SFT, the positive control, beats base: the paired difference's interval above 0."""
-    lines = []
-    for op in a.ops:
-        diff = paired_difference([_folder(rows, "full")], [out / "base"], op)
-        verdict = "above 0" if diff[1] > 0 else "NOT above 0: the setup is too small, raise --steps"
-        lines.append(f"- positive control, {op}: full SFT minus base {points(*diff)}: {verdict}")
-    return lines
 
 
 def _related_facts(a: Namespace) -> list[str]:
@@ -153,7 +209,12 @@ def write_outputs(out: Path, rows: dict[str, Path | None], a: Namespace) -> None
         writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(records)
-    text = [*_table(records, a), "", *_control(rows, out, a), *_top_vs_random(rows, records, a), *_related_facts(a)]
+    found = comparisons(rows, records, out, a)
+    with (out / COMPARISONS_FILE).open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(found[0]))
+        writer.writeheader()
+        writer.writerows(found)
+    text = [*_table(records, a), "", *_comparison_lines(found, records), *_related_facts(a)]
     (out / "table.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     figure(records, a, out / "arithmetic_sft.png")

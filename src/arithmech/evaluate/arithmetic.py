@@ -25,13 +25,15 @@ Scoring (no generation; one forward pass over prompt + answer, teacher forced)
     and ends it there". For single-digit answers both differ only by that end check. Logits are the float32
     readout of `ModelView.vocab_logits` at the scored positions (evaluate/choice.py `log_prob_batches`).
 
-Confidence intervals: the Wilson score interval at 95% (z = 1.96) of k correct of n,
+Confidence intervals: the Wilson score interval at 95% of k correct of n,
 
         centre = (p + z^2 / 2n) / (1 + z^2 / n),   half = z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)
 
     with p = k / n (Wilson 1927), taken on the effective number of prompts n_eff: the prompts are templates
     crossed with problems, correlated within each, so n_eff comes from their two-way clustered variance
-    (evaluate/clustered_interval.py; n_eff <= n, equal to about n when outcomes are independent).
+    (evaluate/clustered_interval.py; n_eff <= n, equal to about n when outcomes are independent). Since that
+    variance is estimated from few templates, z is Student's t_{0.975} on min(templates, facts) - 1 degrees of
+    freedom (2.78 for 5 templates; 1.96 only with many).
 
 Groups (`group_rows`): the whole benchmark, each operation, and each (operation, formation), every one with n,
 correct, accuracy, n_eff and its interval, exact matches and theirs, and the share of answer tokens right (per

@@ -20,6 +20,7 @@ from arithmech.errors import ConfigError
 from arithmech.lineage import identify_folder, identify_record, refuse_answer_digits, scored_answer_digits
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
+from arithmech.models.view import Dims
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,20 @@ class IdentifyRun:
 
     def ranked(self, kind: str | None = None) -> list[Component]:
         """Components by effect, most negative first; kind "head" or "mlp" keeps only those."""
-        items = sorted(self.effects.items(), key=lambda item: item[1])
-        return [c for c, _ in items if kind is None or c.kind == kind]
+        return by_effect(self.effects, kind)
+
+
+def by_effect(effects: dict[Component, float], kind: str | None = None) -> list[Component]:
+    """Components by effect, most negative first (ties in the file's order); kind "head" or "mlp" keeps only those."""
+    items = sorted(effects.items(), key=lambda item: item[1])
+    return [c for c, _ in items if kind is None or c.kind == kind]
+
+
+def read_effects(run_dir: str | Path, dims: Dims) -> dict[Component, float]:
+    """effects.csv of an identify folder (`lineage.identify_folder` says which), for a model of size `dims`; no
+    model check: `read_identify_run` makes it, for callers with the model loaded."""
+    with (identify_folder(run_dir) / "effects.csv").open() as handle_csv:
+        return {parse_component(row["component"], dims): float(row["effect"]) for row in csv.DictReader(handle_csv)}
 
 
 def model_identity(source: dict[str, Any]) -> str:
@@ -78,10 +91,7 @@ def read_identify_run(run_dir: str | Path, handle: ModelHandle, one_answer_token
             f"run folder {str(path)!r} was made with model {model_label(made_with)}, not the loaded "
             f"{model_label(handle.source)}; pass the same --model, or identify again with this model"
         )
-    with (path / "effects.csv").open() as handle_csv:
-        effects = {
-            parse_component(row["component"], handle.dims): float(row["effect"]) for row in csv.DictReader(handle_csv)
-        }
+    effects = read_effects(path, handle.dims)
     key = json.loads((path / "key_components.json").read_text())
     pairs = read_prompt_file(path / "prompts.jsonl")
     return IdentifyRun(path, effects, key, pairs, metadata, identify_record(path))
