@@ -154,6 +154,7 @@ TEXT_COLUMNS = frozenset({
     "token", "top_tokens",
     "high_frequencies",  # fourier_shares.csv: "3-5"
     "method", "edge", "chosen",  # circuit: faithfulness.csv, cpr_cmd.csv (a ranking), oracle.csv
+    "prompt_set",  # knockout: held_out, in_sample or unranked
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip
