@@ -83,6 +83,29 @@ def ranked_facts(pairs: Sequence[PromptPair]) -> set[Fact]:
     return {fact for pair in pairs if (fact := pair_fact(pair)) is not None}
 
 
+@dataclass(frozen=True)
+class Exclusion:
+    """What a held-out prompt may not share with ranked prompts: their texts and the facts their queries state."""
+
+    facts: frozenset[Fact] = frozenset()
+    texts: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, ranked: Sequence[PromptPair]) -> Exclusion:
+        return cls(frozenset(ranked_facts(ranked)), frozenset(p.reference for p in ranked))
+
+    def __or__(self, other: Exclusion) -> Exclusion:
+        return Exclusion(self.facts | other.facts, self.texts | other.texts)
+
+    def admits(self, pair: PromptPair) -> bool:
+        """Whether `pair` shares neither its text nor its query's fact with a ranked prompt."""
+        return pair.reference not in self.texts and pair_fact(pair) not in self.facts
+
+    def keep(self, operation: str, problem: tuple[int, int]) -> bool:
+        """`generate_pairs`'s keep: the problem (a valid one) states no ranked fact."""
+        return fact_of(operation, *problem) not in self.facts
+
+
 def heldout_prompts(
     handle: ModelHandle,
     ranked: Sequence[PromptPair],
@@ -124,28 +147,28 @@ def fresh_candidates(
 ) -> tuple[list[PromptPair], dict[str, Any]]:
     """Step 1: the candidates that share no prompt and no fact with `ranked` (none needs the model), and the record
     so far; with none, the record's "why_none" says why."""
-    facts, texts = ranked_facts(ranked), {pair.reference for pair in ranked}
+    excluded = Exclusion.of(ranked)
     record: dict[str, Any] = {
         "rule": RULE,
-        "ranked": {"prompts": len(ranked), "facts": len(facts),
+        "ranked": {"prompts": len(ranked), "facts": len(excluded.facts),
                    "without_fact": sum(pair_fact(p) is None for p in ranked)},
     }  # fmt: skip
     try:
-        candidates, record["source"] = _candidates(cfg, facts)
+        candidates, record["source"] = _candidates(cfg, excluded)
     except (ConfigError, DataError, OSError) as exc:  # e.g. the run's templates file is gone
         return [], {**record, "why_none": f"its prompts cannot be made again: {exc}"}
-    fresh = [p for p in candidates if p.reference not in texts and pair_fact(p) not in facts]
+    fresh = [p for p in candidates if excluded.admits(p)]
     record["candidates"] = {"made": len(candidates), "fresh": len(fresh)}
     if not fresh:
-        record["why_none"] = (f"every candidate prompt states one of the {len(facts)} ranked facts; widen the operand "
-                              "range (--operand-max) or rank on fewer prompts")  # fmt: skip
+        record["why_none"] = (f"every candidate prompt states one of the {len(excluded.facts)} ranked facts; widen the "
+                              "operand range (--operand-max) or rank on fewer prompts")  # fmt: skip
     return fresh, record
 
 
-def _candidates(cfg: ReferenceSetConfig, facts: set[Fact]) -> tuple[list[PromptPair], str]:
+def _candidates(cfg: ReferenceSetConfig, excluded: Exclusion) -> tuple[list[PromptPair], str]:
     """Step 1's prompts before the ranked ones are dropped, and where they came from."""
     if cfg.prompts_file:
         return read_prompt_file(cfg.prompts_file), f"the prompts file {cfg.prompts_file}"
     templates = load_templates(cfg.templates_file) if cfg.templates_file else None
-    pairs = generate_pairs(cfg.generation(), templates, keep=lambda op, ab: fact_of(op, *ab) not in facts)
+    pairs = generate_pairs(cfg.generation(), templates, keep=excluded.keep)
     return pairs, "generated with the identify run's settings, queries among the facts no ranked prompt states"

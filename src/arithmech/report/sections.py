@@ -135,6 +135,12 @@ def transfer_body(stage: StageFolder) -> Body:
         )
         if empty:
             text.append(f"No prompt was answered on {listing(empty)}, so the drop there is undefined.")
+    replaced = [f"{r['target']} ({r['replaced_in_sample']} from {r['source_set']})" for r in rows
+                if int(r.get("replaced_in_sample") or 0) > 0]  # fmt: skip
+    if replaced:
+        text.append(f"Held out: prompts that stated a fact a source was ranked on were replaced by prompts of other "
+                    f"facts on {listing(replaced)}, so no cell is scored on the prompts its components were chosen "
+                    "on.")  # fmt: skip
     table = Table(
         "Accuracy drop on each target set (share of the answered prompts lost)",
         ("source", "target", "answered", "prompts used", "effect-rank drop", "random drop (mean)", "note"),
