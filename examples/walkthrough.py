@@ -35,14 +35,16 @@ print("top components", [(r.component.name, f"{r.effect:+.2%}") for r in found.k
 # ## 2. Knockout: effect-ranked vs random heads
 
 # %%
-from arithmech.stages.knockout import knockout, summarize
+from arithmech.stages.knockout import knockout
 from arithmech.stages.knockout_config import KnockoutConfig
+from arithmech.stages.knockout_outputs import summarize
 
 ko = knockout(handle, KnockoutConfig(from_run=str(out / "identify"), max_k=4 if small else 16,
                                      n_random=1 if small else 3, max_prompts=8 if small else 32),
               out / "knockout", quiet=True)  # fmt: skip
-for row in summarize(ko.rows):
-    print(f"k={row['k']}: effect-rank {row['effect_accuracy']:.0%}, random {row['random_accuracy_mean']:.0%}")
+for row in summarize(ko.rows):  # held-out prompts first (facts the ranking never saw), then the ranked ones
+    print(f"{row['prompt_set']} k={row['k']}: effect-rank {row['effect_accuracy']:.0%}, "
+          f"random {row['random_accuracy_mean']:.0%}")
 
 # %% [markdown]
 # ## 3. Attention roles of the key heads

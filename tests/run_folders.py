@@ -155,6 +155,7 @@ TEXT_COLUMNS = frozenset({
     "high_frequencies",  # fourier_shares.csv: "3-5"
     "method", "edge", "chosen",  # circuit: faithfulness.csv, cpr_cmd.csv (a ranking), oracle.csv
     "pairs", "draw", "cpr_ranking", "cmd_ranking", "seeds",  # circuit: held-out or in-sample; "seed 1"; "0 1 2"
+    "prompt_set",  # knockout: held_out, in_sample or unranked
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
 })  # fmt: skip

@@ -126,9 +126,10 @@ def knockout(
 ) -> KnockoutResult:
     """Knock out the top-k components by effect vs k random ones and record accuracy (the knockout curve).
 
-    `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`). Settings
-    are the fields of `KnockoutConfig`: max_k, n_random, ablation, max_prompts, ... Returns a KnockoutResult;
-    `out` defaults to runs/knockout-<time>.
+    `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`); the curve is
+    scored on held-out prompts (facts the ranking never saw) and on the ranked ones (`result.curve("held_out")`,
+    `result.curve("in_sample")`). Settings are the fields of `KnockoutConfig`: max_k, n_random, ablation,
+    max_prompts, held_out, ... Returns a KnockoutResult; `out` defaults to runs/knockout-<time>.
     """
     run = {"from_run": _folder(from_run)} if from_run is not None else {}
     return _standalone("knockout", "knockout_config:KnockoutConfig", "knockout:knockout", model, out, quiet, settings,

@@ -118,9 +118,11 @@ class KnockoutResults(StageResults):
     """knockout: accuracy with the top-k components by effect knocked out, against k random ones."""
 
     curve = Table("knockout_summary.csv")
-    """Per k: effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std."""
+    """Per prompt_set (held_out first, then in_sample; unranked for named components without a run) and k:
+    effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std."""
     rows = Table("knockout.csv")
-    """Every configuration scored: k, ranking (none, effect or random), seed, accuracy, mean_prob, components."""
+    """Every configuration scored: prompt_set, k, ranking (none, effect or random), seed, accuracy, mean_prob,
+    components."""
     by_place = Table("knockout_by_place.csv")
     """Per answer place, units, tens, ..., and carry group (answer_digits runs)."""
     place_summary = Table("knockout_place_summary.csv")

@@ -253,7 +253,8 @@ def test_undefined_numbers_are_empty_cells(model_dirs: dict[str, Path], tmp_path
     printed = capsys.readouterr()
     assert "nan" not in printed.out and "n/a (--n-random 0)" in printed.out and "Traceback" not in printed.err
     summary = list(csv.DictReader((knockout / "knockout_summary.csv").open()))
-    assert [r["k"] for r in summary] == ["1", "2"]
+    assert [(r["prompt_set"], r["k"]) for r in summary] == [("held_out", "1"), ("held_out", "2"), ("in_sample", "1"),
+                                                             ("in_sample", "2")]  # fmt: skip
     for row in summary:
         assert float(row["effect_accuracy"]) >= 0
         assert row["random_accuracy_mean"] == row["random_accuracy_std"] == row["random_prob_mean"] == ""

@@ -85,7 +85,9 @@ def test_knockout_of_a_digits_run_scores_whole_answers_and_places(digits_run, tm
     assert "(whole answers, every token right)" in printed and "per answer digit with the top 2 out" in printed
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["answer_digits"] is True
-    assert metadata["counts"]["prompts"] == 6 and metadata["counts"]["scored_tokens"] == 12
+    counts = metadata["counts"]
+    assert counts["prompts"] == {"in_sample": 6} and counts["scored_tokens"] == {"in_sample": 12}
+    assert "every candidate prompt states one of the 6 ranked facts" in metadata["split"]  # the file has no others
     rows = read_csv(out / "knockout_by_place.csv")
     cells = {(r["place"], r["group"], r["prompts"]) for r in rows}
     assert {(p, n) for p, g, n in cells if g == "all"} == {("answer", "6"), ("units", "6"), ("tens", "5"),
@@ -102,6 +104,38 @@ def test_knockout_of_a_digits_run_scores_whole_answers_and_places(digits_run, tm
     summary = read_csv(out / "knockout_place_summary.csv")
     assert [r["place"] for r in summary if r["group"] == "all"][::2] == ["answer", "units", "tens", "hundreds"]
     assert (out / "knockout_tens.png").is_file()
+
+
+def test_knockout_of_a_generated_digits_run_holds_out_facts(tiny_model_dir, tmp_path: Path) -> None:
+    """A generated --answer-digits run (operands 10-99): the held-out prompts are generated with its settings (answers
+    of several digits), share no fact with the ranked ones, and both sets are scored per answer place."""
+    model = tiny_model_dir("llama")
+    run = tmp_path / "identify"
+    args = ["identify", "--model", str(model), "--answer-digits", "--operand-min", "10", "--operand-max", "99",
+            "--formations", "equation", "--n-per-template", "2", "--keep-incorrect", "--out", str(run), "--quiet"]
+    assert main(args) == 0
+    out = tmp_path / "knockout"
+    args = ["knockout", "--from", str(run), "--model", str(model), "--max-k", "1", "--n-random", "1",
+            "--min-group-size", "2", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    ranked = [json.loads(line) for line in (run / "prompts.jsonl").read_text().splitlines()]
+    held = [json.loads(line) for line in (out / "prompts_held_out.jsonl").read_text().splitlines()]
+
+    def fact(row: dict) -> tuple[int, int, int]:
+        a, b = int(row["a"]), int(row["b"])
+        return a + b, min(a, b), max(a, b)
+
+    assert len(held) == len(ranked) == 8 and {fact(r) for r in held}.isdisjoint(fact(r) for r in ranked)
+    assert any(len(r["answer"]) > 1 for r in held)  # generated as the run was: answers of several digits
+    metadata = json.loads((out / "metadata.json").read_text())
+    tokens = metadata["counts"]["scored_tokens"]
+    assert list(tokens) == ["held_out", "in_sample"]
+    assert tokens["held_out"] == sum(len(r["answer"]) for r in held)  # a row per answer digit
+    places = read_csv(out / "knockout_place_summary.csv")
+    assert list(dict.fromkeys(r["prompt_set"] for r in places)) == ["held_out", "in_sample"]
+    by_place = read_csv(out / "knockout_by_place.csv")
+    units = {r["prompt_set"]: int(r["prompts"]) for r in by_place if (r["place"], r["group"]) == ("units", "all")}
+    assert units == {"held_out": 8, "in_sample": 8}
 
 
 def test_attention_of_a_digits_run_per_answer_place(digits_run, tmp_path: Path) -> None:

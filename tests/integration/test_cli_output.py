@@ -69,15 +69,18 @@ def test_knockout_of_given_components(run: tuple[Path, Path], tmp_path: Path, ca
         if row["ranking"] == "random":
             names = row["components"].split()
             assert sum(n.startswith("mlp.") for n in names) == (1 if row["k"] == "3" else 0), row
-    summary = {r["k"]: r for r in csv.DictReader((out / "knockout_summary.csv").open())}
-    for k, row in summary.items():
-        accuracy = [float(r["accuracy"]) for r in rows if r["k"] == k and r["ranking"] == "random"]
+    summary = {(r["prompt_set"], r["k"]): r for r in csv.DictReader((out / "knockout_summary.csv").open())}
+    assert {prompt_set for prompt_set, _ in summary} == {"held_out", "in_sample"}
+    for (prompt_set, k), row in summary.items():
+        accuracy = [float(r["accuracy"]) for r in rows
+                    if (r["prompt_set"], r["k"], r["ranking"]) == (prompt_set, k, "random")]  # fmt: skip
+        assert len(accuracy) == 3
         assert float(row["random_accuracy_std"]) == pytest.approx(statistics.stdev(accuracy), abs=1e-6)
     one = tmp_path / "k1"
     assert main(["knockout", "--from", str(folder), "--model", str(model_dir), "--components", "1.2",
                  "--n-random", "1", "--out", str(one), "--quiet"]) == 0  # fmt: skip
     assert "± n/a (one draw)" in capsys.readouterr().out
-    assert [r["random_accuracy_std"] for r in csv.DictReader((one / "knockout_summary.csv").open())] == [""]
+    assert [r["random_accuracy_std"] for r in csv.DictReader((one / "knockout_summary.csv").open())] == ["", ""]
 
 
 def test_identify_of_one_prompt_and_unfiltered_counts(tiny_model_dir, tmp_path: Path, capsys) -> None:

@@ -74,7 +74,9 @@ def test_stages_run_and_open_run_tables_equal_the_csv_files(run_dir) -> None:
         assert effects[ranked.component.name] == pytest.approx(ranked.effect, rel=1e-6)
     assert str(run.identify.effects["head"].dtype) == "Int64"  # an MLP's empty head is missing, heads stay whole
     curve = run.knockout.curve
-    assert list(curve["k"]) == [1, 2, 3]
+    assert list(zip(curve["prompt_set"], curve["k"], strict=True)) == [
+        (s, k) for s in ("held_out", "in_sample") for k in (1, 2, 3)
+    ]
     effect_rows = [r for r in ko.rows if r.ranking == "effect"]
     assert list(curve["effect_accuracy"]) == pytest.approx([r.accuracy for r in effect_rows], abs=1e-6)
     assert run.identify.key_components == json.loads((out / "identify" / "key_components.json").read_text())

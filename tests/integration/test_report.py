@@ -161,13 +161,40 @@ def test_knockout_and_evaluate_readings_from_known_numbers(tmp_path: Path) -> No
     for folder in (ev, ev / "base", ev / "tuned"):
         _write(folder, "metadata.json", "{}")
     text = write_report(run).read_text()
-    assert ("Knocking out the top 1 head drops accuracy from 100% to 59%, the top 4 (14.2, 18.5, 13.6 and 20.8) to "
-            "47%, while 4 random heads leave 91% ± 5% (3 random draws, 32 prompts, mean ablation). Effect-ranked "
-            "heads matter more than random ones.") in text  # fmt: skip
+    assert ("On 32 prompts, knocking out the top 1 head drops accuracy from 100% to 59%, the top 4 (14.2, 18.5, 13.6 "
+            "and 20.8) to 47%, while 4 random heads leave 91% ± 5%. Effect-ranked heads matter more than random "
+            "ones. Settings: 3 random draws, mean ablation.") in text  # fmt: skip
     assert "gsm8k (n=100): 10.0% base, 14.0% tuned (+4.0 points)" in text
     page = _Page(text)
     assert page.status["identify"] == "not run" and page.status["knockout"] == "done"
     assert not page.images  # no figure file, no figure
+
+
+def test_knockout_reading_puts_the_held_out_curve_first(tmp_path: Path) -> None:
+    """A knockout of two prompt sets reads the held-out curve first, then the in-sample one, and compares them;
+    the table names each row's set."""
+    run = tmp_path / "run"
+    ko = run / "knockout"
+    _write(ko, "knockout.csv", "prompt_set,k,ranking,seed,accuracy,mean_prob,components\n"
+           "held_out,0,none,,1.0,0.7,\nheld_out,2,effect,,0.8,0.5,14.2 18.5\nheld_out,2,random,0,0.9,0.6,1.0 2.0\n"
+           "in_sample,0,none,,1.0,0.8,\nin_sample,2,effect,,0.4,0.3,14.2 18.5\nin_sample,2,random,0,0.95,0.7,1.0 2.0\n")
+    _write(ko, "knockout_summary.csv", "prompt_set,k,effect_accuracy,random_accuracy_mean,random_accuracy_std,"
+           "effect_prob,random_prob_mean,random_prob_std\nheld_out,2,0.8,0.9,,0.5,0.6,\n"
+           "in_sample,2,0.4,0.95,,0.3,0.7,\n")
+    meta = {"config": {"ablation": "mean", "n_random": 1}, "counts": {"prompts": {"held_out": 20, "in_sample": 30}},
+            "split": "held out (...), then in sample (...)"}  # fmt: skip
+    _write(ko, "metadata.json", json.dumps(meta))
+    text = write_report(run).read_text()
+    held = ("On 20 held-out prompts (the run&#x27;s templates; no prompt and no fact the ranking saw), knocking out "
+            "the top 2 heads drops accuracy from 100% to 80%, while 2 random heads leave 90% ± n/a.")
+    in_sample = ("On the 30 prompts the ranking was made on (in sample), knocking out the top 2 heads drops accuracy "
+                 "from 100% to 40%, while 2 random heads leave 95% ± n/a. Effect-ranked heads matter more than random "
+                 "ones.")  # fmt: skip
+    assert held in text and in_sample in text and text.index(held) < text.index(in_sample)
+    assert "cost 10% of accuracy more than random ones held out, against 55% in sample" in text
+    page = _Page(text)
+    assert page.status["knockout"] == "done"
+    assert text.index("<td>held out</td>") < text.index("<td>in sample</td>")
 
 
 def test_missing_unfinished_and_unreadable_stages(run_dir: Path, tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ def prompts(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert len(own) >= 11
     path = tmp_path_factory.mktemp("prompts") / "own.jsonl"
     write_prompt_file(path, own[:11])  # 11 prompts: uneven shards over two processes
+    write_prompt_file(path.parent / "own_all.jsonl", own)  # for a run that leaves prompts to hold out
     return path
 
 
@@ -187,6 +188,27 @@ def test_knockout_two_processes(model: Path, identify_one: Path, tmp_path: Path)
     assert one[0]["accuracy"] == 1.0 and 0 < min(float(r["accuracy"]) for r in one) < 1  # a real merge of counts
     assert_same_numbers(tmp_path / "one" / "knockout.csv", tmp_path / "two" / "knockout.csv")
     assert_same_numbers(tmp_path / "one" / "knockout_summary.csv", tmp_path / "two" / "knockout_summary.csv")
+
+
+@pytest.mark.slow
+def test_knockout_held_out_two_processes(model: Path, prompts: Path, tmp_path: Path) -> None:
+    """A run of 7 of the file's prompts leaves others of fresh facts: both prompt sets are sharded and merged."""
+    run = tmp_path / "identify"
+    assert main(["identify", "--model", str(model), "--prompts", str(prompts.parent / "own_all.jsonl"),
+                 "--max-prompts", "7", "--out", str(run), "--quiet"]) == 0  # fmt: skip
+    args = ["knockout", "--model", str(model), "--from", str(run), "--max-k", "2", "--n-random", "2",
+            "--batch-size", "8", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    launch_two([*args, "--out", str(tmp_path / "two")])
+    counts = json.loads((tmp_path / "one" / "metadata.json").read_text())["counts"]["prompts"]
+    assert counts["in_sample"] == 7 and counts["held_out"] >= 3
+    one = numeric_rows(tmp_path / "one" / "knockout.csv")
+    assert [r["prompt_set"] for r in one][:: len(one) // 2] == ["held_out", "in_sample"]
+    for name in ("knockout.csv", "knockout_summary.csv", "prompts_held_out.jsonl"):
+        if name.endswith(".jsonl"):
+            assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text()
+        else:
+            assert_same_numbers(tmp_path / "one" / name, tmp_path / "two" / name)
 
 
 @pytest.mark.slow

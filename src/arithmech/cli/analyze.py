@@ -208,7 +208,8 @@ def analyze_heuristics(
                             f"{s[f'random_{a}']:.0%}" for a in cfg.ablations)  # fmt: skip
         typer.echo(f"{op:15s} {len(res.kept)} pairs; neurons classified: operand templates {s['operand']:.1%} "
                    f"(null {s['operand_null']:.1%}), result templates {s['result']:.1%} (null "
-                   f"{s['result_null']:.1%}); accuracy {s['base']:.0%} -> {ablated}")  # fmt: skip
+                   f"{s['result_null']:.1%}), both {s['both']:.1%} (null {s['both_null']:.1%}); accuracy "
+                   f"{s['base']:.0%} -> {ablated}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")
     typer.echo(f"results in {result.out_dir}")

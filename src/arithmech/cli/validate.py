@@ -32,8 +32,16 @@ def knockout(
     n_random: Annotated[int, typer.Option(help="Random-rank draws (seeds) per k.")] = 5,
     include_mlps: Annotated[bool, typer.Option("--include-mlps", help="Rank and draw MLPs as well as heads.")] = False,
     max_prompts: Annotated[
-        int, typer.Option(help="Reference prompts scored (a sample stratified by operation and template).")
+        int, typer.Option(help="Prompts scored per prompt set (a sample stratified by operation and template).")
     ] = 64,
+    held_out: Annotated[
+        bool,
+        typer.Option(
+            "--held-out/--no-held-out",
+            help="With --from: also knock out on held-out prompts (the run's templates, facts its ranking never "
+            "saw), reported first; --no-held-out scores the ranked prompts only.",
+        ),
+    ] = True,
     min_group_size: Annotated[
         int, typer.Option(help="Smallest template group a mean is taken over (or resampled from); smaller: END mean.")
     ] = 4,
@@ -66,35 +74,45 @@ def knockout(
         n_random=n_random,
         include_mlps=include_mlps,
         max_prompts=max_prompts,
+        held_out=held_out,
         min_group_size=min_group_size,
         answer_digits=answer_digits,
         batch_size=batch_size,
         seed=seed,
     ), out or default_out("knockout", from_run), "knockout")
     from arithmech.stages.knockout import knockout as run_knockout
-    from arithmech.stages.knockout import summarize
 
     handle = distributed.local_device(load)()
     result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
-    if not distributed.is_main():
-        return
-    base = next(r for r in result.rows if r.ranking == "none")
-    whole = " (whole answers, every token right)" if base.by_place else ""
-    typer.echo(f"accuracy with nothing knocked out: {base.accuracy:.1%}{whole}")
-    typer.echo("   k  effect-rank  random-rank (mean ± sd)")
-    for row in summarize(result.rows):
-        mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no draws; sd with one
-        spread = f"{sd:.1%}" if sd == sd else "n/a (one draw)"
-        random_rank = f"{mean:10.1%} ± {spread}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
-        typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
-    if base.by_place:
-        from arithmech.data.places import place_name
+    if distributed.is_main():
+        _echo_knockout(result)
 
-        top = max(r.k for r in result.rows)
-        at = [(p, a) for r in result.rows if r.k == top and r.ranking == "effect"
-              for p, g, _, a, _ in r.by_place if p is not None and g == "all"]  # fmt: skip
-        typer.echo(f"per answer digit with the top {top} out (the earlier digits given): "
-                   + ", ".join(f"{place_name(p)} {a:.1%}" for p, a in at) + " (knockout_place_summary.csv)")
+
+def _echo_knockout(result: Any) -> None:
+    """The curve of every prompt set, held out first, and which prompts each holds."""
+    from arithmech.data.places import place_name
+    from arithmech.stages.knockout_outputs import baseline, prompt_set_order, summarize
+
+    counts = result.metadata["counts"]["prompts"]
+    typer.echo(f"prompt sets: {result.metadata['split']}")
+    for prompt_set in prompt_set_order(result.rows):
+        rows = result.curve(prompt_set)
+        base = baseline(rows, prompt_set)
+        whole = " (whole answers, every token right)" if base.by_place else ""
+        name = "" if prompt_set == "unranked" else f"{prompt_set.replace('_', '-')}, "
+        typer.echo(f"{name}{counts[prompt_set]} prompts: accuracy with nothing knocked out {base.accuracy:.1%}{whole}")
+        typer.echo("   k  effect-rank  random-rank (mean ± sd)")
+        for row in summarize(rows):
+            mean, sd = row["random_accuracy_mean"], row["random_accuracy_std"]  # NaN with no draws; sd with one
+            spread = f"{sd:.1%}" if sd == sd else "n/a (one draw)"
+            random_rank = f"{mean:10.1%} ± {spread}" if mean == mean else f"{'n/a':>10s} (--n-random 0)"
+            typer.echo(f"{row['k']:4d}  {row['effect_accuracy']:10.1%}  {random_rank}")
+        if base.by_place:
+            top = max(r.k for r in rows)
+            at = [(p, a) for r in rows if r.k == top and r.ranking == "effect"
+                  for p, g, _, a, _ in r.by_place if p is not None and g == "all"]  # fmt: skip
+            typer.echo(f"per answer digit with the top {top} out (the earlier digits given): "
+                       + ", ".join(f"{place_name(p)} {a:.1%}" for p, a in at) + " (knockout_place_summary.csv)")
     typer.echo(f"results in {result.out_dir}")
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from arithmech.data.generate import solve
+from arithmech.data.prompts import PromptPair
+from arithmech.errors import ConfigError
 
 Fact = tuple[str, int, int, int]
 """(kind, whole, smaller part, larger part); kind is "sum" or "product"."""
@@ -36,6 +38,17 @@ def fact_of(operation: str, a: int, b: int) -> Fact:
     if operation in ("addition", "multiplication"):
         return ("sum" if operation == "addition" else "product", c, min(a, b), max(a, b))
     return ("sum" if operation == "subtraction" else "product", a, min(b, c), max(b, c))
+
+
+def pair_fact(pair: PromptPair) -> Fact | None:
+    """The fact a prompt's final query states, or None when it states none this module knows: no operation, operands
+    that are no whole numbers (decimals, a user's prompts without them), or no valid problem."""
+    if pair.operation is None or pair.a is None or pair.b is None or not (pair.a.isdigit() and pair.b.isdigit()):
+        return None
+    try:
+        return fact_of(pair.operation, int(pair.a), int(pair.b))
+    except (ValueError, ConfigError):  # not a valid problem, or not one of the four operations
+        return None
 
 
 def related_counts(

@@ -12,6 +12,10 @@ direct sampler that only proposes valid problems. Each template gets its own loc
 (seed, template id), so adding a template never changes another template's prompts. Where one answer holds most
 of the enumerated problems (division 10-99: n / n = 1), the queries are drawn evenly over the answer values,
 and generated prompts that one answer still dominates are named in a warning (`data/answer_balance.py`).
+
+`keep` (optional) restricts the queries to the problems it accepts, e.g. facts no other prompt set used
+(`data/heldout.py`); the solved examples are still drawn from every valid problem, and a template left with no
+accepted problem gives no pairs (a sampled range gives up after `_KEEP_TRIES` rejected draws).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ logger = logging.getLogger(__name__)
 
 _ENUMERATE_MAX_RANGE = 200  # operand ranges up to this size are enumerated exhaustively
 _DIGIT_CAP = 9
+_KEEP_TRIES = 1000  # draws of a sampled range before `keep` is taken to accept none of its problems
 
 Problem = tuple[int, int]
+Keep = Callable[[str, Problem], bool]
+"""keep(operation, (a, b)): whether the problem may be a query."""
 
 
 @dataclass(frozen=True)
@@ -106,14 +113,21 @@ def solve(operation: str, a: int, b: int) -> int | None:
     raise ConfigError(f"unknown operation '{operation}'; use one of {', '.join(OPERATIONS)}")
 
 
-def generate_pairs(cfg: GenerationConfig, templates: list[Template] | None = None) -> list[PromptPair]:
-    """Generate `cfg.n_per_template` prompt pairs for every selected template; same cfg => same list."""
+def generate_pairs(
+    cfg: GenerationConfig, templates: list[Template] | None = None, keep: Keep | None = None
+) -> list[PromptPair]:
+    """Generate `cfg.n_per_template` prompt pairs for every selected template (queries among the problems `keep`
+    accepts, if given: see the module docstring); same arguments => same list."""
     chosen = _choose_templates(cfg, load_templates() if templates is None else templates)
     pairs: list[PromptPair] = []
     notes: dict[str, None] = {}
     for template in chosen:
         rng = random.Random(f"{cfg.seed}:{template.id}")
-        source = _problem_source(template, cfg)
+        source = _problem_source(template, cfg, keep)
+        if source is None:
+            logger.info("template %s: no problem of operands %d-%d is accepted as a query", template.id,
+                        cfg.operand_min, cfg.operand_max)  # fmt: skip
+            continue
         notes[source.note] = None
         for _ in range(cfg.n_per_template):
             query = source.next_query(rng)
@@ -182,10 +196,15 @@ class _ProblemSource:
         pool: list[Problem] | None,
         sampler: Callable[[random.Random], Problem] | None,
         balanced: AnswerCycle | None = None,
+        examples_pool: list[Problem] | None = None,
+        example_sampler: Callable[[random.Random], Problem] | None = None,
     ) -> None:
         self._pool = pool
         self._sampler = sampler
         self._balanced = balanced
+        self._examples_pool = pool if examples_pool is None else examples_pool
+        """Where solved examples come from: every valid problem, also those the queries may not be."""
+        self._example_sampler = sampler if example_sampler is None else example_sampler
         self._queue: list[Problem] = []
         self.note = ""
         """Why the queries are balanced over answer values, if they are."""
@@ -205,49 +224,70 @@ class _ProblemSource:
         """`k` solved examples with other operands than `exclude` where the range allows it."""
         if k == 0:
             return []
-        if self._sampler is not None:
+        if self._example_sampler is not None:
             return [self._draw_other(rng, exclude) for _ in range(k)]
-        assert self._pool is not None
-        others = [p for p in self._pool if p != exclude] or [exclude]
+        assert self._examples_pool is not None
+        others = [p for p in self._examples_pool if p != exclude] or [exclude]
         return rng.sample(others, k) if len(others) >= k else rng.choices(others, k=k)
 
     def _draw_other(self, rng: random.Random, exclude: Problem) -> Problem:
-        assert self._sampler is not None
-        problem = self._sampler(rng)
+        assert self._example_sampler is not None
+        problem = self._example_sampler(rng)
         for _ in range(100):
             if problem != exclude:
                 break
-            problem = self._sampler(rng)
+            problem = self._example_sampler(rng)
         return problem
 
 
-def _problem_source(template: Template, cfg: GenerationConfig) -> _ProblemSource:
+def _problem_source(template: Template, cfg: GenerationConfig, keep: Keep | None = None) -> _ProblemSource | None:
+    """Where a template's queries and solved examples come from; None when `keep` accepts none of its problems."""
     lo, hi = cfg.operand_min, cfg.operand_max
+    op = template.operation
     cap = _DIGIT_CAP if cfg.single_digit_answer else None
     if hi - lo + 1 <= _ENUMERATE_MAX_RANGE:
-        pool = [
-            (a, b)
-            for a in range(lo, hi + 1)
-            for b in range(lo, hi + 1)
-            if _valid(template.operation, a, b, cap)
-        ]
-        if not pool:
+        valid = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1) if _valid(op, a, b, cap)]
+        if not valid:
             raise _no_problem(template, cfg)
+        pool = valid if keep is None else [p for p in valid if keep(op, p)]  # the queries'
+        if not pool:
+            return None
         by_answer: dict[int, list[Problem]] = {}
         for a, b in pool:
-            by_answer.setdefault(solve(template.operation, a, b) or 0, []).append((a, b))
-        common = dominant([solve(template.operation, a, b) for a, b in pool])
+            by_answer.setdefault(solve(op, a, b) or 0, []).append((a, b))
+        common = dominant([solve(op, a, b) for a, b in pool])
         if common is None:
-            return _ProblemSource(pool, None)
-        source = _ProblemSource(pool, None, AnswerCycle(by_answer))
-        source.note = (f"{template.operation}: the answer {common[0]} holds {common[1]} of the {len(pool)} valid "
+            return _ProblemSource(pool, None, examples_pool=valid)
+        source = _ProblemSource(pool, None, AnswerCycle(by_answer), examples_pool=valid)
+        source.note = (f"{op}: the answer {common[0]} holds {common[1]} of the {len(pool)} valid "
                        f"problems with operands {lo}-{hi}, so queries are drawn evenly over its {len(by_answer)} "
                        "answer values")  # fmt: skip
         return source
-    sampler = _direct_sampler(template.operation, lo, hi, cap)
+    sampler = _direct_sampler(op, lo, hi, cap)
     if sampler is None:
         raise _no_problem(template, cfg)
-    return _ProblemSource(None, sampler)
+    if keep is None:
+        return _ProblemSource(None, sampler)
+    probe = random.Random(f"{cfg.seed}:{template.id}:probe")
+    if not any(keep(op, sampler(probe)) for _ in range(100)):
+        return None  # 100 draws, none accepted: (nearly) every problem of this range is excluded
+    return _ProblemSource(None, _kept_sampler(sampler, op, keep), example_sampler=sampler)
+
+
+def _kept_sampler(
+    sampler: Callable[[random.Random], Problem], operation: str, keep: Keep
+) -> Callable[[random.Random], Problem]:
+    """`sampler` redrawn until `keep` accepts the problem (at most `_KEEP_TRIES` draws)."""
+
+    def draw(rng: random.Random) -> Problem:
+        for _ in range(_KEEP_TRIES):
+            problem = sampler(rng)
+            if keep(operation, problem):
+                return problem
+        raise ConfigError(f"{_KEEP_TRIES} draws of {operation} problems in a row were all excluded; widen the "
+                          "operand range")  # fmt: skip
+
+    return draw
 
 
 def _valid(operation: str, a: int, b: int, cap: int | None) -> bool:

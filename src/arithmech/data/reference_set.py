@@ -76,7 +76,7 @@ def build_reference_set(
     handle: ModelHandle, cfg: ReferenceSetConfig, cache_dir: Path | None = None, progress: Progress | None = None
 ) -> ReferenceSet:
     """Steps 1-4 of the module docstring; `cache_dir` and `progress` as in `answer_check`."""
-    tokenized, kept, accuracy, counts, carry = _kept_prompts(handle, cfg, cache_dir, progress)
+    tokenized, kept, accuracy, counts, carry = kept_prompts(handle, cfg, cache_dir, progress)
     pairs = tokenized.unique_pairs()
     chosen = [kept[i] for i in stratified_sample([pairs[i] for i in kept], cfg.max_prompts, cfg.seed)]
     reference = tokenized.take_pairs(chosen)
@@ -90,7 +90,7 @@ def build_reference_set(
 
 def heldout_reference_set(handle: ModelHandle, cfg: ReferenceSetConfig, n: int) -> TokenizedPairs | None:
     """Up to n kept prompts that `build_reference_set(handle, cfg)` did not take, or None if there are none."""
-    tokenized, kept, _, _, _ = _kept_prompts(handle, cfg)
+    tokenized, kept, _, _, _ = kept_prompts(handle, cfg)
     pairs = tokenized.unique_pairs()
     taken = {kept[i] for i in stratified_sample([pairs[i] for i in kept], cfg.max_prompts, cfg.seed)}
     rest = [i for i in kept if i not in taken]
@@ -158,14 +158,19 @@ def _starts_with_digit(tokenizer: Any) -> Callable[[int], bool]:
     return lambda token: tokenizer.decode([token])[:1].isdigit()
 
 
-def _kept_prompts(
-    handle: ModelHandle, cfg: ReferenceSetConfig, cache_dir: Path | None = None, progress: Progress | None = None
+def kept_prompts(
+    handle: ModelHandle,
+    cfg: ReferenceSetConfig,
+    cache_dir: Path | None = None,
+    progress: Progress | None = None,
+    pairs: list[PromptPair] | None = None,
 ) -> tuple[
     TokenizedPairs, list[int], dict[str, dict[str, float | None]], dict[str, int], dict[str, dict[str, float | int]]
 ]:
     """Steps 1-3: every tokenized pair, the pair numbers kept, the accuracy per template, the counts, and the
-    accuracy per carry group."""
-    pairs = reference_pairs(cfg)
+    accuracy per carry group. `pairs`: these prompts instead of step 1's (`data/heldout.py`); DataError when the
+    model answers none of them (with filter_correct)."""
+    pairs = reference_pairs(cfg) if pairs is None else pairs
     tokenized, report = tokenize_pairs(handle.tokenizer, pairs, answer_digits=cfg.answer_digits)
     fix = "shorter prompts in the --prompts file, or a model with a longer context" if cfg.prompts_file else SHORTER
     check_fits_context(handle.model, tokenized.ref_ids.shape[1], fix)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arithmech.data.generate import GenerationConfig, generate_pairs
+from arithmech.data.generate import GenerationConfig, Keep, generate_pairs
 from arithmech.data.locate import (
     JSONL_SUFFIXES,
     find_data_file,
@@ -157,8 +157,11 @@ def _registry() -> dict[str, TargetSpec]:
     return _REGISTRY
 
 
-def build_target_pairs(spec: TargetSpec, options: TargetOptions | None = None) -> list[PromptPair]:
-    """The prompt pairs of a target set; the same spec and options give the same list."""
+def build_target_pairs(
+    spec: TargetSpec, options: TargetOptions | None = None, keep: Keep | None = None
+) -> list[PromptPair]:
+    """The prompt pairs of a target set; the same spec and options give the same list. `keep`: generated sets draw
+    their queries among the problems it accepts (`generate_pairs`); the other kinds ignore it."""
     options = options or TargetOptions()
     if spec.kind == "generated":
         cfg = GenerationConfig(
@@ -171,7 +174,7 @@ def build_target_pairs(spec: TargetSpec, options: TargetOptions | None = None) -
             seed=options.seed,
             single_digit_answer=spec.single_digit_answer,
         )
-        return generate_pairs(cfg)
+        return generate_pairs(cfg, keep=keep)
     if spec.kind == "decimals":
         assert spec.operation is not None
         templates = select_templates(load_templates(), (spec.operation,), spec.formations)

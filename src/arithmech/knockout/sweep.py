@@ -69,6 +69,8 @@ class SweepRow:
     for whole answers (place None), then per place 0 (units), 1 (tens), ... (teacher forced, `data/places.py`),
     per group "all" and each carry group; then accuracy and mean_prob are of whole answers
     (`KnockoutScores.whole_answers`)."""
+    prompt_set: str = ""
+    """Which prompts were scored, set by the knockout stage: "held_out", "in_sample" or "unranked"."""
 
 
 @dataclass(frozen=True)

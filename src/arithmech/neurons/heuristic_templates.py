@@ -60,6 +60,15 @@ Two families, each classified on its own
     for near-perfect matches. Under the null each family's rule lets through at most 5% of the neurons
     (Bonferroni: usually far fewer).
 
+Overlap of the two families (`family_overlap`)
+    The families are classified apart, so a neuron can be classified by both: a set of one family can cover most
+    of a set of the other on a small grid (results 0-2 are pairs of operands 0-2; an even result is two operands
+    of one parity, so both_0mod2 lies inside result_0mod2), and a neuron that tracks the result can also match
+    an operand template (its top pairs for one k the result set, for another k mostly an operand range). The
+    families are not made exclusive (a rule picking one would change what each family's null measures); each
+    layer reports its neurons classified by operand templates only, by result templates only, and by both, and
+    "both" is read against the same null (the permuted activations classified by both families).
+
 Null
     `shuffled_best` permutes every neuron's activations over the pairs (seeded, one permutation per neuron)
     and classifies them again, per family: the fraction it classifies is the rule's false-positive rate on
@@ -70,6 +79,7 @@ Usage
     >>> best = classify_families(activation, templates)                  # activation [neuron, n]
     >>> best["result"].classified(), best["result"].template             # [neuron] each, per family
     >>> null = shuffled_best(activation, templates, seed=0)              # the same, activations permuted
+    >>> family_overlap({g: best[g].classified() for g in GROUPS})["both"]  # [neuron] classified by both
 
 References: Nikankin, Reusch, Mueller, Belinkov, "Arithmetic Without Algorithms: Language Models Solve Math
 With a Bag of Heuristics", ICLR 2025 (arXiv 2410.21272), sec. 4; code technion-cs-nlp/llm-arithmetic-heuristics.
@@ -88,6 +98,8 @@ FAMILIES: tuple[str, ...] = (
 RESULT_FAMILIES = frozenset({"result_value", "result_range", "result_mod"})
 GROUPS: tuple[str, ...] = ("operand", "result")
 """The two families of templates classified apart: operand templates and result templates."""
+OVERLAP: tuple[str, ...] = ("operand_only", "result_only", "both")
+"""How a neuron classified by some family is classified (`family_overlap`)."""
 OPERAND_WIDTHS = (2, 3, 5, 10, 30, 50, 100)
 RESULT_WIDTHS = (2, 3, 5, 10, 30, 50)
 MODULI = tuple(range(2, 11))
@@ -227,6 +239,13 @@ def classify_families(activation: torch.Tensor, templates: list[HeuristicTemplat
         chosen = torch.tensor(idx, dtype=torch.long)[best.template] if idx else best.template
         out[group] = BestTemplates(chosen, best.score, best.top, best.p_value, best.n_tests)
     return out
+
+
+def family_overlap(classified: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """[neuron] bool masks of `OVERLAP` from each family's classified mask: operand templates only, result
+    templates only, both; a neuron of neither is in none."""
+    operand, result = classified["operand"], classified["result"]
+    return {"operand_only": operand & ~result, "result_only": result & ~operand, "both": operand & result}
 
 
 def overlap_p_value(n: int, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

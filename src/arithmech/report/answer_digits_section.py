@@ -57,25 +57,31 @@ def identify_places(stage: StageFolder) -> tuple[str, list[Figure], list[Table]]
 
 
 def knockout_places(stage: StageFolder) -> tuple[str, list[Table]]:
-    """(reading, accuracy per answer place, carry group and k) of a knockout of answers scored token by token."""
+    """(reading, accuracy per answer place, carry group and k) of a knockout of answers scored token by token; the
+    reading is of the first prompt set (held out, where there is one), the table has every set."""
     summary = stage.csv("knockout_place_summary.csv")
+    first = summary[0].get("prompt_set", "")
     kmax = max(int(r["k"]) for r in summary)
-    at_max = [r for r in summary if int(r["k"]) == kmax]
+    at_max = [r for r in summary if int(r["k"]) == kmax and r.get("prompt_set", "") == first]
     parts = [f"{r['place']} {pct(to_float(r['effect_accuracy']))} (random "
              f"{pct(to_float(r['random_accuracy_mean']))})" for r in at_max
              if r["group"] == "all" and r["place"] != "answer"]  # fmt: skip
     groups = [f"{r['group']} {pct(to_float(r['effect_accuracy']))} (random {pct(to_float(r['random_accuracy_mean']))})"
               for r in at_max if r["group"] != "all" and r["place"] == "answer"]  # fmt: skip
-    reading = (f" Accuracy is of whole answers (every digit right); per answer place, with the top {kmax} knocked "
-               f"out: {listing(parts)}.")  # fmt: skip
+    on = {"held_out": " on the held-out prompts", "in_sample": " in sample"}.get(first, "")
+    reading = (f" Accuracy is of whole answers (every digit right); per answer place{on}, with the top {kmax} "
+               f"knocked out: {listing(parts)}.")  # fmt: skip
     if groups:
         reading += f" Whole answers by carry group: {listing(groups)}."
-    rows = [(r["place"], r["group"], r["prompts"], r["k"], pct(to_float(r["effect_accuracy"])),
+    named = bool(first)
+    rows = [((r["prompt_set"].replace("_", " "),) if named else ()) + (
+             r["place"], r["group"], r["prompts"], r["k"], pct(to_float(r["effect_accuracy"])),
              f"{pct(to_float(r['random_accuracy_mean']))} ± {pct(to_float(r['random_accuracy_std']))}")
             for r in summary]  # fmt: skip
+    columns = ("place", "group", "prompts", "k", "effect-rank accuracy", "random accuracy (mean ± sd)")
     return reading, [Table("Accuracy per answer place (teacher forced; 'answer': whole answers) and carry group "
-                           "with k knocked out", ("place", "group", "prompts", "k", "effect-rank accuracy",
-                           "random accuracy (mean ± sd)"), rows, collapsed=True)]  # fmt: skip
+                           "with k knocked out", (("prompt set",) if named else ()) + columns, rows,
+                           collapsed=True)]  # fmt: skip
 
 
 OPERAND_TOKENS = ("A[-2]", "A[-1]", "B[-2]", "B[-1]")

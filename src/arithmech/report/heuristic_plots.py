@@ -23,9 +23,10 @@ def _by_operation(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, An
 
 @styled
 def heuristic_types(rows: Sequence[dict[str, Any]], families: Sequence[str], path: Path, title: str) -> None:
-    """Per operation and layer, two stacked bars: the share of the layer's neurons classified per operand
-    template family (left) and per result template family (right); a black tick on each bar marks that
-    family's null (the same rule on activations permuted over the pairs)."""
+    """Per operation and layer, three bars: the share of the layer's neurons classified per operand template
+    family (left, stacked), the share classified by both families (middle, grey: they are in the bars beside it
+    too) and per result template family (right, stacked); a black tick on each bar marks its null (the same rule
+    on activations permuted over the pairs)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,18 +37,24 @@ def heuristic_types(rows: Sequence[dict[str, Any]], families: Sequence[str], pat
     fig, axes = plt.subplots(1, len(groups), figsize=(3.4 * len(groups) + 1.6, 3.2), squeeze=False, sharey=True)
     for ax, (op, group) in zip(axes[0], groups.items(), strict=True):
         layers = np.array([int(r["layer"]) for r in group])
-        for side, (kind, shift) in enumerate((("operand", -0.21), ("result", 0.21))):
+        n = np.array([float(r["neurons"]) for r in group])
+        for side, (kind, shift) in enumerate((("operand", -0.28), ("result", 0.28))):
             bottom = np.zeros(len(layers))
             for family, colour in zip(families, _COLOURS, strict=False):
                 if family.startswith("result") != (kind == "result"):
                     continue
                 share = np.array([float(r[f"family_{family}"]) for r in group])
-                ax.bar(layers + shift, share, bottom=bottom, color=colour, width=0.4, label=family.replace("_", " "))
+                ax.bar(layers + shift, share, bottom=bottom, color=colour, width=0.27, label=family.replace("_", " "))
                 bottom += share
             null = [float(r[f"{kind}_null_fraction"]) for r in group]
-            ax.scatter(layers + shift, null, color="black", marker="_", s=40, zorder=3,
+            ax.scatter(layers + shift, null, color="black", marker="_", s=30, zorder=3,
                        label="null (permuted activations)" if side == 0 else None)  # fmt: skip
-        ax.set_title(f"{op}: operand | result templates", fontsize=9)
+        both = np.array([float(r["overlap_both"]) for r in group]) / n
+        ax.bar(layers, both, color="#555555", width=0.27, hatch="//", edgecolor="white", linewidth=0,
+               label="operand & result templates (in the side bars too)")  # fmt: skip
+        ax.scatter(layers, [float(r["overlap_both_null_fraction"]) for r in group], color="black", marker="_", s=30,
+                   zorder=3)  # fmt: skip
+        ax.set_title(f"{op}: operand | operand & result | result", fontsize=9)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3, axis="y")

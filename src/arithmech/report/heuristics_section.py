@@ -18,6 +18,22 @@ def _family_name(column: str) -> str:
     return column.removeprefix("family_").replace("_", " ")
 
 
+def _overlap(mine: list[dict[str, str]], n: int) -> dict[str, Any]:
+    """The families' overlap in one operation's layers: the share classified by both, its null, and a sentence
+    (empty for a folder written before layers.csv had the overlap columns)."""
+    if "overlap_both" not in mine[0]:
+        return {"both": None, "null": None, "text": ""}
+    count = {c: sum(int(r[f"overlap_{c}"]) for r in mine) for c in ("operand_only", "result_only", "both")}
+    null = sum(to_float(r["overlap_both_null_fraction"]) * int(r["neurons"]) for r in mine) / n
+    result = count["result_only"] + count["both"]
+    also = (f"{count['both']} of the {result} neurons that match a result template ({pct(count['both'] / result)}) "
+            "match an operand template too" if result else "no neuron matches a result template")  # fmt: skip
+    text = (f"The families overlap: {also}; {count['operand_only']} match operand templates only and "
+            f"{count['result_only']} result templates only; both families classify {pct(count['both'] / n, 1)} of "
+            f"the neurons (null {pct(null, 1)}). ")  # fmt: skip
+    return {"both": count["both"] / n, "null": null, "text": text}
+
+
 def heuristics_body(stage: StageFolder) -> Body:
     meta: dict[str, Any] = stage.metadata
     layers = stage.csv("layers.csv")
@@ -58,16 +74,18 @@ def heuristics_body(stage: StageFolder) -> Body:
                        if base else "")  # fmt: skip
         readings = [f"{g} templates {pct(share[g], 1)} (null {pct(null[g], 1)}: "
                     f"{'above' if share[g] > null[g] + _MARGIN else 'not above'} it)" for g in _GROUPS]  # fmt: skip
+        overlap = _overlap(mine, n)
         most = (f"; most often {listing([f'{_family_name(c)} ({pct(shares[c])})' for c in ranked])}"
                 if ranked else "")  # fmt: skip
         text.append(
             f"{op.capitalize()} ({prompts} {pairs_word}): of the neurons of layers {mine[0]['layer']}-"
             f"{mine[-1]['layer']}, {' and '.join(readings)} match a template by their activation{most}. "
-            f"Mean-ablating each prompt's top {plural(one, 'neuron')} per layer by direct effect{one_note} takes "
-            f"accuracy from {pct(base)} to {pct(top_mean)}, vs {pct(random_mean)} for {one} random (zero ablation: "
-            f"{pct(at('top', 'zero'))} vs {pct(at('random', 'zero'))}){verdict}."
+            f"{overlap['text']}Mean-ablating each prompt's top {plural(one, 'neuron')} per layer by direct "
+            f"effect{one_note} takes accuracy from {pct(base)} to {pct(top_mean)}, vs {pct(random_mean)} for {one} "
+            f"random (zero ablation: {pct(at('top', 'zero'))} vs {pct(at('random', 'zero'))}){verdict}."
         )  # fmt: skip
         rows.append((op, str(prompts), *(pct(x[g], 1) for g in _GROUPS for x in (share, null)),
+                     pct(overlap["both"], 1), pct(overlap["null"], 1),
                      pct(strong["operand"]), pct(strong["result"]), pct(base),
                      pct(at("top", "mean")), pct(at("random", "mean")), pct(at("top", "zero")),
                      pct(at("random", "zero"))))  # fmt: skip
@@ -81,17 +99,23 @@ def heuristics_body(stage: StageFolder) -> Body:
     tables = [Table(
         f"Per operation: neurons classified per template family (null: activations permuted), and accuracy after "
         f"ablating k = {one} neurons per layer{one_note}",
-        ("operation", "pairs", "operand", "operand null", "result", "result null", "strongest 1%: operand",
+        ("operation", "pairs", "operand", "operand null", "result", "result null", "both", "both null",
+         "strongest 1%: operand",
          "strongest 1%: result", "accuracy", "top-k mean", "random-k mean", "top-k zero", "random-k zero"), rows,
     )]  # fmt: skip
     tables.append(Table(
-        "Every layer", ("operation", "layer", "operand", "operand null", "result", "result null"),
+        "Every layer (operand only, result only, both: neurons classified by one family or by both)",
+        ("operation", "layer", "operand", "operand null", "result", "result null", "operand only", "result only",
+         "both", "both null"),
         [(r["operation"], r["layer"], *(pct(to_float(r[f"{g}_{c}"]), 1) for g in _GROUPS
-                                        for c in ("fraction", "null_fraction"))) for r in layers], collapsed=True,
+                                        for c in ("fraction", "null_fraction")),
+          *(r.get(f"overlap_{c}", "n/a") for c in ("operand_only", "result_only", "both")),
+          pct(to_float(r.get("overlap_both_null_fraction")), 1)) for r in layers], collapsed=True,
     ))  # fmt: skip
     figures = [Figure(stage.folder / name, caption) for name, caption in (
         ("heuristic_types.png", "Share of each layer's neurons classified, by template family (left bar: operand "
-                                "templates, right: result templates); black ticks: each family's null."),
+                                "templates, right: result templates; middle, grey: classified by both, counted in "
+                                "both side bars too); black ticks: each bar's null."),
         ("activation_patterns.png", "Activation at the last token over the operand grid (A rows, B columns) of the "
                                     "strongest neurons by mean |direct effect|, with their best template."),
         ("ablation.png", "Accuracy after ablating each prompt's top-k neurons per layer by direct effect vs k random "

@@ -40,9 +40,10 @@ from arithmech.errors import ConfigError
 from arithmech.report.circuit_section import circuit_body
 from arithmech.report.fourier_section import fourier_body
 from arithmech.report.heuristics_section import heuristics_body
+from arithmech.report.knockout_section import knockout_body
 from arithmech.report.page import Body, Section, Table, num, render_page
 from arithmech.report.run_folder import DONE, STALE, RunFolder, StageFolder, open_run
-from arithmech.report.sections import attention_body, identify_body, knockout_body, mlp_body, transfer_body
+from arithmech.report.sections import attention_body, identify_body, mlp_body, transfer_body
 from arithmech.report.sections_mechanisms import (
     agreement_body,
     evaluate_body,

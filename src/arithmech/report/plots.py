@@ -79,37 +79,43 @@ def effect_heatmap(
 
 
 @styled
-def knockout_curves(
-    summary: list[dict[str, float]], base_accuracy: float, base_prob: float, path: Path, title: str
-) -> None:
+def knockout_curves(curves: list[tuple[str, list[dict[str, Any]], float, float]], path: Path, title: str) -> None:
     """Accuracy and answer probability after knocking out k components: effect-rank vs random-rank (Figure 3).
 
-    summary rows: k, effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std.
+    curves: one (label, summary rows, baseline accuracy, baseline probability) per prompt set, the first drawn
+    solid (held out) and the others dashed and lighter (in sample); label "" for a figure of one set. Summary
+    rows: k, effect_accuracy, random_accuracy_mean/std, effect_prob, random_prob_mean/std.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ks = [row["k"] for row in summary]
     fig, axes = plt.subplots(1, 2, figsize=(8.0, 3.2), dpi=150)
-    for ax, metric, base, label in (
-        (axes[0], "accuracy", base_accuracy, "accuracy"),
-        (axes[1], "prob", base_prob, "mean answer probability"),
-    ):
-        effect = [row[f"effect_{metric}"] for row in summary]
-        mean = np.array([row[f"random_{metric}_mean"] for row in summary])
-        std = np.array([row[f"random_{metric}_std"] for row in summary])
-        ax.plot([0, *ks], [base, *effect], marker="o", color="#D55E00", label="effect-rank")
-        ax.plot([0, *ks], [base, *mean], marker="s", color="#0072B2", label="random-rank (mean)")
-        ax.fill_between(ks, mean - std, mean + std, color="#0072B2", alpha=0.2, linewidth=0, label="random ± 1 sd")
+    for ax, metric, label in ((axes[0], "accuracy", "accuracy"), (axes[1], "prob", "mean answer probability")):
+        ticks: set[int] = {0}
+        for number, (name, summary, base_accuracy, base_prob) in enumerate(curves):
+            base = base_accuracy if metric == "accuracy" else base_prob
+            ks = [row["k"] for row in summary]
+            ticks |= set(ks)
+            effect = [row[f"effect_{metric}"] for row in summary]
+            mean = np.array([row[f"random_{metric}_mean"] for row in summary])
+            std = np.array([row[f"random_{metric}_std"] for row in summary])
+            line, alpha = ("-", 1.0) if number == 0 else ("--", 0.6)
+            suffix = f", {name}" if name else ""
+            ax.plot([0, *ks], [base, *effect], marker="o", color="#D55E00", linestyle=line, alpha=alpha,
+                    label=f"effect-rank{suffix}")  # fmt: skip
+            ax.plot([0, *ks], [base, *mean], marker="s", color="#0072B2", linestyle=line, alpha=alpha,
+                    label=f"random-rank (mean){suffix}")  # fmt: skip
+            ax.fill_between(ks, mean - std, mean + std, color="#0072B2", alpha=0.2 * alpha, linewidth=0,
+                            label=f"random ± 1 sd{suffix}" if number == 0 else None)  # fmt: skip
         ax.set_xscale("symlog", base=2, linthresh=1)
-        ax.set_xticks([0, *ks], [str(k) for k in [0, *ks]])
+        ax.set_xticks(sorted(ticks), [str(k) for k in sorted(ticks)])
         ax.set_xlabel("components knocked out (k)")
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6 if len(curves) > 1 else 7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     save_figure(fig, path)

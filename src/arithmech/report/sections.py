@@ -1,4 +1,5 @@
-"""Report sections of the circuit-finding stages: identify, knockout, transfer, attention roles, MLP logit lens.
+"""Report sections of the circuit-finding stages: identify, transfer, attention roles, MLP logit lens (knockout:
+`knockout_section.py`).
 
 Each builder reads one finished stage folder (the files its stage module documents) and returns a `Body`:
 the stage's figures, a compact table of the numbers behind them, and a one-paragraph reading written from
@@ -11,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from arithmech.report.answer_digits_section import attention_places, identify_places, knockout_places
+from arithmech.report.answer_digits_section import attention_places, identify_places
 from arithmech.report.page import (
     Body,
     Figure,
@@ -19,7 +20,6 @@ from arithmech.report.page import (
     fixed,
     is_number,
     listing,
-    num,
     pct,
     signed_pct,
     small_samples,
@@ -109,69 +109,6 @@ def identify_body(stage: StageFolder) -> Body:
     return Body(reading, figures, tables, small_samples({"": counts.get("used")}, "reference prompt"))
 
 
-def knockout_body(stage: StageFolder) -> Body:
-    meta = stage.metadata
-    cfg: dict[str, Any] = meta.get("config", {})
-    summary = stage.csv("knockout_summary.csv")
-    runs = stage.csv("knockout.csv")
-    base = next(r for r in runs if r["ranking"] == "none")
-    base_acc, base_prob = to_float(base["accuracy"]), to_float(base["mean_prob"])
-    word = "component" if cfg.get("include_mlps") or cfg.get("components") else "head"
-    where = " at the last token" if cfg.get("end_only") else ""
-    setting = (f"{plural(int(cfg.get('n_random', 0)), 'random draw')}, {meta.get('counts', {}).get('prompts', 'n/a')} "
-               f"prompts, {cfg.get('ablation', 'mean')} ablation{where}")  # fmt: skip
-    first, last = summary[0], summary[-1]
-    k1, kmax = int(first["k"]), int(last["k"])
-    effect_max = to_float(last["effect_accuracy"])
-    rand_mean, rand_sd = to_float(last["random_accuracy_mean"]), to_float(last["random_accuracy_std"])
-    top = next((r["components"].split() for r in runs if r["ranking"] == "effect" and int(r["k"]) == kmax), [])
-    if is_number(base_acc) and base_acc > 0:
-        effect_1 = to_float(first["effect_accuracy"])
-        verb = "raises" if is_number(effect_1) and effect_1 > base_acc else "drops"
-        text = f"Knocking out the top {plural(k1, word)} {verb} accuracy from {pct(base_acc)} to {pct(effect_1)}"
-        if kmax != k1:
-            text += f", the top {kmax} ({listing(top)}) to {pct(effect_max)}"
-        text += f", while {kmax} random {word}s leave {pct(rand_mean)} ± {pct(rand_sd)} ({setting})."
-        gap = rand_mean - effect_max
-        margin = max(rand_sd, 0.02) if is_number(rand_sd) else 0.02  # a gap within the random spread is no gap
-        if gap > margin:
-            text += f" Effect-ranked {word}s matter more than random ones."
-        elif gap < -margin:
-            text += f" Random {word}s cost more than the effect-ranked ones here."
-        else:
-            text += f" At this size effect-ranked and random {word}s cost about the same."
-    else:
-        text = (
-            f"With nothing knocked out the model answers {pct(base_acc)} of the prompts, so accuracy cannot drop; "
-            f"the mean answer probability goes from {num(base_prob)} to {num(to_float(last['effect_prob']))} with "
-            f"the top {kmax} {word}s ({listing(top)}) knocked out, and to "
-            f"{num(to_float(last['random_prob_mean']))} with {kmax} random ones ({setting})."
-        )
-    rows = [("0", pct(base_acc), pct(base_acc), num(base_prob), num(base_prob))]
-    for r in summary:
-        rows.append((
-            r["k"], pct(to_float(r["effect_accuracy"])),
-            f"{pct(to_float(r['random_accuracy_mean']))} ± {pct(to_float(r['random_accuracy_std']))}",
-            num(to_float(r["effect_prob"])),
-            f"{num(to_float(r['random_prob_mean']))} ± {num(to_float(r['random_prob_std']))}",
-        ))  # fmt: skip
-    table = Table(
-        f"Accuracy and mean answer probability with k {word}s knocked out",
-        ("k", "effect-rank accuracy", "random accuracy (mean ± sd)", "effect-rank probability",
-         "random probability (mean ± sd)"),
-        rows,
-    )  # fmt: skip
-    caption = (f"Accuracy (left) and answer probability (right) after knocking out the top-k {word}s by effect "
-               "vs k random ones, ± 1 sd (paper Figure 3).")  # fmt: skip
-    figures = [Figure(stage.folder / "knockout.png", caption)] if stage.has("knockout.png") else []
-    tables = [table]
-    if stage.has("knockout_place_summary.csv"):
-        extra, place_tables = knockout_places(stage)
-        text += extra
-        tables += place_tables
-    return Body(text, figures, tables, small_samples({"": meta.get("counts", {}).get("prompts")}, "prompt"))
-
-
 def transfer_body(stage: StageFolder) -> Body:
     rows = stage.csv("transfer.csv")
     word = "components" if stage.metadata.get("config", {}).get("include_mlps") else "heads"
@@ -198,6 +135,12 @@ def transfer_body(stage: StageFolder) -> Body:
         )
         if empty:
             text.append(f"No prompt was answered on {listing(empty)}, so the drop there is undefined.")
+    replaced = [f"{r['target']} ({r['replaced_in_sample']} from {r['source_set']})" for r in rows
+                if int(r.get("replaced_in_sample") or 0) > 0]  # fmt: skip
+    if replaced:
+        text.append(f"Held out: prompts that stated a fact a source was ranked on were replaced by prompts of other "
+                    f"facts on {listing(replaced)}, so no cell is scored on the prompts its components were chosen "
+                    "on.")  # fmt: skip
     table = Table(
         "Accuracy drop on each target set (share of the answered prompts lost)",
         ("source", "target", "answered", "prompts used", "effect-rank drop", "random drop (mean)", "note"),

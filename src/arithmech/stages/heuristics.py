@@ -18,10 +18,13 @@ Writes, each atomically, metadata.json last:
                              family, direction, score, p_value, classified; strong (top 1% of its layer by mean
                              |DE|), mean m, mean DE, mean |DE|
     layers.csv               per operation and layer, for each family: classified (all; strong ones) and its null
-                             fraction; the share of each template family
+                             fraction; the overlap of the families: neurons classified by operand templates only,
+                             result templates only, both (overlap_*), and both's null fraction; the share of each
+                             template family
     ablation.csv             per operation, ablation, selection (top/random/none), seed, k: accuracy, answer_prob
     patterns.csv             the strongest neurons' maps over the grid (thumbnails' numbers)
-    heuristic_types.png/svg  classified fraction per layer by template family, each family's null marked
+    heuristic_types.png/svg  classified fraction per layer by template family, and classified by both families,
+                             each with its null marked
     activation_patterns.png/svg  A x B activation images of the strongest neurons (paper Figure 3 style)
     ablation.png/svg         accuracy over k, top vs random, mean and zero, 1% of a layer marked
 An operation with fewer than 2 answered pairs is left out (named in metadata.json, "skipped").
@@ -49,6 +52,7 @@ from arithmech.neurons.heuristic_templates import (
     FAMILIES,
     GROUPS,
     classify_families,
+    family_overlap,
     family_templates,
     heuristic_templates,
     shuffled_best,
@@ -75,7 +79,8 @@ class OperationResult:
     strongest: list[tuple[int, int]]  # (layer, neuron) by mean |DE|
 
     def summary(self, k: int) -> dict[str, float]:
-        """Per family ("operand", "result"): share of neurons classified and its null ("<family>_null");
+        """Per family ("operand", "result"), and for both families ("both"): share of neurons classified and its
+        null ("<family>_null");
         accuracy intact and with k neurons per layer ablated (top by DE or random, mean over seeds; NaN where k
         was not run)."""
         n = sum(r["neurons"] for r in self.layers)
@@ -83,6 +88,8 @@ class OperationResult:
         for group in GROUPS:
             out[group] = sum(r[f"{group}_classified"] for r in self.layers) / n
             out[f"{group}_null"] = sum(r[f"{group}_null_fraction"] * r["neurons"] for r in self.layers) / n
+        out["both"] = sum(r["overlap_both"] for r in self.layers) / n
+        out["both_null"] = sum(r["overlap_both_null_fraction"] * r["neurons"] for r in self.layers) / n
         for selection in ("top", "random"):
             for ablation in ("mean", "zero"):
                 values = [r["accuracy"] for r in self.ablation
@@ -193,7 +200,10 @@ def heuristics(
                            "map": "every template on the activation m at END; the answer enters a result template "
                                   "only through its set of pairs",
                            "null": "each neuron's activations permuted over the pairs (seeded, one permutation per "
-                                   "neuron), classified the same way, per family"},
+                                   "neuron), classified the same way, per family",
+                           "overlap": "the families are not exclusive: layers.csv counts the neurons classified by "
+                                      "operand templates only, result templates only and both (overlap_*); both is "
+                                      "read against the null's neurons classified by both families"},
         "timings": {"heuristics_s": time.perf_counter() - start},
         "versions": package_versions(),
         "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
@@ -246,6 +256,10 @@ def _classify(
                 f"{g}_null_fraction": float(null[g].classified(cfg.threshold).float().mean()),
                 f"{g}_strong_fraction": float(classified[g][strong].float().mean()),
             })  # fmt: skip
+        overlap = family_overlap(classified)
+        null_both = family_overlap({g: null[g].classified(cfg.threshold) for g in GROUPS})["both"]
+        layer_row.update({f"overlap_{name}": int(mask.sum()) for name, mask in overlap.items()})
+        layer_row["overlap_both_null_fraction"] = float(null_both.float().mean())
         layer_row.update({f"family_{f}": sum(x == f for x in families) / n for f in FAMILIES})
         layer_rows.append(layer_row)
     return neuron_rows, layer_rows

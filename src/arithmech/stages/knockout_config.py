@@ -41,7 +41,12 @@ class KnockoutConfig:
     n_random: int = field(default=5, metadata={"help": "random-rank seeds per k"})
     include_mlps: bool = field(default=False, metadata={"help": "rank and draw MLPs too, not only heads"})
     max_prompts: int = field(
-        default=64, metadata={"help": "reference prompts scored (a sample stratified by operation and template)"}
+        default=64, metadata={"help": "prompts scored per prompt set (a sample stratified by operation and template)"}
+    )
+    held_out: bool = field(
+        default=True,
+        metadata={"help": "with --from: also knock out on held-out prompts (the run's templates, facts its ranking "
+                  "never saw), reported first"},
     )
     min_group_size: int = field(
         default=MIN_GROUP_SIZE,

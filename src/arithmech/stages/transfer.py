@@ -14,6 +14,14 @@ Per target set (the same prompts for every source)
        as the top k (seeded as the knockout stage draws them, `knockout.sweep.draw_like`), deduplicated and
        scored in one batched call (`knockout_scores`, or its shared-prefix twin `end_knockout_scores`).
 
+Held out (step 1 of `stages/transfer_targets.py`)
+    A target is scored on prompts that share no prompt and no fact (a problem, its swap or its inverse) with any
+    source's ranked prompts (its identify reference set): an "addition" target of an addition source would
+    otherwise hold the very prompts the source's components were ranked on (same templates, same seed), an
+    in-sample row. replaced_in_sample counts, per row, the prompts of the unrestricted target that the source
+    shared and that were replaced by prompts of other facts; metadata.json's targets.<name>.held_out says what was
+    excluded (null where a target shares nothing: it is built as before).
+
 Numbers (per source x target)
     unablated   accuracy of the kept prompts with nothing knocked out (1 after filtering)
     effect_drop = (unablated - effect_accuracy) / unablated: the relative drop, i.e. the share of the
@@ -60,6 +68,7 @@ from typing import Any
 
 import torch
 
+from arithmech.data.heldout import Exclusion
 from arithmech.data.target_sets import resolve_word_problems, target_set
 from arithmech.errors import ConfigError
 from arithmech.knockout.batched import knockout_scores
@@ -77,7 +86,7 @@ logger = logging.getLogger(__name__)
 K_CAP = 32
 
 CSV_COLUMNS: tuple[str, ...] = (
-    "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "base_accuracy", "k",
+    "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "replaced_in_sample", "base_accuracy", "k",
     "unablated_accuracy", "effect_accuracy", "effect_drop", "effect_drop_abs", "random_accuracy_mean",
     "random_accuracy_std", "random_drop", "random_drop_abs", "unablated_prob", "effect_prob",
     "random_prob_mean", "effect_token_accuracy", "random_token_accuracy_mean", "components", "note",
@@ -113,6 +122,9 @@ class TransferRow:
     """Share of answer tokens still the top token (teacher forced): per digit where the accuracies are of whole
     multi-digit answers; equal to effect_accuracy for answers of one token."""
     random_token_accuracy_mean: float = math.nan
+    replaced_in_sample: int = 0
+    """Prompts of the unrestricted target that shared a fact or a prompt with this source's ranked prompts (in
+    sample), replaced by prompts of other facts (`stages/transfer_targets.py` step 1); 0 where none did."""
 
 
 @dataclass
@@ -141,6 +153,8 @@ class SourcePlan:
     """The source identify run's record (path, fingerprint, created), for metadata.json."""
     why: str
     """Why these k components: --k, the run's key components, or (none) its top one by effect."""
+    excluded: Exclusion
+    """Its ranked prompts and their facts, which every target holds out."""
 
 
 def describe_source(run: IdentifyRun) -> str:
@@ -164,7 +178,7 @@ def plan_sources(handle: ModelHandle, cfg: TransferConfig) -> list[SourcePlan]:
             raise ConfigError(f"k={k} is larger than the {min(len(pool), len(ranked))} components to choose from")
         randoms = [draw_like(ranked[:k], pool, f"{cfg.seed}-{k}-{s}") for s in range(cfg.n_random)]
         plans.append(SourcePlan(str(path), describe_source(run), ranked[:k], randoms, run.record,
-                                _why_k(run, cfg, n_key, k)))  # fmt: skip
+                                _why_k(run, cfg, n_key, k), Exclusion.of(run.pairs)))  # fmt: skip
         chosen = ", ".join(f"{c.name} ({run.effects[c]:+.1%})" for c in ranked[:k])
         (logger.warning if cfg.k is None and n_key == 0 else logger.info)(
             "transfer from %s knocks out %s: %s", path, chosen, plans[-1].why)
@@ -216,15 +230,16 @@ def score_target(
         if target.pair_index is not None and len(target.pair_index) > target.n_prompts:
             scores = scores.whole_answers(target.pair_index)  # a prompt is right when every answer token is
         acc, prob = scores.accuracy.tolist(), scores.mean_prob.tolist()
+    replaced = target.replaced or (0,) * len(plans)
     return [
         _row(plan, target, acc, prob, index[_key(plan.effect)], [index[_key(r)] for r in plan.randoms],
-             cfg.filter_correct, per_token)
-        for plan in plans
+             cfg.filter_correct, per_token, shared)
+        for plan, shared in zip(plans, replaced, strict=True)
     ]
 
 
 def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[float], effect: int,
-         randoms: list[int], filter_correct: bool, per_token: list[float]) -> TransferRow:
+         randoms: list[int], filter_correct: bool, per_token: list[float], replaced: int) -> TransferRow:
     """Accuracies [config] of whole answers (and `per_token`, of answer tokens) -> one row; config 0 is the
     unablated run."""
     nan = math.nan
@@ -251,6 +266,7 @@ def _row(plan: SourcePlan, target: PreparedTarget, acc: list[float], prob: list[
         components=" ".join(c.name for c in plan.effect), note=target.note,
         effect_token_accuracy=per_token[effect] if per_token else nan,
         random_token_accuracy_mean=statistics.fmean(per_token[i] for i in randoms) if per_token and randoms else nan,
+        replaced_in_sample=replaced,
     )
 
 
@@ -274,7 +290,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
     targets_meta: dict[str, Any] = {}
     for name in tqdm(cfg.targets, desc="transfer", unit="target", disable=quiet):
         began = time.perf_counter()
-        target = prepare_target(handle, name, cfg)
+        target = prepare_target(handle, name, cfg, [p.excluded for p in plans])
         rows += score_target(handle, target, plans, cfg)
         targets_meta[name] = {
             "description": target.spec.description, "prompts": target.n_total, "answered": target.n_answered,
@@ -282,6 +298,7 @@ def transfer(handle: ModelHandle, cfg: TransferConfig, out_dir: str | Path, quie
             "base_accuracy": defined(target.base_accuracy),
             "ablation": target.ablation, "ablation_groups": target.groups, "shared_prefix_tokens": target.prefix_len,
             "ablation_sources": target.ablation_info, "scored_prompts": target.prompts, "note": target.note,
+            "held_out": target.held_out,
             "seconds": time.perf_counter() - began,
         }
         logger.info("%s: %d of %d prompts answered, %d used", name, target.n_answered, target.n_total,

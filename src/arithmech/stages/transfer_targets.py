@@ -1,7 +1,13 @@
 """A transfer target made ready for knockout: its prompts built, filtered and sampled, and its ablation values.
 
 Steps (`prepare_target`; the same prompts for every source of the transfer stage)
-    1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped.
+    1. Prompts: `build_target_pairs`, tokenized; prompts longer than the model's context are dropped. Held out
+       from every source: where some of the target's prompts state a fact (a problem, its swap or its inverse,
+       `data/facts.py`) that a source's components were ranked on, or are a ranked prompt (an "addition" target
+       of an addition identify run: same templates and seed, so the very same prompts), the target is generated
+       again with its queries among the other facts, and any prompt still shared is dropped (`data/heldout.py`).
+       So no row of the matrix is scored in sample; `replaced` counts, per source, the prompts of the
+       unrestricted target that would have been, and targets that share nothing are built exactly as before.
     2. Reference filtering, as identify does: base_accuracy = share of the target's prompts answered, i.e.
        whose whole answer is the top token at every answer position (arithmetic sets: every token of a
        multi-digit or decimal answer, one row per token with the answer's earlier tokens appended, teacher
@@ -25,14 +31,18 @@ NaN rows for it.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from arithmech.data import PromptPair, TokenizedPairs, tokenize_pairs
+from arithmech.data.heldout import Exclusion, ranked_facts
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.target_sets import TargetSpec, build_target_pairs, target_set
 from arithmech.errors import ConfigError, DataError
@@ -72,6 +82,11 @@ class PreparedTarget:
     """Which prompts were scored (`data.sampling.sample_record`)."""
     pair_index: torch.Tensor | None = None
     """[row] the prompt of each row of `batch`, 0..n-1 (several rows per prompt of a multi-token answer)."""
+    replaced: tuple[int, ...] = ()
+    """Per source (in the order given): prompts of the unrestricted target that share a fact or a prompt with its
+    ranked prompts, and were replaced (step 1)."""
+    held_out: dict[str, Any] | None = None
+    """What step 1 excluded (for metadata.json); None when the target shares nothing with any source."""
 
     @property
     def n_prompts(self) -> int:
@@ -92,10 +107,42 @@ def rows_per_pass(width: int, batch_size: int) -> int:
     return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
 
 
-def prepare_target(handle: ModelHandle, name: str, cfg: TransferConfig) -> PreparedTarget:
-    """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above)."""
-    spec = target_set(name)
+def held_out_pairs(
+    spec: TargetSpec, cfg: TransferConfig, excluded: Sequence[Exclusion]
+) -> tuple[list[PromptPair], tuple[int, ...], dict[str, Any] | None]:
+    """Step 1's prompts, held out from every source's ranked prompts; per source how many prompts of the
+    unrestricted target it shared, and the record of what was excluded (None when nothing was shared)."""
     pairs = build_target_pairs(spec, cfg.target_options())
+    replaced = tuple(sum(not ex.admits(p) for p in pairs) for ex in excluded)
+    if not any(replaced):
+        return pairs, replaced, None
+    union = functools.reduce(operator.or_, excluded)
+    held = [p for p in build_target_pairs(spec, cfg.target_options(), keep=union.keep) if union.admits(p)]
+    record = {"excluded_facts": len(union.facts), "excluded_prompts": len(union.texts), "replaced": max(replaced),
+              "prompts": len(held), "facts": len(ranked_facts(held))}  # fmt: skip
+    return held, replaced, record
+
+
+def prepare_target(
+    handle: ModelHandle, name: str, cfg: TransferConfig, excluded: Sequence[Exclusion] = ()
+) -> PreparedTarget:
+    """Build, tokenize and filter a target set, and compute its ablation values (steps 1-3 above); `excluded`: the
+    ranked prompts of every source, held out from."""
+    spec = target_set(name)
+    pairs, replaced, held_out = held_out_pairs(spec, cfg, excluded)
+    if pairs:
+        target = _prepare(handle, name, spec, pairs, cfg)
+    else:
+        note = "every prompt of this target states a fact a source was ranked on, so none is held out"
+        target = PreparedTarget(name, spec, 0, 0, math.nan, note=note)
+    target.replaced, target.held_out = replaced, held_out
+    return target
+
+
+def _prepare(
+    handle: ModelHandle, name: str, spec: TargetSpec, pairs: list[PromptPair], cfg: TransferConfig
+) -> PreparedTarget:
+    """Steps 1-3 above once the prompts are chosen."""
     word = spec.kind == "word"  # word problems: no counterfactual, and their answer's first token at END
     try:
         t, _ = tokenize_pairs(handle.tokenizer, pairs, first_token_answers=word, counterfactual_required=not word,

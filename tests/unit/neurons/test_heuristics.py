@@ -29,6 +29,7 @@ from arithmech.neurons.heuristic_templates import (
     ALPHA,
     GROUPS,
     classify_families,
+    family_overlap,
     heuristic_templates,
     match_scores,
     overlap_p_value,
@@ -155,6 +156,86 @@ def test_real_patterns_survive_noise_against_the_null() -> None:
     assert {names[int(i)] for i in best["operand"].template[200:][operand_hits]} == {"op2_1mod2"}
     assert not best["operand"].top[200:][operand_hits].any()
     assert all(null[g].classified().double().mean() <= ALPHA for g in GROUPS)
+
+
+def _planted(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(operands, results, activation [4 n, pair]) of the addition grid: n neurons each of an operand pattern
+    (A < 2), a result pattern (C = 7), a pattern of both (2 [C = 2] + [A < 2]: its top 3 pairs are C = 2, its top
+    19 mostly A < 2) and no pattern, each plus noise."""
+    operands, results = _addition_grid()
+    a, c = operands[:, 0].double(), results.double()
+    patterns = torch.stack([(a < 2).double(), (c == 7).double(), 2 * (c == 2).double() + (a < 2).double(),
+                            torch.zeros(len(c), dtype=torch.float64)])  # fmt: skip
+    noise = 0.1 * torch.randn(4 * n, len(c), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return operands, results, patterns.repeat_interleave(n, dim=0) + noise
+
+
+def test_family_overlap_counts_neurons_of_one_family_or_both() -> None:
+    """The families are classified apart, so one neuron can be in both: the planted overlap is found, per neuron
+    and in the counts, and the null (permuted activations) puts almost none in both."""
+    operands, results, activation = _planted(100, seed=5)
+    templates = heuristic_templates(operands, results)
+    best = classify_families(activation, templates)
+    overlap = family_overlap({g: best[g].classified() for g in GROUPS})
+    count = {name: [int(mask[i * 100 : (i + 1) * 100].sum()) for i in range(4)] for name, mask in overlap.items()}
+    assert count["operand_only"] == [100, 0, 0, 0]
+    assert count["result_only"][1] >= 95 and count["result_only"][0] == count["result_only"][2] == 0
+    assert count["both"][2] == 100 and count["both"][0] == 0 and count["both"][1] <= 5
+    assert sum(count[name][3] for name in overlap) == 0  # no pattern: in no family
+    names = [t.name for t in templates]
+    assert {names[int(i)] for i in best["result"].template[200:300]} == {"result_value_2"}
+    for name, mask in overlap.items():  # the three masks split the classified neurons
+        assert not (mask & overlap["both"]).any() or name == "both"
+    classified = best["operand"].classified() | best["result"].classified()
+    assert torch.equal(overlap["operand_only"] | overlap["result_only"] | overlap["both"], classified)
+    null = shuffled_best(activation, templates, seed=0)
+    assert int(family_overlap({g: null[g].classified() for g in GROUPS})["both"].sum()) <= 2
+
+
+def test_stage_writes_the_overlap_of_planted_neurons(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage on the tiny model, with 10 neurons of each planted pattern in its first layer: layers.csv splits
+    each family's classified neurons into one family only and both (as neurons.csv has them), and the report and
+    figure show the overlap."""
+    import csv
+
+    from arithmech.neurons.heuristic_scan import NeuronScan
+    from arithmech.report.html import write_report
+    from arithmech.stages import heuristics as stage
+
+    scan = stage.scan_neurons
+
+    def planted(view: ModelView, batch: Any, layers: Any, batch_size: int = 32, progress: Any = None) -> NeuronScan:
+        real = scan(view, batch, layers, batch_size, progress)
+        operands = torch.tensor([[int(p.a), int(p.b)] for p in batch.pairs])
+        assert torch.equal(operands, _addition_grid()[0])  # the whole grid: no few-shot pair left out
+        activation = real.activation.clone()
+        activation[:, 0, :30] = _planted(10, seed=1)[2][:30].T.float()  # [pair, neuron]: operand, result, both
+        return NeuronScan(real.layers, activation, real.direct_effect, real.top_token)
+
+    monkeypatch.setattr(stage, "scan_neurons", planted)
+    model = make_tiny_model("llama")
+    handle = ModelHandle(model, make_tiny_tokenizer(), ModelView(model, spec_for_model_type("llama")))
+    cfg = HeuristicsConfig(operations=("addition",), grid_size=10, few_shot=0, filter_correct=False, ks=(1,),
+                           n_random=1, ablations=("zero",))  # fmt: skip
+    result = heuristics(handle, cfg, tmp_path / "h", quiet=True)
+    layers = list(csv.DictReader((tmp_path / "h" / "layers.csv").open()))
+    neurons = list(csv.DictReader((tmp_path / "h" / "neurons.csv").open()))
+    for row in layers:
+        mine = [n for n in neurons if n["layer"] == row["layer"]]
+        flags = [(n["operand_classified"], n["result_classified"]) for n in mine]
+        assert int(row["overlap_operand_only"]) == flags.count(("1", "0"))
+        assert int(row["overlap_result_only"]) == flags.count(("0", "1"))
+        assert int(row["overlap_both"]) == flags.count(("1", "1"))
+        assert int(row["overlap_operand_only"]) + int(row["overlap_both"]) == int(row["operand_classified"])
+        assert 0 <= float(row["overlap_both_null_fraction"]) <= 1
+    first = [n for n in neurons if n["layer"] == layers[0]["layer"]]
+    assert [(n["operand_classified"], n["result_classified"]) for n in first[20:30]] == [("1", "1")] * 10
+    assert [n["operand_classified"] for n in first[:10]] == ["1"] * 10 and int(layers[0]["overlap_both"]) >= 10
+    summary = result.operations["addition"].summary(1)
+    assert summary["both"] == sum(int(r["overlap_both"]) for r in layers) / sum(int(r["neurons"]) for r in layers)
+    text = write_report(tmp_path / "h").read_text()
+    assert "The families overlap: " in text and "match an operand template too" in text
+    assert (tmp_path / "h" / "heuristic_types.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # -- grid and configuration ----------------------------------------------------------------------------------
