@@ -12,9 +12,10 @@ Steps
     1. identify on train-part prompts of the training operations only (train templates x train pairs), so not
        even the choice of heads sees a test prompt;
     2. one learning-rate rule for every row type (precise top-k, precise random-k, full, LoRA): each candidate
-       rate trains on the same data, steps and schedule with each of the row type's training seeds and is scored
-       on the validation part (train templates x validation pairs); the rate with the best mean first-token
-       accuracy over those seeds wins (ties: the smaller rate). Top-k and random-k rows train `--seeds` seeds
+       rate trains on the same data, steps and schedule with the row type's first `--sweep-seeds` training seeds
+       (default 3) and is scored on the validation part (train templates x validation pairs); the rate with the
+       best mean first-token accuracy over those seeds wins (ties: the smaller rate), and the row's other seeds
+       train at that rate only. Top-k and random-k rows train `--seeds` seeds
        each (default 5; seed s: training seed s, and for random-k the s-th random draw of heads), so the two
        sides get the same grid, the same seeds and the same tie-break; full SFT and LoRA, the controls, train seed
        0. Each random draw is k heads touching as many key/value groups as the top-k heads (uniformly among such
@@ -168,14 +169,18 @@ def sweep(a: argparse.Namespace, out: Path) -> dict[str, tuple[float, list[int]]
     for name, (lrs, seeds) in row_types(a).items():
         scores: dict[float, list[float]] = {}
         for lr in lrs:
-            for seed in seeds:
+            for seed in seeds[: a.sweep_seeds]:
                 folder = out / "sweep" / name / f"lr-{lr:g}" / f"seed-{seed}"
                 train(a, folder, finetune_args(a, out, name, seed), lr, seed)
                 evaluate(a, folder, "validation", folder)
                 scores.setdefault(lr, []).append(sweep_score(folder / "eval-validation", a.ops))
                 rows.append({"row": name, "lr": lr, "seed": seed, "validation_accuracy": scores[lr][-1],
                              "folder": str(folder)})  # fmt: skip
-        best[name] = (choose_lr(scores), seeds)
+        chosen = choose_lr(scores)
+        for seed in seeds[a.sweep_seeds :]:  # the row's other seeds train at its chosen rate only
+            folder = out / "sweep" / name / f"lr-{chosen:g}" / f"seed-{seed}"
+            train(a, folder, finetune_args(a, out, name, seed), chosen, seed)
+        best[name] = (chosen, seeds)
     for r in rows:
         r["chosen"] = r["row"] in best and best[r["row"]][0] == r["lr"]
     lines = ["row,lr,seed,validation_accuracy,chosen,folder", *(f"{r['row']},{r['lr']:g},{r['seed']},"
@@ -227,8 +232,9 @@ def floats(text: str) -> list[float]:
 
 SIZES: dict[str, dict[str, object]] = {
     "full": {},
-    "smoke": {"ks": "2", "seeds": 2, "steps": 2, "batch_size": 4, "micro_batch_size": 4, "lrs_precise": [1e-4, 1e-3],
-              "lrs_full": [1e-5, 1e-4], "lrs_lora": [3e-4, 3e-3], "eval_limit": 24, "general_limit": 2,
+    "smoke": {"ks": "2", "seeds": 2, "sweep_seeds": 1, "steps": 2, "batch_size": 4, "micro_batch_size": 4,
+              "lrs_precise": [1e-4, 1e-3], "lrs_full": [1e-5, 1e-4], "lrs_lora": [3e-4, 3e-3], "eval_limit": 24,
+              "general_limit": 2,
               "identify_prompts": 8, "identify_pool": 32},
 }
 """--size: the defaults of the table (full), or a run small enough to try every code path in minutes (smoke:
@@ -242,12 +248,14 @@ def main() -> None:
     p.add_argument("--ks", default="8,32", help="precise SFT of k heads, effect-ranked and random, for each k")
     p.add_argument("--seeds", type=int, default=5, help="training seeds of every top-k and random-k row alike (each "
                    "random-k seed its own draw of heads)")
+    p.add_argument("--sweep-seeds", type=int, default=3,
+                   help="seeds of each row type the learning rate is chosen on (the rest train at the chosen rate)")
     p.add_argument("--steps", type=int, default=16, help="optimizer steps of every training")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per step (steps x batch = training prompts)")
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--schedule", default="linear", help="linear or cosine decay after warm-up")
-    p.add_argument("--lrs-precise", type=floats, default=floats("1e-4,3e-4,1e-3"), help="lr sweep, precise rows")
+    p.add_argument("--lrs-precise", type=floats, default=floats("3e-4,1e-3,3e-3"), help="lr sweep, precise rows")
     p.add_argument("--lrs-full", type=floats, default=floats("1e-5,3e-5,1e-4"), help="lr sweep, full SFT")
     p.add_argument("--lrs-lora", type=floats, default=floats("3e-4,1e-3,3e-3"), help="lr sweep, LoRA")
     p.add_argument("--eval-limit", type=int, default=None, help="arithmetic prompts per benchmark (default all)")

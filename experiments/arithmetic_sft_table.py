@@ -294,11 +294,15 @@ def print_estimate(out: Path, a: Namespace, timing: dict[str, Any]) -> None:
 
 
 def plan_counts(a: Namespace) -> tuple[dict[str, int], int, int]:
-    """Trainings per row type (every rate x every seed), validation evaluations (each training's and base's),
-    and rows tested (base, one per seed of every precise row, full, LoRA)."""
-    trainings = {f"precise-{side}{k}": len(a.lrs_precise) * a.seeds for k in a.ks for side in ("top", "random")}
+    """Trainings per row type (every rate x the sweep's seeds, then the other seeds at the chosen rate), validation
+    evaluations (each swept training's and base's), and rows tested (base, one per seed of every precise row, full,
+    LoRA)."""
+    swept = min(getattr(a, "sweep_seeds", a.seeds), a.seeds)
+    precise = {f"precise-{side}{k}" for k in a.ks for side in ("top", "random")}
+    trainings = {name: len(a.lrs_precise) * swept + a.seeds - swept for name in sorted(precise)}
     trainings.update(full=len(a.lrs_full), lora=len(a.lrs_lora))
-    return trainings, sum(trainings.values()) + 1, 1 + 2 * len(a.ks) * a.seeds + 2
+    validations = len(precise) * len(a.lrs_precise) * swept + len(a.lrs_full) + len(a.lrs_lora) + 1
+    return trainings, validations, 1 + 2 * len(a.ks) * a.seeds + 2
 
 
 def _kind(name: str) -> str:

@@ -185,6 +185,21 @@ SOURCES: dict[str, Source] = {
                 Kept("sft-table", "table", "sft-table", ("table.csv",), metadata=False),
             ),
         ),
+        Source(
+            name="arithmetic-sft",
+            commands=("python experiments/arithmetic_sft.py --out {runs}/arithmetic-sft",),
+            quick=(
+                "python experiments/arithmetic_sft.py --out {runs}/arithmetic-sft --size smoke --model {model} "
+                "--keep-incorrect --seeds 2 --sweep-seeds 1 --lrs-precise 1e-3 --lrs-full 1e-4 --lrs-lora 1e-3 "
+                "--eval-limit 8 --general-limit 1",
+            ),
+            kept=(
+                Kept("arithmetic-sft", "identify", "arithmetic-sft/identify", ("key_components.json",)),
+                Kept("arithmetic-sft", "table", "arithmetic-sft",
+                     ("table.csv", "comparisons.csv", "sweep.csv", "settings.json"), metadata=False),
+            ),  # fmt: skip
+            figures=(("arithmetic-sft/arithmetic_sft.png", "arithmetic-sft.png"),),
+        ),
     )
 }
 """Every source by name."""

@@ -132,6 +132,28 @@ def test_one_learning_rate_rule_for_every_row() -> None:
     assert types["precise-top8"] == types["precise-random8"] == ([1e-4, 3e-4, 1e-3], [0, 1, 2])
     trainings, validations, rows = table.plan_counts(sizes)
     assert sum(trainings.values()) == 2 * 2 * 3 * 3 + 3 + 3 and validations == 43 and rows == 15
+    five = Namespace(**{**vars(sizes), "seeds": 5, "sweep_seeds": 3})  # the rate on 3 seeds, 2 more at it
+    trainings, validations, rows = table.plan_counts(five)
+    assert trainings["precise-random8"] == 3 * 3 + 2 and validations == 4 * 9 + 3 + 3 + 1 and rows == 23
+
+
+def test_the_other_seeds_train_at_the_chosen_rate_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeds past --sweep-seeds are not swept: they train once, at the rate the swept seeds chose."""
+    trained: list[str] = []
+    def train(a: Namespace, folder: Path, how: list[str], lr: float, seed: int = 0) -> None:
+        trained.append(f"{folder.parent.name}/{folder.name}")
+
+    monkeypatch.setattr(driver, "train", train)
+    monkeypatch.setattr(driver, "evaluate", lambda *args: None)
+    monkeypatch.setattr(driver, "sweep_score", lambda folder, ops: 0.9 if "lr-0.001" in str(folder) else 0.5)
+    monkeypatch.setattr(driver, "finetune_args", lambda *args: [])
+    plan = Namespace(ks=[8], seeds=4, sweep_seeds=2, lrs_precise=[3e-4, 1e-3], lrs_full=[1e-5], lrs_lora=[1e-3],
+                     ops=("subtraction",))  # fmt: skip
+    best = driver.sweep(plan, tmp_path)
+    assert best["precise-top8"] == (1e-3, [0, 1, 2, 3])
+    top = trained[: 2 * 2 + 2]
+    assert top == ["lr-0.0003/seed-0", "lr-0.0003/seed-1", "lr-0.001/seed-0", "lr-0.001/seed-1", "lr-0.001/seed-2",
+                   "lr-0.001/seed-3"]  # fmt: skip
 
 
 def test_lora_rank_matches_the_precise_parameter_count(tmp_path: Path) -> None:
