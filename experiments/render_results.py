@@ -92,12 +92,24 @@ class Table(list[Row]):
     def col(self, name: str) -> list[Any]:
         return [getattr(r, name) for r in self]
 
+    def total(self, column: str) -> float:
+        return sum(getattr(r, column) for r in self)
+
+    def mean(self, column: str) -> float | None:
+        """The mean of a column's non-empty cells (None for none)."""
+        values = [getattr(r, column) for r in self if getattr(r, column) is not None]
+        return sum(values) / len(values) if values else None
+
     def sum_by(self, key: str, value: str) -> dict[Any, float]:
         """`value` summed over the rows of each `key`, in the order keys first appear."""
         sums: dict[Any, float] = {}
         for row in self:
             sums[getattr(row, key)] = sums.get(getattr(row, key), 0.0) + getattr(row, value)
         return sums
+
+    def gap(self, key: str, a: str, b: str) -> dict[Any, float]:
+        """Column `a` minus column `b` for each row's `key`."""
+        return {getattr(r, key): getattr(r, a) - getattr(r, b) for r in self}
 
     def top(self, column: str, n: int, absolute: bool = False, reverse: bool = True) -> Table:
         """The n rows of largest `column` (of smallest with reverse=False; by magnitude with absolute)."""
@@ -123,9 +135,15 @@ def _value(text: str) -> Any:
     return text
 
 
+TEXT_COLUMNS = frozenset({"component", "components", "head", "neuron", "edge", "seeds", "token", "template_id",
+                          "high_frequencies", "removed_frequencies"})  # fmt: skip
+"""Columns kept as text: a head named 20.10 is not the number 20.1."""
+
+
 def read_table(path: Path) -> Table:
     with path.open(newline="") as handle:
-        return Table(Row({k: _value(v) for k, v in row.items()}) for row in csv.DictReader(handle))
+        rows = csv.DictReader(handle)
+        return Table(Row({k: v if k in TEXT_COLUMNS else _value(v) for k, v in row.items()}) for row in rows)
 
 
 class Folder:
@@ -156,16 +174,25 @@ def _read_json(path: Path) -> Any:
 # Filters: how numbers are written on the pages.
 
 
-def pct(value: float, digits: int = 1) -> str:
-    """0.071 -> "7.1%"."""
+def pct(value: float | None, digits: int = 1) -> str:
+    """0.071 -> "7.1%" (an empty cell: "-")."""
+    if value is None:
+        return "-"
     return f"{100 * value:.{digits}f}%"
 
 
-def num(value: float, digits: int = 2) -> str:
-    """A number with `digits` decimals; integers with thousands separators."""
+def num(value: float | None, digits: int = 2) -> str:
+    """A number with `digits` decimals; integers with thousands separators (an empty cell: "-")."""
+    if value is None:
+        return "-"
     if isinstance(value, int) or (isinstance(value, float) and digits == 0):
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
+
+
+def size(percent: float) -> str:
+    """A circuit size in % of edges as the sweep names it: 0.1, 2, 50."""
+    return f"{percent:g} %"
 
 
 def signed(value: float, digits: int = 1) -> str:
@@ -211,7 +238,7 @@ def spans(numbers: list[int]) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "pct": pct, "num": num, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans, "median": median,
+    "pct": pct, "num": num, "size": size, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans, "median": median,
     "area": area, "reaching": reaching,
 }  # fmt: skip
 
