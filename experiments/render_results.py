@@ -185,7 +185,7 @@ def num(value: float | None, digits: int = 2) -> str:
     """A number with `digits` decimals; integers with thousands separators (an empty cell: "-")."""
     if value is None:
         return "-"
-    if isinstance(value, int) or (isinstance(value, float) and digits == 0):
+    if isinstance(value, int) or digits == 0 or abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.{digits}f}"
 
@@ -238,8 +238,8 @@ def spans(numbers: list[int]) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "pct": pct, "num": num, "size": size, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans, "median": median,
-    "area": area, "reaching": reaching,
+    "pct": pct, "num": num, "size": size, "signed": signed, "minutes": minutes, "largest": largest, "spans": spans,
+    "median": median, "area": area, "reaching": reaching,
 }  # fmt: skip
 
 
