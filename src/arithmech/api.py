@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arithmech import preflight
+from arithmech import preflight, run_lock
 from arithmech.config_values import typed_settings
 
 if TYPE_CHECKING:
@@ -85,9 +85,14 @@ def _config(config: str, stage: str, settings: dict[str, Any], **injected: Any) 
     return cls(**typed_settings(cls, settings, stage), **injected)
 
 
-def _call(target: str, *args: Any, **kwargs: Any) -> Any:
+def _call(target: str, out_dir: Path, *args: Any, **kwargs: Any) -> Any:
+    """The stage function `target` writing into `out_dir`, which `preflight.check` locked: released however the
+    stage ends (an exception, Ctrl-C), so a failed call leaves neither a lock file nor a folder made only for it."""
     module, name = target.split(":")
-    return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+    try:
+        return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+    finally:
+        run_lock.release(out_dir)
 
 
 def _folder(source: RunSource) -> str:
@@ -103,7 +108,7 @@ def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: O
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
     """Run a stage that writes its own folder (default runs/<stage>-<time>), its settings checked first."""
     cfg, out_dir = preflight.check(_config(config, stage, settings, **injected), out or _default_out(stage), stage)
-    return _call(target, model, cfg, out_dir, quiet=quiet)
+    return _call(target, out_dir, model, cfg, out_dir, quiet=quiet)
 
 
 def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
@@ -156,7 +161,7 @@ def _analysis(
     command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
     run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
                                                one_answer_token=one_answer_token)  # fmt: skip
-    return _call(target, model, cfg, run_dir, out_dir, quiet=quiet)
+    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet)
 
 
 def analyze_attention(
@@ -205,7 +210,7 @@ def analyze_agreement(
         _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder),
         out or Path(folder) / "agreement", "agreement",
     )  # fmt: skip
-    return _call("agreement:method_agreement", model, cfg, out_dir, quiet=quiet)
+    return _call("agreement:method_agreement", out_dir, model, cfg, out_dir, quiet=quiet)
 
 
 def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,
