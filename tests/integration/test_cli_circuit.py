@@ -16,7 +16,9 @@ from arithmech.circuits.graph import CircuitGraph
 from arithmech.cli import main
 from arithmech.data.io import read_prompt_file
 
-SMALL = ["--keep-incorrect", "--n-prompts", "4", "--percents", "1,10,100", "--batch-size", "2", "--quiet"]
+FROM_SMALL = ["--percents", "1,10,100", "--batch-size", "2", "--quiet"]
+"""A small run of a --from folder, which reuses its pairs (so takes no --n-prompts, --keep-incorrect)."""
+SMALL = ["--keep-incorrect", "--n-prompts", "4", *FROM_SMALL]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_edges_json_reads_back(circuit_run: tuple[Path, Path]) -> None:
 def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Path, Path], tmp_path: Path) -> None:
     model, run = circuit_run
     again = tmp_path / "again"
-    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *SMALL]
+    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *FROM_SMALL]
     assert main([*args, "--out", str(again)]) == 0
     assert (again / "faithfulness.png").is_file()
     first = list(csv.DictReader((run / "faithfulness.csv").open()))
@@ -109,6 +111,11 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--test-prompts", "0"], "test_prompts must be at least 1"),
         (["--in-sample", "--test-prompts", "4"], "--in-sample evaluates on the pairs"),
         (["--mib-dataset", "x", "--mib-eval-split", "train"], "are both 'train'"),
+        (["--from", "x", "--method", "random"], "--from evaluates the edge scores and find and test pairs of its "
+                                                "folder, so --method would not be used; leave it out"),  # issue 34.5
+        (["--from", "x", "--n-prompts", "8", "--keep-incorrect"], "so --n-prompts, --keep-incorrect would not be used"),
+        (["--circuit-file", "x", "--method", "eap"], "--circuit-file evaluates the circuit of the file, so --method"),
+        (["--method", "nosuch"], "method 'nosuch' is not one of"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:
@@ -156,7 +163,7 @@ def test_draw_a_chosen_size_from_a_circuit_folder(circuit_run, tmp_path: Path) -
 
     model, run = circuit_run
     out = tmp_path / "drawn"
-    assert main(["circuit", "--model", str(model), "--from", str(run), "--draw-percent", "10", *SMALL,
+    assert main(["circuit", "--model", str(model), "--from", str(run), "--draw-percent", "10", *FROM_SMALL,
                  "--out", str(out)]) == 0  # fmt: skip
     paths = [p for p in ElementTree.parse(out / "circuit.svg").getroot().iter("{http://www.w3.org/2000/svg}path")
              if p.get("class") == "edge"]  # fmt: skip
@@ -174,12 +181,12 @@ def test_a_folder_made_before_held_out_evaluation(circuit_run, tmp_path: Path, c
     old = tmp_path / "old"
     shutil.copytree(run, old)
     (old / "test_prompts.jsonl").unlink()
-    args = ["circuit", "--model", str(tmp_path / "no-such-model"), "--from", str(old), "--evaluate", *SMALL]
+    args = ["circuit", "--model", str(tmp_path / "no-such-model"), "--from", str(old), "--evaluate", *FROM_SMALL]
     assert main([*args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "holds no held-out pairs" in err and "--in-sample" in err and "Traceback" not in err
     again = tmp_path / "in-sample"
-    args = ["circuit", "--model", str(model), "--from", str(old), "--evaluate", "--in-sample", *SMALL]
+    args = ["circuit", "--model", str(model), "--from", str(old), "--evaluate", "--in-sample", *FROM_SMALL]
     assert main([*args, "--out", str(again)]) == 0
     assert {r["pairs"] for r in csv.DictReader((again / "faithfulness.csv").open())} == {"in-sample"}
     assert not (again / "test_prompts.jsonl").exists()

@@ -54,6 +54,29 @@ def test_the_answer_filter_is_counted_in_metadata_and_printout(
             assert int(json.loads(line)["a"]) % 2 == 0
 
 
+def test_evaluating_into_the_folder_read_keeps_what_it_recorded(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34.6: `--from X --out X` keeps X's answer filter counts, scoring settings and provenance."""
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0))
+    out = tmp_path / "run"
+    model = str(tiny_model_dir("llama"))
+    assert main(["circuit", "--model", model, *SMALL, "--operations", "subtraction", "--out", str(out)]) == 0
+    before = json.loads((out / "metadata.json").read_text())
+    args = ["circuit", "--model", model, "--from", str(out), "--evaluate", "--percents", "10,100", "--batch-size", "2"]
+    assert main([*args, "--quiet", "--out", str(out)]) == 0
+    after = json.loads((out / "metadata.json").read_text())
+    assert after["answer_filter"] == before["answer_filter"] and after["answer_filter"]["find"][0]["kept"] == 4
+    for name in ("method", "n_prompts", "operations", "keep_incorrect"):
+        assert after["config"][name] == before["config"][name], name
+    assert after["config"]["evaluate"] is True and after["config"]["from_circuit"] == str(out)
+    assert after["scored"] == {"folder": str(out), "created": before["created"], "git_sha": before["git_sha"],
+                               "scores_s": before["timings"]["scores_s"]}  # fmt: skip
+    for part in ("find", "test"):
+        assert after["evaluation"][part].startswith(before["evaluation"][part] + ", read back from "), part
+    assert "subtraction" in (out / "circuit.svg").read_text()  # the title names the folder's task
+
+
 def test_too_few_test_pairs_are_refused_before_scoring(
     tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,8 +39,10 @@ def _floats(text: str) -> tuple[float, ...]:
 @model_options
 def circuit(
     method: Annotated[
-        str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline), path-patching (--identify) or random.")
-    ] = "eap-ig",
+        str | None,
+        typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline; the default), path-patching (--identify) or "
+                          "random. Not with --from or --circuit-file, which keep the folder's or the file's."),
+    ] = None,
     compare_methods: Annotated[
         str,
         typer.Option(help="Further rankings, scored on the same find pairs and swept on the same test pairs "

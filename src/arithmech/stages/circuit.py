@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from arithmech.stages.circuit_config import (
     DRAWN_DEFAULT,
     DRAWN_MAX,
     IDENTIFY_METHOD,
+    SCORING_SETTINGS,
     TEST_PROMPTS_FILE,
     CircuitConfig,
 )
@@ -151,7 +153,8 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     graph = CircuitGraph.from_dims(handle.dims, view.parallel_residual)
     model_cfg = graph_cfg(graph, handle.dims.d_model)
     logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
-    method, marked, scores, file_scored = cfg.method, None, None, False
+    method, marked, scores, file_scored = str(cfg.method), None, None, False
+    source: dict[str, Any] = {}  # --from's metadata.json: how its scores and pairs were made, kept in this record
     edges_path = cfg.edges_file()
     if cfg.circuit_file is not None:
         stored = read_edges(cfg.circuit_file, model_cfg)
@@ -159,8 +162,9 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         split = prompt_split(handle, cfg)
     elif edges_path is not None:
         scores = read_edges(edges_path, model_cfg).scores
-        split = stored_split(edges_path.parent, cfg)
-        method = str((read_metadata(edges_path.parent) or {}).get("config", {}).get("method", FILE_METHOD))
+        source = read_metadata(edges_path.parent) or {}
+        split = stored_split(edges_path.parent, cfg, source.get("evaluation") or {})
+        method = str(source.get("config", {}).get("method", FILE_METHOD))
     else:
         split = prompt_split(handle, cfg)
     find = circuit_batch(handle.tokenizer, split.find) if split.find else None
@@ -196,7 +200,8 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         write_prompt_file(out / "prompts.jsonl", split.find)
     if split.test is not None:
         write_prompt_file(out / TEST_PROMPTS_FILE, split.test)
-    title = run_title(handle, cfg, split, method)
+    settings = {**asdict(cfg), "method": method, **scoring_settings(source)}
+    title = run_title(handle, cfg, split, method, settings["operations"])
     summary = [summary_row(n, r, split.label, len(test or ())) for n, r in sweeps.items()]
     if sweeps:
         rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result, split.label)]
@@ -214,16 +219,21 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "stage": CircuitConfig.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
-        "config": {**asdict(cfg), "method": method},
+        "config": settings,
         "graph": {**model_cfg, "n_key_value_heads": handle.dims.n_kv_heads, "n_edges": graph.n_edges,
                   "n_nodes": len(graph.node_names)},  # fmt: skip
         "counts": {"find_pairs": len(split.find), "test_pairs": None if split.test is None else len(split.test),
                    **({"from": str(edges_path.parent)} if edges_path is not None else {})},  # fmt: skip
         "evaluation": split.record(),
-        "answer_filter": None if split.filtered is None else {
+        "answer_filter": source.get("answer_filter") if split.filtered is None else {
             part: [c.as_dict() for c in counts] for part, counts in split.filtered.items()
         },
-        "identify_runs": [] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record],
+        "identify_runs": [*source.get("identify_runs", []),
+                          *([] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record])],
+        "scored": None if edges_path is None else {
+            "folder": str(edges_path.parent), **{k: source.get(k) for k in ("created", "git_sha")},
+            "scores_s": (source.get("timings") or {}).get("scores_s"),
+        },
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else {**oracle[1], "pairs": "find"},
         "file_circuit": file_row,
@@ -242,9 +252,18 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     )  # fmt: skip
 
 
-def run_title(handle: ModelHandle, cfg: CircuitConfig, split: PromptSplit, method: str) -> str:
+def scoring_settings(source: dict[str, Any]) -> dict[str, Any]:
+    """The settings that made a --from folder's pairs and scores, as its metadata.json recorded them (this run uses
+    them, not its own: `SCORING_SETTINGS`); {} for edges scored here."""
+    recorded = source.get("config") or {}
+    return {name: recorded[name] for name in SCORING_SETTINGS if name in recorded}
+
+
+def run_title(
+    handle: ModelHandle, cfg: CircuitConfig, split: PromptSplit, method: str, operations: Sequence[str]
+) -> str:
     """The figure's and the drawing's title: the model, the task and which pairs the circuits were evaluated on."""
-    task = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format)"
+    task = f"{handle.source.get('model', 'model')}: {', '.join(operations)} (MIB format)"
     if method == FILE_METHOD:
         return f"{task}, circuit file {Path(str(cfg.circuit_file)).name}, {len(split.test or ())} held-out pairs"
     if split.in_sample:

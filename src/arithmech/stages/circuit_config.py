@@ -8,7 +8,7 @@ method, a circuit size outside (0, 100] %, a combination that makes no sense (--
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,6 +17,11 @@ from arithmech.errors import ConfigError
 CIRCUIT_METHODS = ("eap", "eap-ig", "path-patching", "random")
 """Edge rankings: EAP, EAP-IG on the inputs, identify's node ranking (path patching, weakest link), and a seeded
 random ranking (the baseline)."""
+DEFAULT_METHOD = "eap-ig"
+"""The ranking of edges scored anew when none is given (MIB's baseline)."""
+SCORING_SETTINGS = ("n_prompts", "test_prompts", "operations", "max_operand", "steps", "keep_incorrect", "min_prompts")
+"""Settings that make the find and test pairs or score the edges. `from_circuit` reuses a folder's pairs and scores,
+so it uses none of them: one given (other than its default) is refused, and metadata.json records the folder's."""
 IDENTIFY_METHOD = "path-patching"
 """The ranking read from an identify run."""
 CIRCUIT_ABLATIONS = ("counterfactual", "mean")
@@ -53,10 +58,14 @@ class CircuitConfig:
         edges scored anew, not read back with `from_circuit`) or among `compare_methods`. `arithmech run` then
         fills `identify_run` with its own identify folder."""
         read = config.get("from_circuit") is not None or config.get("circuit_file") is not None
-        method = None if read else config.get("method", "eap-ig")
+        method = None if read else config.get("method") or DEFAULT_METHOD
         return IDENTIFY_METHOD in (method, *(config.get("compare_methods") or ()))
 
-    method: str = field(default="eap-ig", metadata={"help": "edge ranking: eap, eap-ig, path-patching or random"})
+    method: str | None = field(
+        default=None,
+        metadata={"help": f"edge ranking: eap, eap-ig, path-patching or random (default {DEFAULT_METHOD}); not with "
+                          "from_circuit or circuit_file, whose ranking is the folder's or the file's"},
+    )  # fmt: skip
     compare_methods: tuple[str, ...] = field(
         default=(),
         metadata={"help": "further rankings scored on the same prompts and swept beside method's (with evaluate), "
@@ -148,8 +157,9 @@ class CircuitConfig:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        self._resolve_method()
         for method in (self.method, *self.compare_methods):
-            if method not in CIRCUIT_METHODS:
+            if method is not None and method not in CIRCUIT_METHODS:
                 raise ConfigError(f"method {method!r} is not one of {', '.join(CIRCUIT_METHODS)}")
         if self.method in self.compare_methods or len(set(self.compare_methods)) < len(self.compare_methods):
             raise ConfigError("compare_methods repeats a method; name each ranking once, apart from method")
@@ -183,6 +193,26 @@ class CircuitConfig:
         for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand", "random_seeds", "test_prompts"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+
+    def _resolve_method(self) -> None:
+        """The method: the default for edges scored anew; none for edges read back, which keep their ranking, and
+        no setting that only scoring uses (an option that would be dropped is refused)."""
+        source = "--from" if self.from_circuit is not None else "--circuit-file" if self.circuit_file else None
+        if source is None:
+            if self.method is None:
+                object.__setattr__(self, "method", DEFAULT_METHOD)
+            return
+        unused = ["--method"] if self.method is not None else []
+        if source == "--from":
+            defaults = {f.name: f.default for f in fields(self)}
+            given = [name for name in SCORING_SETTINGS if getattr(self, name) != defaults[name]]
+            unused += ["--" + name.replace("_", "-") for name in given]
+        if unused:
+            what = "edge scores and find and test pairs of its folder" if source == "--from" else "circuit of the file"
+            raise ConfigError(
+                f"{source} evaluates the {what}, so {', '.join(unused)} would not be used; leave "
+                f"{'it' if len(unused) == 1 else 'them'} out, or score edges anew without {source} (into another --out)"
+            )  # fmt: skip
 
     def _check_split(self) -> None:
         """The held-out split's settings: each only where it applies."""

@@ -87,15 +87,19 @@ def prompt_split(handle: ModelHandle, cfg: CircuitConfig) -> PromptSplit:
     return _split(parts, cfg, 0, described)
 
 
-def stored_split(folder: Path, cfg: CircuitConfig) -> PromptSplit:
-    """The pairs a circuit folder stored: prompts.jsonl (find) and test_prompts.jsonl (test, when there)."""
+def stored_split(folder: Path, cfg: CircuitConfig, recorded: dict[str, Any]) -> PromptSplit:
+    """The pairs a circuit folder stored: prompts.jsonl (find) and test_prompts.jsonl (test, when there); where each
+    set came from as the folder recorded it (`recorded`, its metadata.json's "evaluation")."""
     test_path = folder / TEST_PROMPTS_FILE
     test = read_prompt_file(test_path) if test_path.is_file() else None
     if test is None and cfg.evaluate and not cfg.in_sample:  # as CircuitConfig.check_files refuses it up front
         raise ConfigError(f"--from {str(folder)!r} holds no held-out pairs ({TEST_PROMPTS_FILE}); score it anew, or "
                           "pass --in-sample to evaluate on the pairs its edges were scored on")  # fmt: skip
-    described = (f"read back from {folder / 'prompts.jsonl'}", f"read back from {test_path}" if test else "")
-    return PromptSplit(read_prompt_file(folder / "prompts.jsonl"), test, cfg.in_sample, None, 0, described)
+    origin = [f"{recorded[part]}, " if recorded.get(part) else "" for part in ("find", "test")]
+    described = (f"{origin[0]}read back from {folder / 'prompts.jsonl'}",
+                 f"{origin[1]}read back from {test_path}" if test else "")  # fmt: skip
+    shared = int(recorded.get("shared_rows_dropped") or 0)
+    return PromptSplit(read_prompt_file(folder / "prompts.jsonl"), test, cfg.in_sample, None, shared, described)
 
 
 def _split(
