@@ -11,8 +11,9 @@ Usage:
 Each function is a thin wrapper over the stage function the CLI and `arithmech run` call
 (`arithmech.stages.<stage>`): its keyword settings are the fields of the stage's config class (the same names as
 the command's options, with _ for -), checked with the same one-sentence errors before any work starts, and it
-returns the stage's typed result after writing the run folder `out`. torch is imported only when a stage runs,
-so `import arithmech` stays fast.
+returns the stage's typed result after writing the run folder `out`. Its other arguments are checked at the door
+too (`arguments.py`): a model name where a loaded model belongs, or an `out` that is no path, is one sentence.
+torch is imported only when a stage runs, so `import arithmech` stays fast.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arithmech import preflight, run_lock
+from arithmech import arguments, preflight, run_lock
 from arithmech.config_values import typed_settings
 
 if TYPE_CHECKING:
@@ -68,6 +69,12 @@ def load_model(
         threads: CPU threads torch uses; None keeps torch's own choice.
         quiet: no library progress bars or stderr output while loading.
     """
+    for name, value in (("model", model), ("gguf_file", gguf_file), ("revision", revision)):
+        arguments.text(value, f"load_model's {name}", optional=True)
+    arguments.text(device, "load_model's device")
+    arguments.text(dtype, "load_model's dtype")
+    arguments.whole(threads, "load_model's threads", optional=True)
+    arguments.flag(quiet, "load_model's quiet")
     from arithmech.models.model_config import ModelConfig
 
     cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
@@ -95,19 +102,28 @@ def _call(target: str, out_dir: Path, *args: Any, **kwargs: Any) -> Any:
         run_lock.release(out_dir)
 
 
-def _folder(source: RunSource) -> str:
+def _folder(source: RunSource, name: str = "from_run") -> str:
     """The path of an identify run given as a path or as identify's result."""
-    return str(getattr(source, "out_dir", source))
+    return arguments.run_source(source, name)
 
 
 def _default_out(stage: str) -> Path:
     return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")
 
 
+def _door(function: str, model: Any, out: Out, quiet: Any) -> Path | None:
+    """A stage function's own arguments checked: the loaded model, `out` (returned as a Path) and `quiet`."""
+    arguments.model_handle(model, function)
+    arguments.flag(quiet, f"{function}'s quiet")
+    return arguments.path(out, f"{function}'s out", optional=True)
+
+
 def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
     """Run a stage that writes its own folder (default runs/<stage>-<time>), its settings checked first."""
-    cfg, out_dir = preflight.check(_config(config, stage, settings, **injected), out or _default_out(stage), stage)
+    checked = _config(config, stage, settings, **injected)
+    out = _door("analyze_heuristics" if stage == "heuristics" else stage, model, out, quiet)
+    cfg, out_dir = preflight.check(checked, out or _default_out(stage), stage)
     return _call(target, out_dir, model, cfg, out_dir, quiet=quiet)
 
 
@@ -146,7 +162,7 @@ def transfer(
 ) -> TransferResult:
     """Knock out the components found by one or more identify runs on other prompt sets (formations, operations,
     word problems). Settings are the fields of `TransferConfig`: targets, k, ablation, ..."""
-    sources = {"sources": tuple(_folder(r) for r in from_runs)} if from_runs else {}
+    sources = {"sources": tuple(_folder(r, "transfer's runs") for r in from_runs)} if from_runs else {}
     return _standalone("transfer", "transfer_config:TransferConfig", "transfer:transfer", model, out, quiet, settings,
                        **sources)  # fmt: skip
 
@@ -157,6 +173,7 @@ def _analysis(
 ) -> Any:  # fmt: skip
     """An analysis of an identify run's prompts, written to `out` (default <from_run>/<stage>)."""
     cfg = _config(config, stage, settings)
+    out = _door(f"analyze_{stage}", model, out, quiet)
     folder = _folder(from_run)
     command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
     run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
@@ -206,10 +223,9 @@ def analyze_agreement(
     <from_run>/agreement.
     """
     folder = _folder(from_run)
-    cfg, out_dir = preflight.check(
-        _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder),
-        out or Path(folder) / "agreement", "agreement",
-    )  # fmt: skip
+    checked = _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder)
+    out = _door("analyze_agreement", model, out, quiet)
+    cfg, out_dir = preflight.check(checked, out or Path(folder) / "agreement", "agreement")
     return _call("agreement:method_agreement", out_dir, model, cfg, out_dir, quiet=quiet)
 
 
@@ -254,7 +270,7 @@ def circuit(
     pairs (in_sample=True: on the find pairs). Settings are the fields of `CircuitConfig`: method,
     compare_methods, n_prompts, test_prompts, evaluate, random_seeds, circuit_file, oracle, ... `identify_run` is
     needed by method "path-patching" (or among compare_methods). `out` defaults to runs/circuit-<time>."""
-    run = {"identify_run": _folder(identify_run)} if identify_run is not None else {}
+    run = {"identify_run": _folder(identify_run, "identify_run")} if identify_run is not None else {}
     return _standalone("circuit", "circuit_config:CircuitConfig", "circuit:circuit", model, out, quiet, settings, **run)
 
 
@@ -294,6 +310,10 @@ def run(
     settings). A `handle` from `load_model` is used instead of loading the config's model. Returns {stage:
     result} for the stages that ran (a kept stage maps to its folder).
     """
+    arguments.path(config, "run's config", optional=True)
+    if handle is not None:
+        arguments.model_handle(handle, "run")
+    arguments.flag(quiet, "run's quiet")
     from arithmech.pipeline import load_run_config, run_pipeline
 
     overrides: dict[str, Any] = {}
@@ -307,6 +327,8 @@ def run(
 
 def write_report(run_dir: str | Path, out: Out = None) -> Path:
     """Write one self-contained HTML report of a run folder (default <run_dir>/report.html); returns its path."""
+    folder = arguments.path(run_dir, "write_report's run_dir")
+    page = arguments.path(out, "write_report's out", optional=True)
     from arithmech.report.html import write_report as write
 
-    return write(run_dir, out)
+    return write(folder, page)

@@ -116,6 +116,8 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--from", "x", "--n-prompts", "8", "--keep-incorrect"], "so --n-prompts, --keep-incorrect would not be used"),
         (["--circuit-file", "x", "--method", "eap"], "--circuit-file evaluates the circuit of the file, so --method"),
         (["--method", "nosuch"], "method 'nosuch' is not one of"),
+        (["--percents", ""], "percents is empty; give the circuit sizes"),  # issue 34.13
+        (["--percents", " , "], "percents is empty; give the circuit sizes"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:

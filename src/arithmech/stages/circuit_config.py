@@ -182,7 +182,10 @@ class CircuitConfig:
         for k in (*self.percents, self.circuit_percent, *drawn):
             if not 0 < k <= 100:
                 raise ConfigError(f"a circuit size of {k} % is outside (0, 100]; give a percentage of edges kept")
-        if not self.percents or list(self.percents) != sorted(set(self.percents)):
+        if not self.percents:
+            raise ConfigError("percents is empty; give the circuit sizes of the sweep in % of edges, e.g. "
+                              "0.1,1,10,100 (the default is MIB's ten sizes)")  # fmt: skip
+        if list(self.percents) != sorted(set(self.percents)):
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
         if self.mib_dataset is not None and self.from_circuit is not None:
             raise ConfigError("--from reuses its folder's prompts: give --mib-dataset or --from, not both")
