@@ -42,7 +42,8 @@ def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> Non
     assert all(set(node) == {"in_graph"} for node in data["nodes"].values())  # MIB: node name -> {"in_graph": bool}
     assert data["cfg"] == {"n_layers": 3, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 64}
     rows = list(csv.DictReader((run / "faithfulness.csv").open()))
-    assert [(r["ranking"], r["percent"]) for r in rows][:3] == [
+    assert [(r["ranking"], r["percent"]) for r in rows][:4] == [
+        ("signed", "0.0"),  # the empty circuit (issue 34.9)
         ("signed", "1.0"),
         ("signed", "10.0"),
         ("signed", "100.0"),
@@ -56,6 +57,44 @@ def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> Non
     meta = json.loads((run / "metadata.json").read_text())
     assert meta["counts"] == {"find_pairs": 4, "test_pairs": 4} and meta["evaluation"]["pairs"] == "held-out"
     assert meta["oracle"]["pairs"] == "find"
+
+
+def test_the_curve_starts_at_the_empty_circuit(circuit_run: tuple[Path, Path]) -> None:
+    """Issue 34.9: faithfulness.csv holds the 0 % row of each ranking (no edge, f = 0, m = m(empty))."""
+    _, run = circuit_run
+    rows = list(csv.DictReader((run / "faithfulness.csv").open()))
+    summary = next(csv.DictReader((run / "cpr_cmd.csv").open()))
+    empty = [r for r in rows if float(r["percent"]) == 0]
+    assert [r["ranking"] for r in empty] == ["signed", "absolute"]
+    for row in empty:
+        assert (row["edges"], float(row["f"])) == ("0", 0.0)
+        assert float(row["m"]) == pytest.approx(float(summary["m_empty"]))
+
+
+def test_in_graph_ranking_is_recorded_and_chosen(circuit_run: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """Issue 34.8: edges.json's in_graph circuit is the top 5 % by signed score unless --circuit-ranking absolute;
+    the help and metadata.json say which."""
+    model, run = circuit_run
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["in_graph"] == {"percent": 5.0, "ranking": "signed", "edges": 13,
+                                "rule": "the top 5 % of edges by signed score"}  # fmt: skip
+    stored = read_edges(run / "edges.json")
+    graph = stored.graph()
+    values = graph.to_edges(stored.scores)
+    by_abs = set(torch.sort(values.abs(), descending=True, stable=True).indices[:13].tolist())
+    by_signed = set(torch.sort(values, descending=True, stable=True).indices[:13].tolist())
+    assert by_abs != by_signed  # the tiny model has strong negative edges: the choice matters
+    assert {i for i, kept in enumerate(graph.to_edges(stored.in_graph).tolist()) if kept} == by_signed
+    out = tmp_path / "absolute"
+    args = ["circuit", "--model", str(model), "--from", str(run), "--circuit-ranking", "absolute", *FROM_SMALL]
+    assert main([*args, "--out", str(out)]) == 0
+    again = read_edges(out / "edges.json")
+    assert {i for i, kept in enumerate(graph.to_edges(again.in_graph).tolist()) if kept} == by_abs
+    assert json.loads((out / "metadata.json").read_text())["in_graph"]["ranking"] == "absolute"
+    capsys.readouterr()
+    assert main(["circuit", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "--circuit-ranking" in said and "signed (the top edges by score, CPR's ranking" in said
 
 
 def test_find_and_test_pairs_share_no_prompt(circuit_run: tuple[Path, Path]) -> None:

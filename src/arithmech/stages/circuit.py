@@ -193,9 +193,13 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     out.mkdir(parents=True, exist_ok=True)
     if oracle is not None:
         atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
+    in_graph = None
     if marked is None:
-        kept = top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0
+        kept = top_edges(graph, scores, cfg.circuit_percent, absolute=cfg.circuit_ranking == "absolute") > 0
         write_edges(out / EDGES_FILE, model_cfg, scores, kept)
+        in_graph = {"percent": cfg.circuit_percent, "ranking": cfg.circuit_ranking, "edges": int(kept.sum()),
+                    "rule": f"the top {cfg.circuit_percent:g} % of edges by "
+                            f"{'signed score' if cfg.circuit_ranking == 'signed' else '|score|'}"}  # fmt: skip
     if split.find:
         write_prompt_file(out / "prompts.jsonl", split.find)
     if split.test is not None:
@@ -234,6 +238,7 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
             "folder": str(edges_path.parent), **{k: source.get(k) for k in ("created", "git_sha")},
             "scores_s": (source.get("timings") or {}).get("scores_s"),
         },
+        "in_graph": in_graph,
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else {**oracle[1], "pairs": "find"},
         "file_circuit": file_row,

@@ -25,6 +25,8 @@ so it uses none of them: one given (other than its default) is refused, and meta
 IDENTIFY_METHOD = "path-patching"
 """The ranking read from an identify run."""
 CIRCUIT_ABLATIONS = ("counterfactual", "mean")
+CIRCUIT_RANKINGS = ("signed", "absolute")
+"""How edges.json's in_graph circuit is chosen: top edges by score (CPR's ranking) or by |score| (CMD's)."""
 MIB_OPERATION_NAMES = ("addition", "subtraction")
 MIB_PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 MIB_FIND_SPLIT = "train"
@@ -99,7 +101,15 @@ class CircuitConfig:
     percents: tuple[float, ...] = field(
         default=MIB_PERCENTS, metadata={"help": "circuit sizes of the sweep, % of edges"}
     )
-    circuit_percent: float = field(default=5.0, metadata={"help": "size marked in_graph in edges.json, % of edges"})
+    circuit_percent: float = field(
+        default=5.0, metadata={"help": "size of the circuit marked in_graph in edges.json, % of edges (ranked by "
+                                       "circuit_ranking)"}
+    )  # fmt: skip
+    circuit_ranking: str = field(
+        default="signed",
+        metadata={"help": "how the in_graph circuit is ranked: signed (the top edges by score, CPR's ranking: an "
+                          "edge with a large negative score is left out) or absolute (by |score|, CMD's)"},
+    )  # fmt: skip
     draw_percent: float | None = field(
         default=None,
         metadata={"help": "size of the drawn circuit (circuit.svg), % of edges; default the smallest swept circuit "
@@ -170,6 +180,8 @@ class CircuitConfig:
                 "method path-patching ranks edges by an identify run's node effects: give --method path-patching "
                 "(or name it in compare_methods) together with --identify RUN_DIR (and --identify only with it)"
             )
+        if self.circuit_ranking not in CIRCUIT_RANKINGS:
+            raise ConfigError(f"circuit_ranking {self.circuit_ranking!r} is not one of {', '.join(CIRCUIT_RANKINGS)}")
         if self.ablation not in CIRCUIT_ABLATIONS:
             raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(CIRCUIT_ABLATIONS)}")
         unknown = [op for op in self.operations if op not in MIB_OPERATION_NAMES]
