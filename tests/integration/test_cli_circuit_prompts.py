@@ -152,3 +152,30 @@ def test_bad_mib_dataset_is_refused_before_the_model_loads(tmp_path: Path, capsy
     code = main(["circuit", "--model", missing_model, "--mib-dataset", str(bad), "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and "lacks MIB's column(s)" in err and "Traceback" not in err
+
+
+def test_unusable_rows_are_named_by_reason(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    """Issue 34.10: rows no pair can be made of are counted by reason with their first row, without the advice about
+    operands (a user's own file has none to choose)."""
+    lengths = _row(12, 30, 1, 3)  # the counterfactual is shorter in tokens
+    word = {**_row(12, 34, 25, 51), "label": "forty-six"}
+    bare = {**_row(12, 34, 25, 51), "random_counterfactual": "Q: How much is 25 plus 51? A:"}
+    data = _mib_file(tmp_path / "mine.jsonl", 0, [word, bare, lengths, lengths, lengths])
+    args = ["circuit", "--model", str(tiny_model_dir("llama")), "--mib-dataset", str(data), "--in-sample", *SMALL]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "no find row of --mib-dataset can be scored" in err and "5 rows unusable: 3 have a counterfactual of " \
+        "another token length (first: row 3)" in err, err
+    assert "first: row 1" in err and "first: row 2" in err and "--max-operand" not in err, err
+
+
+def test_a_mib_file_that_is_not_json_is_one_sentence(tmp_path: Path, capsys) -> None:
+    """Issue 34.11: before the model loads, naming the file and the line."""
+    bad = tmp_path / "mine.jsonl"
+    bad.write_text(json.dumps(_row(12, 34, 25, 51)) + "\nnot json at all\n")
+    missing_model = str(tmp_path / "no-such-model")
+    args = ["circuit", "--model", missing_model, "--mib-dataset", str(bad), "--in-sample"]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "mine.jsonl', line 2: not JSON" in err, err

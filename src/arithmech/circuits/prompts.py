@@ -68,6 +68,8 @@ class FilterCounts:
     """Pairs that pass (the first n_prompts of them are used)."""
     unusable: int = 0
     """Dataset rows only: rows dropped before the model sees them (no digit token, unequal lengths, ...)."""
+    unusable_why: str = ""
+    """Dataset rows only: the unusable rows by reason, with the first row of each (`data/mib_dataset.Unusable`)."""
     shared: int = 0
     """Dataset evaluation rows only: rows dropped because their clean or counterfactual prompt is also a prompt of
     the find split (built-in prompts share none: their parts are disjoint by fact)."""
@@ -84,7 +86,8 @@ class FilterCounts:
             f"{self.prompts_answered} of {self.prompts_drawn} prompts answered, paired; "
             if self.prompts_drawn else ""
         )  # fmt: skip
-        unusable = f"{self.unusable} rows unusable; " if self.unusable else ""
+        why = f": {self.unusable_why}" if self.unusable_why else ""
+        unusable = f"{self.unusable} rows unusable{why}; " if self.unusable else ""
         shared = f"{self.shared} rows share a prompt with the find split; " if self.shared else ""
         return (
             f"{self.source}: {drawn}{shared}{unusable}{self.kept} of {self.pairs} pairs pass ({self.clean_missed} "

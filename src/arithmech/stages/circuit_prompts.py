@@ -168,17 +168,19 @@ def _dataset_part(
         mine, shared = (rows, 0) if find_rows is None else apart_from(rows, find_rows, operation)
         pairs, unusable = mib_dataset_pairs(handle.tokenizer, mine, operation)
         dropped += shared
-        if not pairs and not unusable and not shared:
+        if not pairs and not unusable.count and not shared:
             raise DataError(
                 f"--mib-dataset {cfg.mib_dataset!r} has no {operation} rows (column operator) in its {part} split; "
                 "choose the operation its rows hold with --operations"
             )
+        source = f"{cfg.mib_dataset} ({operation})"
         if cfg.keep_incorrect:
+            if not pairs and unusable.count:
+                raise unscorable(part, f"{source}: {unusable.count} rows unusable: {unusable.describe()}")
             kept += pairs[:quota]
             continue
-        source = f"{cfg.mib_dataset} ({operation})"
         passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
-        seen = replace(seen, unusable=unusable, shared=shared)
+        seen = replace(seen, unusable=unusable.count, unusable_why=unusable.describe(), shared=shared)
         logger.info("answer filter (%s): %s", part, seen.describe())
         kept, counts = kept + passed, [*counts, seen]
     if not cfg.keep_incorrect:
@@ -187,14 +189,28 @@ def _dataset_part(
 
 
 def check_enough(kept: int, counts: list[FilterCounts], n: int, cfg: CircuitConfig, part: str) -> None:
-    """A DataError when fewer `part` pairs than `min_prompts` (at most n) survive the answer filter."""
+    """A DataError when fewer `part` pairs than `min_prompts` (at most n) survive the answer filter; its advice
+    fits where the pairs came from (a dataset's rows are the user's to fix, operands are not theirs to choose)."""
     need = min(cfg.min_prompts, n)
     if kept >= need:
         return
     seen = "; ".join(c.describe() for c in counts)
     fewer = ", fewer --test-prompts" if part == "test" else ""
-    raise DataError(
-        f"only {kept} {part} pairs survive the answer filter (the model's top token must be the scored answer on "
-        f"the clean prompt and the counterfactual answer on the counterfactual prompt), fewer than {need} ({seen}): "
-        f"try smaller operands (--max-operand 9), other prompts, a lower --min-prompts{fewer}, or another model"
-    )
+    rule = ("(the model's top token must be the scored answer on the clean prompt and the counterfactual answer on "
+            "the counterfactual prompt)")  # fmt: skip
+    if cfg.mib_dataset is None:
+        raise DataError(f"only {kept} {part} pairs survive the answer filter {rule}, fewer than {need} ({seen}): "
+                        f"try smaller operands (--max-operand 9), other prompts, a lower --min-prompts{fewer}, or "
+                        "another model")  # fmt: skip
+    if any(c.unusable for c in counts) and not any(c.pairs for c in counts):
+        raise unscorable(part, "; ".join(f"{c.source}: {c.unusable} rows unusable: {c.unusable_why}"
+                                         for c in counts if c.unusable))  # fmt: skip
+    raise DataError(f"only {kept} {part} pairs of --mib-dataset survive the answer filter {rule}, fewer than {need} "
+                    f"({seen}): give more rows, fix the unusable ones, a lower --min-prompts{fewer}, or another "
+                    "model")  # fmt: skip
+
+
+def unscorable(part: str, why: str) -> DataError:
+    """No row of a dataset's `part` can be scored, and why (the reasons with their first rows)."""
+    return DataError(f"no {part} row of --mib-dataset can be scored ({why}); fix those rows, or give MIB's own "
+                     "arithmetic data")  # fmt: skip
