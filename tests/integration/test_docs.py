@@ -146,6 +146,71 @@ def test_every_command_shown_in_the_readme_and_docs_parses() -> None:
     assert not failures, "\n".join(f"{k}\n    {v}" for k, v in failures.items())
 
 
+READ_OPTIONS = ("--from", "--identify", "--compare", "--delta", "--circuit-file")
+"""Options whose value is a run folder (or a file in one) that an earlier command must have written."""
+ANALYSIS_FOLDERS = {"attention": "attention", "mlp": "mlp", "fourier": "fourier", "agreement": "agreement"}
+
+
+def _values(args: list[str], option: str) -> list[str]:
+    """Every value of `option` in `args` (`--out X` and `--out=X`)."""
+    return [args[i + 1] if a == option else a.split("=", 1)[1] for i, a in enumerate(args)
+            if (a == option and i + 1 < len(args)) or a.startswith(option + "=")]  # fmt: skip
+
+
+def written_folders(args: list[str]) -> list[str]:
+    """The run folders a command writes: --out; `run`'s config's out; an analysis --from R without --out: R/<name>;
+    a stage --from R without --out writes below R, which R already covers."""
+    outs = _values(args, "--out")
+    if outs:
+        return outs
+    config = _values(args, "--config")
+    if args[:1] == ["run"] and config and (ROOT / config[0]).is_file():
+        import yaml
+
+        return [str(yaml.safe_load((ROOT / config[0]).read_text()).get("out", "runs/pipeline"))]
+    if args[:1] == ["analyze"] and len(args) > 1 and args[1] in ANALYSIS_FOLDERS:
+        return [f"{run}/{ANALYSIS_FOLDERS[args[1]]}" for run in _values(args, "--from")]
+    return []
+
+
+def read_folders(args: list[str]) -> list[str]:
+    """The run folders (or files in them) a command reads: its READ_OPTIONS and `report`'s folder."""
+    found = [value for option in READ_OPTIONS for value in _values(args, option)]
+    return found + [a for a in args[1:2] if args[:1] == ["report"] and not a.startswith("-")]
+
+
+def unmade_folders(page: Path) -> list[str]:
+    """The commands of a page's code blocks that read a folder no earlier command on the page writes: a command in
+    a code block, or one named in the prose as the prerequisite (an inline `arithmech ... --out runs/x`)."""
+    commands = sorted(shown_commands(page), key=lambda c: int(c[0].rsplit(":", 1)[1]))
+    written: list[Path] = []
+    missing = []
+    for where, command, complete in commands:
+        args = _arithmech_args(shlex.split(command)) or []
+        for folder in read_folders(args) if complete else ():
+            path = Path(folder)
+            made = any(path == w or w in path.parents or path in w.parents for w in written)
+            if not made and folder != "..." and not (ROOT / path).exists():
+                missing.append(f"{where}: {command}\n    reads {folder}, which no earlier command on the page writes")
+        written += [Path(folder) for folder in written_folders(args)]
+    return missing
+
+
+def test_every_folder_a_command_reads_is_written_earlier_on_its_page(tmp_path: Path) -> None:
+    """Issue 34.2: a page's commands run in the order shown on a fresh clone: a folder a command reads (--from,
+    --identify, --compare, --delta, --circuit-file, report's) is written by an earlier command on the same page,
+    or named in its prose with the command that makes it."""
+    page = tmp_path / "page.md"
+    page.write_text("Needs `arithmech identify --out runs/a`.\n\n```bash\narithmech knockout --from runs/a/x\n"
+                    "arithmech analyze mlp --from runs/b\narithmech knockout --from runs/b/mlp\n"
+                    "arithmech report runs/c\narithmech run --config configs/default-model.yaml\n"
+                    "arithmech report runs/demo\n```\n")  # fmt: skip
+    assert [m.split(": ")[1].split("\n")[0] for m in unmade_folders(page)] == [
+        "arithmech analyze mlp --from runs/b", "arithmech report runs/c"]  # fmt: skip
+    missing = [m for p in PAGES for m in unmade_folders(p)]
+    assert not missing, "\n".join(missing)
+
+
 def test_api_page_documents_exactly_the_top_level_names() -> None:
     documented = set(re.findall(r"^::: arithmech\.[\w.]*?\.?(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M))
     results_types = {name for name in documented if name.endswith("Results")}  # what run.<stage> returns
