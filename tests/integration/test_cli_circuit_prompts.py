@@ -179,3 +179,22 @@ def test_a_mib_file_that_is_not_json_is_one_sentence(tmp_path: Path, capsys) -> 
     assert main([*args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "mine.jsonl', line 2: not JSON" in err, err
+
+
+def test_every_long_loop_shows_a_bar_with_its_total(
+    tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34.3: after the graph line, the answer check, the scoring passes, each sweep and the oracle each show
+    a progress bar that ends at its total."""
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0))
+    args = ["circuit", "--model", str(tiny_model_dir("llama")), "--method", "eap-ig", "--steps", "2", "--n-prompts",
+            "4", "--batch-size", "2", "--evaluate", "--percents", "10,100", "--oracle", "2"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "run")]) == 0
+    said = capsys.readouterr().err.replace("\r", "\n")
+    for bar, total in (("checking answers (find, addition)", None), ("checking answers (test, addition)", None),
+                       ("scoring edges (eap-ig)", 4), ("sweep of 2 sizes (eap-ig)", None),
+                       ("oracle: exact edge scores", 8)):  # fmt: skip
+        last = [line for line in said.splitlines() if line.startswith(bar)][-1]
+        done = re.search(r"\| (\d+)/(\d+) \[", last)
+        assert done is not None and done.group(1) == done.group(2), last  # ends at its total
+        assert total is None or int(done.group(2)) == total, last

@@ -27,6 +27,7 @@ from arithmech.data.tokens import pad_id_of
 from arithmech.errors import DataError
 from arithmech.models.predictions import top_tokens_at
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 PROMPTS_PER_PAIR = 80
 """Most single prompts drawn per pair wanted before giving up: SmolLM2-135M answers between 1 MIB prompt in 9 and
@@ -114,12 +115,16 @@ def filter_answered(
     source: str,
     batch_size: int = 32,
     want: int | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
     """The pairs the model answers on both prompts, in order, and the counts. With `want`, pairs are checked in
-    rounds until that many are kept (or PROMPTS_PER_PAIR / 2 x want pairs are checked: two prompts each)."""
+    rounds until that many are kept (or PROMPTS_PER_PAIR / 2 x want pairs are checked: two prompts each).
+    `progress` counts pairs checked, of at most that many (the total is set to the pairs checked at the end)."""
     limit = len(pairs) if want is None else min(len(pairs), PROMPTS_PER_PAIR * want // 2)
     kept: list[PromptPair] = []
     checked = clean_missed = cf_missed = 0
+    if progress is not None:
+        progress.total = limit
     while checked < limit and (want is None or len(kept) < want):
         size = limit if want is None else min(limit - checked, max(64, 8 * want))
         chunk = pairs[checked : checked + size]
@@ -127,6 +132,10 @@ def filter_answered(
         kept += [p for p, ok in zip(chunk, (clean & cf).tolist(), strict=True) if ok]
         checked += size
         clean_missed, cf_missed = clean_missed + int((~clean).sum()), cf_missed + int((~cf).sum())
+        if progress is not None:
+            progress.update(size)
+    if progress is not None:
+        progress.total = checked  # done: enough were kept before the limit
     return kept[:want], FilterCounts(source, checked, clean_missed, cf_missed, len(kept))
 
 
@@ -139,16 +148,20 @@ def answered_pairs(
     max_operand: int,
     batch_size: int = 32,
     part: str | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
     """Up to `n` built-in MIB pairs (of `part`'s facts, when given: `data.mib_arithmetic`) that pass the answer
     filter: single prompts are drawn in rounds and checked, those the model answers are paired (`PromptPairer`),
     and the pairs are checked again as pairs (the same filter as for a dataset's rows; padding in a batch can
-    move a near tie). At most PROMPTS_PER_PAIR x n prompts are drawn."""
+    move a near tie). At most PROMPTS_PER_PAIR x n prompts are drawn; `progress` counts prompts checked, of that
+    many (the total is set to the prompts drawn at the end), then the pairs' check adds its pairs."""
     stream = mib_prompt_stream(tokenizer, operation, seed, max_operand, part)
     pairer = PromptPairer(operation)
     pairs: list[PromptPair] = []
     drawn = answered = 0
     pad = pad_id_of(tokenizer)
+    if progress is not None:
+        progress.total = PROMPTS_PER_PAIR * n
     while len(pairs) < n and drawn < PROMPTS_PER_PAIR * n:
         prompts = [next(stream) for _ in range(min(max(64, 8 * n), PROMPTS_PER_PAIR * n - drawn))]
         drawn += len(prompts)
@@ -160,5 +173,11 @@ def answered_pairs(
                 pair = pairer.add(prompt)
                 if pair is not None:
                     pairs.append(pair)
+        if progress is not None:
+            progress.update(len(prompts))
+    if progress is not None:
+        progress.total = drawn + len(pairs[:n])  # done drawing; the pairs' check follows
     kept, counts = filter_answered(view, tokenizer, pairs[:n], operation, batch_size)
+    if progress is not None:
+        progress.update(len(pairs[:n]))
     return kept, replace(counts, prompts_drawn=drawn, prompts_answered=answered)

@@ -49,6 +49,7 @@ from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import frozen_parameters
+from arithmech.progress import progress_bar
 from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
@@ -104,7 +105,7 @@ def random_scores(graph: CircuitGraph, seed: int) -> torch.Tensor:
 
 
 def rank_edges(
-    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str, quiet: bool = True
 ) -> torch.Tensor:
     """[receiver, sender] signed scores by `method` (on the find pairs `batch`; random: the first seed)."""
     if method == "random":
@@ -113,8 +114,10 @@ def rank_edges(
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
     gradient = "eap" if method == "eap" else "eap-ig"
-    with frozen_parameters(handle.model):  # gradients of the receivers' inputs only: no graph through the weights
-        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
+    # gradients of the receivers' inputs only: no graph through the weights
+    with frozen_parameters(handle.model), progress_bar(f"scoring edges ({method})", "pass", quiet) as bar:
+        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size,
+                           progress=bar)  # fmt: skip
 
 
 def sweep_rankings(
@@ -124,6 +127,7 @@ def sweep_rankings(
     test: CircuitBatch,
     cfg: CircuitConfig,
     rankings: dict[str, torch.Tensor | None],
+    quiet: bool = True,
 ) -> dict[str, SeededSweeps]:
     """The sweep of each ranking on the test pairs (None: scored on the find pairs now); the random ranking once
     per seed (`random_seeds` seeds from `seed`)."""
@@ -135,12 +139,15 @@ def sweep_rankings(
         else:
             if scores is None:
                 assert find is not None, "a ranking scored now needs find pairs"
-                scores = rank_edges(handle, graph, find, cfg, name)
+                scores = rank_edges(handle, graph, find, cfg, name, quiet)
             drawn = [scores]
-        ablation = cfg.ablation
-        runs = tuple(faithfulness_sweep(handle.view, graph, test, ranking, cfg.percents, ablation,  # type: ignore[arg-type]
-                                        cfg.batch_size) for ranking in drawn)  # fmt: skip
-        sweeps[name] = SeededSweeps(seeds, runs)
+        runs = []
+        for i, ranking in enumerate(drawn):
+            seed = f", seed {seeds[i]}" if seeds else ""
+            with progress_bar(f"sweep of {len(cfg.percents)} sizes ({name}{seed})", "circuit", quiet) as bar:
+                runs.append(faithfulness_sweep(handle.view, graph, test, ranking, cfg.percents, cfg.ablation,  # type: ignore[arg-type]
+                                               cfg.batch_size, progress=bar))  # fmt: skip
+        sweeps[name] = SeededSweeps(seeds, tuple(runs))
     return sweeps
 
 
@@ -159,18 +166,18 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     if cfg.circuit_file is not None:
         stored = read_edges(cfg.circuit_file, model_cfg)
         method, marked, scores, file_scored = FILE_METHOD, stored.in_graph, stored.scores, stored.fully_scored
-        split = prompt_split(handle, cfg)
+        split = prompt_split(handle, cfg, quiet)
     elif edges_path is not None:
         scores = read_edges(edges_path, model_cfg).scores
         source = read_metadata(edges_path.parent) or {}
         split = stored_split(edges_path.parent, cfg, source.get("evaluation") or {})
         method = str(source.get("config", {}).get("method", FILE_METHOD))
     else:
-        split = prompt_split(handle, cfg)
+        split = prompt_split(handle, cfg, quiet)
     find = circuit_batch(handle.tokenizer, split.find) if split.find else None
     if scores is None:
         assert find is not None, "a new run has find pairs"
-        scores = rank_edges(handle, graph, find, cfg, method)
+        scores = rank_edges(handle, graph, find, cfg, method, quiet)
     scores = scores.nan_to_num(0.0)  # an edge a file does not score: 0
     scored_s = time.perf_counter() - start
     evaluated = split.evaluated
@@ -178,17 +185,19 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     sweeps: dict[str, SeededSweeps] = {}
     file_row = None
     if test is not None and marked is not None:
-        metrics = circuit_metrics(view, graph, test, [marked.float()], cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        with progress_bar("the file's circuit", "circuit", quiet) as bar:
+            metrics = circuit_metrics(view, graph, test, [marked.float()], cfg.ablation, cfg.batch_size,  # type: ignore[arg-type]
+                                      progress=bar)  # fmt: skip
         file_row = file_circuit_row(str(cfg.circuit_file), metrics, marked, graph.n_edges, len(test), split.label)
         if file_scored:
-            sweeps = sweep_rankings(handle, graph, None, test, cfg, {method: scores})
+            sweeps = sweep_rankings(handle, graph, None, test, cfg, {method: scores}, quiet)
     elif cfg.evaluate and test is not None:
         rankings: dict[str, torch.Tensor | None] = {method: scores, **dict.fromkeys(cfg.compare_methods)}
-        sweeps = sweep_rankings(handle, graph, find, test, cfg, rankings)
+        sweeps = sweep_rankings(handle, graph, find, test, cfg, rankings, quiet)
     if sweeps and abs(sweeps[method].sweeps[0].m_full - sweeps[method].sweeps[0].m_empty) < 1e-6:
         raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
     sweep = sweeps[method].mean if method in sweeps else None
-    oracle = oracle_rows(handle, graph, find, scores, cfg) if cfg.oracle and find is not None else None
+    oracle = oracle_rows(handle, graph, find, scores, cfg, quiet) if cfg.oracle and find is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if oracle is not None:
@@ -319,11 +328,13 @@ def drawn_circuit(
 
 
 def oracle_rows(
-    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig,
+    quiet: bool = True,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """Exact scores of the top n edges by |score| and n random ones; rows and agreement (Spearman, top-n overlap)."""
     edges = oracle_subset(graph, scores, cfg.oracle, cfg.seed)
-    exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size).tolist()
+    with progress_bar("oracle: exact edge scores", "edge", quiet) as bar:
+        exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size, progress=bar).tolist()
     estimate = [float(scores[r, s]) for r, s in edges]
     rows = [
         {"edge": f"{graph.sender_names[s]}->{graph.receiver_names[r]}", "chosen": "top" if i < cfg.oracle else "random",

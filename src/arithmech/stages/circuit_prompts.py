@@ -31,6 +31,7 @@ from arithmech.data.mib_dataset import apart_from, mib_dataset_pairs, read_mib_r
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
+from arithmech.progress import progress_bar
 from arithmech.stages.circuit_config import TEST_PROMPTS_FILE, CircuitConfig
 
 logger = logging.getLogger(__name__)
@@ -72,15 +73,15 @@ class PromptSplit:
                 "shared_rows_dropped": self.shared}  # fmt: skip
 
 
-def prompt_split(handle: ModelHandle, cfg: CircuitConfig) -> PromptSplit:
+def prompt_split(handle: ModelHandle, cfg: CircuitConfig, quiet: bool = True) -> PromptSplit:
     """New find and test pairs (the find pairs only under `in_sample`, the test pairs only for `circuit_file`)."""
     if cfg.mib_dataset is not None:
-        return _dataset_split(handle, cfg)
+        return _dataset_split(handle, cfg, quiet)
     parts: dict[str, tuple[list[PromptPair], list[FilterCounts] | None]] = {}
     if cfg.circuit_file is None:
-        parts["find"] = _built_in(handle, cfg, None if cfg.in_sample else "find", cfg.n_prompts)
+        parts["find"] = _built_in(handle, cfg, None if cfg.in_sample else "find", cfg.n_prompts, quiet)
     if not cfg.in_sample:
-        parts["test"] = _built_in(handle, cfg, "test", cfg.n_test)
+        parts["test"] = _built_in(handle, cfg, "test", cfg.n_test, quiet)
     rule = f"facts split by seed {cfg.seed} (data/mib_arithmetic.py)"
     described = (f"built-in MIB prompts, {'every fact' if cfg.in_sample else 'find part: ' + rule}",
                  "" if cfg.in_sample else f"built-in MIB prompts, test part: {rule}")  # fmt: skip
@@ -113,7 +114,7 @@ def _split(
 
 
 def _built_in(
-    handle: ModelHandle, cfg: CircuitConfig, part: str | None, n: int
+    handle: ModelHandle, cfg: CircuitConfig, part: str | None, n: int, quiet: bool = True
 ) -> tuple[list[PromptPair], list[FilterCounts] | None]:
     """n built-in pairs of `part` (None: every fact) from the operations in turn, through the answer filter."""
     quota = math.ceil(n / len(cfg.operations))
@@ -124,27 +125,27 @@ def _built_in(
     kept: list[PromptPair] = []
     counts: list[FilterCounts] = []
     for operation in cfg.operations:
-        pairs, seen = answered_pairs(
-            handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand, cfg.batch_size, part=part
-        )
+        with progress_bar(f"checking answers ({part or 'find'}, {operation})", "prompt", quiet) as bar:
+            pairs, seen = answered_pairs(handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand,
+                                         cfg.batch_size, part=part, progress=bar)  # fmt: skip
         logger.info("answer filter (%s): %s", part or "find", seen.describe())
         kept, counts = kept + pairs, [*counts, seen]
     check_enough(len(kept), counts, n, cfg, "test" if part == "test" else "find")
     return kept[:n], counts
 
 
-def _dataset_split(handle: ModelHandle, cfg: CircuitConfig) -> PromptSplit:
+def _dataset_split(handle: ModelHandle, cfg: CircuitConfig, quiet: bool = True) -> PromptSplit:
     """Find pairs from --mib-split's rows, test pairs from the evaluation rows not sharing a prompt with them."""
     assert cfg.mib_dataset is not None
     find_rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
     parts: dict[str, tuple[list[PromptPair], list[FilterCounts] | None]] = {}
     if cfg.circuit_file is None:
-        parts["find"], _ = _dataset_part(handle, cfg, find_rows, None, cfg.n_prompts, "find")
+        parts["find"], _ = _dataset_part(handle, cfg, find_rows, None, cfg.n_prompts, "find", quiet)
     shared = 0
     eval_source = cfg.mib_eval_dataset or cfg.mib_dataset
     if not cfg.in_sample:
         test_rows = read_mib_rows(eval_source, cfg.mib_eval_split)
-        parts["test"], shared = _dataset_part(handle, cfg, test_rows, find_rows, cfg.n_test, "test")
+        parts["test"], shared = _dataset_part(handle, cfg, test_rows, find_rows, cfg.n_test, "test", quiet)
     described = (f"{cfg.mib_dataset}, split {cfg.mib_split}",
                  "" if cfg.in_sample else f"{eval_source}, split {cfg.mib_eval_split}")  # fmt: skip
     return _split(parts, cfg, shared, described)
@@ -157,6 +158,7 @@ def _dataset_part(
     find_rows: list[dict[str, Any]] | None,
     n: int,
     part: str,
+    quiet: bool = True,
 ) -> tuple[tuple[list[PromptPair], list[FilterCounts] | None], int]:
     """n pairs of a dataset's rows of each operation (those sharing a prompt with `find_rows` dropped), through
     the answer filter; and how many rows were dropped as shared."""
@@ -179,7 +181,9 @@ def _dataset_part(
                 raise unscorable(part, f"{source}: {unusable.count} rows unusable: {unusable.describe()}")
             kept += pairs[:quota]
             continue
-        passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota)
+        with progress_bar(f"checking answers ({part}, {operation})", "pair", quiet) as bar:
+            passed, seen = filter_answered(handle.view, handle.tokenizer, pairs, source, cfg.batch_size, want=quota,
+                                           progress=bar)  # fmt: skip
         seen = replace(seen, unusable=unusable.count, unusable_why=unusable.describe(), shared=shared)
         logger.info("answer filter (%s): %s", part, seen.describe())
         kept, counts = kept + passed, [*counts, seen]
