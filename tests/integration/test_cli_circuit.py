@@ -155,6 +155,14 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--from", "x", "--n-prompts", "8", "--keep-incorrect"], "so --n-prompts, --keep-incorrect would not be used"),
         (["--circuit-file", "x", "--method", "eap"], "--circuit-file evaluates the circuit of the file, so --method"),
         (["--method", "nosuch"], "method 'nosuch' is not one of"),
+        (["--n-prompts", "100000"], "--n-prompts 100000 asks 100000 addition pairs of the find part, but with "
+                                    "operands 0..99 it holds 4,917 different addition prompts, so at most 2,458 "
+                                    "pairs"),  # issue 34.4
+        (["--max-operand", "9"], "--n-prompts 32 asks 32 addition pairs of the find part, but with operands 0..9"),
+        (["--test-prompts", "3000"], "--test-prompts 3000 asks 3000 addition pairs of the test part"),
+        (["--in-sample", "--n-prompts", "6000", "--operations", "addition,subtraction"],
+         "--n-prompts 6000 asks 3000 subtraction pairs (in-sample: every fact), but with operands 0..99 it holds "
+         "5,050 different subtraction prompts, so at most 2,525 pairs"),
         (["--percents", ""], "percents is empty; give the circuit sizes"),  # issue 34.13
         (["--percents", " , "], "percents is empty; give the circuit sizes"),
     ],
@@ -164,6 +172,7 @@ def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, ext
     code = main(["circuit", "--model", missing_model, *extra, "--out", str(tmp_path / "x"), "--quiet"])
     stderr = capsys.readouterr().err
     assert code == 2 and expected in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "x").exists()  # nothing made, not even a folder holding only the lock
 
 
 def test_circuit_file_of_another_model_is_refused(circuit_run, tiny_model_dir, tmp_path: Path, capsys) -> None:

@@ -81,7 +81,7 @@ def test_too_few_test_pairs_are_refused_before_scoring(
     tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stand-in model answers only prompts whose fact is in the find part: the test part is refused."""
-    from arithmech.data.mib_arithmetic import fact_part
+    from arithmech.data.mib_facts import fact_part
 
     monkeypatch.setattr(circuit_prompts, "top_tokens_at",
                         _answers_when(lambda a, b: fact_part("addition", a, b, 0) == "find"))  # fmt: skip

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from arithmech.data.mib_facts import distinct_prompts
 from arithmech.errors import ConfigError
 
 CIRCUIT_METHODS = ("eap", "eap-ig", "path-patching", "random")
@@ -208,6 +209,32 @@ class CircuitConfig:
         for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand", "random_seeds", "test_prompts"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        self._check_supply()
+
+    def _check_supply(self) -> None:
+        """Refuse more built-in pairs than the generator can give: a part of the prompts with operands
+        0..max_operand holds so many different prompts, and a pair takes two, even if the model answered all."""
+        if self.mib_dataset is not None or self.from_circuit is not None:
+            return
+        test_option = "--n-prompts" if self.test_prompts is None else "--test-prompts"
+        wanted = [] if self.circuit_file is not None else [
+            ("(in-sample: every fact)" if self.in_sample else "of the find part", None if self.in_sample else "find",
+             self.n_prompts, "--n-prompts")]  # fmt: skip
+        if not self.in_sample:
+            wanted.append(("of the test part", "test", self.n_test, test_option))
+        for name, part, n, option in wanted:
+            quota = -(-n // len(self.operations))
+            for operation in self.operations:
+                held = distinct_prompts(operation, self.max_operand, self.seed, part)
+                if quota > held // 2:
+                    most = held // 2 * len(self.operations)
+                    raise ConfigError(
+                        f"{option} {n} asks {quota} {operation} pairs {name}, but with operands "
+                        f"0..{self.max_operand} it holds {held:,} different {operation} prompts, so at most "
+                        f"{held // 2:,} pairs even if the model answered every prompt (SmolLM2-135M answers about 1 "
+                        f"in 10, which leaves about {held // 20:,}); give {option} {most} or fewer, a larger "
+                        "--max-operand, or pairs of your own with --mib-dataset"
+                    )  # fmt: skip
 
     def _resolve_method(self) -> None:
         """The method: the default for edges scored anew; none for edges read back, which keep their ranking, and

@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from arithmech.circuits.prompts import FilterCounts, answered_pairs, filter_answered
+from arithmech.circuits.prompts import PROMPTS_PER_PAIR, FilterCounts, answered_pairs, filter_answered
 from arithmech.data.io import read_prompt_file
 from arithmech.data.mib_arithmetic import mib_pairs
 from arithmech.data.mib_dataset import apart_from, mib_dataset_pairs, read_mib_rows
+from arithmech.data.mib_facts import distinct_prompts
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.load import ModelHandle
@@ -125,6 +126,10 @@ def _built_in(
     kept: list[PromptPair] = []
     counts: list[FilterCounts] = []
     for operation in cfg.operations:
+        held = distinct_prompts(operation, cfg.max_operand, cfg.seed, part)
+        logger.info("%s pairs (%s): %d wanted, from %s different prompts with operands 0..%d; the answer check draws "
+                    "at most %s of them (SmolLM2-135M answers about 1 prompt in 10)", operation, part or "find", quota,
+                    f"{held:,}", cfg.max_operand, f"{PROMPTS_PER_PAIR * quota:,}")  # fmt: skip
         with progress_bar(f"checking answers ({part or 'find'}, {operation})", "prompt", quiet) as bar:
             pairs, seen = answered_pairs(handle.view, handle.tokenizer, operation, quota, cfg.seed, cfg.max_operand,
                                          cfg.batch_size, part=part, progress=bar)  # fmt: skip
@@ -204,8 +209,8 @@ def check_enough(kept: int, counts: list[FilterCounts], n: int, cfg: CircuitConf
             "the counterfactual prompt)")  # fmt: skip
     if cfg.mib_dataset is None:
         raise DataError(f"only {kept} {part} pairs survive the answer filter {rule}, fewer than {need} ({seen}): "
-                        f"try smaller operands (--max-operand 9), other prompts, a lower --min-prompts{fewer}, or "
-                        "another model")  # fmt: skip
+                        f"try smaller operands (e.g. --max-operand 20, whose parts hold at least 50 pairs of each "
+                        f"operation), other prompts, a lower --min-prompts{fewer}, or another model")  # fmt: skip
     if any(c.unusable for c in counts) and not any(c.pairs for c in counts):
         raise unscorable(part, "; ".join(f"{c.source}: {c.unusable} rows unusable: {c.unusable_why}"
                                          for c in counts if c.unusable))  # fmt: skip
