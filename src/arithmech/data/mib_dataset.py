@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arithmech import hub
 from arithmech.data.mib_arithmetic import scored_prompt
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import ConfigError, DataError
@@ -75,6 +76,12 @@ def read_mib_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
 
 
 def _hub_rows(name: str, split: str) -> list[dict[str, Any]]:
+    offline = hub.unreachable()
+    if offline is not None:  # at once, not after the library's retries
+        raise DataError(
+            f"--mib-dataset {name!r} is a Hugging Face dataset, and the hub cannot be reached from this machine "
+            f"({offline}); give a local copy to --mib-dataset (a save_to_disk folder or a .jsonl/.parquet/.csv file)"
+        )
     import datasets
 
     try:
