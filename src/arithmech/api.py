@@ -120,7 +120,7 @@ def _door(function: str, model: Any, out: Out, quiet: Any) -> Path | None:
 
 def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
-    """Run a stage that writes its own folder (default runs/<stage>-<time>), its settings checked first."""
+    """Run a stage that writes its own folder (default `runs/<stage>-<time>`), its settings checked first."""
     checked = _config(config, stage, settings, **injected)
     out = _door("analyze_heuristics" if stage == "heuristics" else stage, model, out, quiet)
     cfg, out_dir = preflight.check(checked, out or _default_out(stage), stage)
@@ -132,7 +132,7 @@ def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **sett
 
     Settings are the fields of `IdentifyConfig` (`arithmech identify --help`): operations, max_prompts, variant,
     method, fraction_threshold, ... Returns an IdentifyResult (`.key.ranked`, `.key.total_effect`, `.out_dir`).
-    `out` defaults to runs/identify-<time>.
+    `out` defaults to `runs/identify-<time>`.
     """
     return _standalone("identify", "identify_config:IdentifyConfig", "identify:identify", model, out, quiet, settings)
 
@@ -150,7 +150,7 @@ def knockout(
     `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`); the curve is
     scored on held-out prompts (facts the ranking never saw) and on the ranked ones (`result.curve("held_out")`,
     `result.curve("in_sample")`). Settings are the fields of `KnockoutConfig`: max_k, n_random, ablation,
-    max_prompts, held_out, ... Returns a KnockoutResult; `out` defaults to runs/knockout-<time>.
+    max_prompts, held_out, ... Returns a KnockoutResult; `out` defaults to `runs/knockout-<time>`.
     """
     run = {"from_run": _folder(from_run)} if from_run is not None else {}
     return _standalone("knockout", "knockout_config:KnockoutConfig", "knockout:knockout", model, out, quiet, settings,
@@ -171,7 +171,7 @@ def _analysis(
     stage: str, config: str, target: str, model: ModelHandle, from_run: RunSource, out: Out,
     quiet: bool, settings: dict[str, Any], one_answer_token: bool = True,
 ) -> Any:  # fmt: skip
-    """An analysis of an identify run's prompts, written to `out` (default <from_run>/<stage>)."""
+    """An analysis of an identify run's prompts, written to `out` (default `<from_run>/<stage>`)."""
     cfg = _config(config, stage, settings)
     out = _door(f"analyze_{stage}", model, out, quiet)
     folder = _folder(from_run)
@@ -187,7 +187,7 @@ def analyze_attention(
     """Where each key head looks from the last token: operand A, operand B, operator, prefix.
 
     Settings are the fields of `AttentionConfig`: heads, top_k, tau, max_prompts, ... `out` defaults to
-    <from_run>/attention.
+    `<from_run>/attention`.
     """
     return _analysis("attention", "analyze_attention_config:AttentionConfig", "analyze_attention:analyze_attention",
                      model, from_run, out, quiet, settings, one_answer_token=False)  # fmt: skip
@@ -199,7 +199,7 @@ def analyze_mlp(
     """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer?
 
     Settings are the fields of `AnalyzeMlpConfig`: layers, max_prompts, max_number, ... `out` defaults to
-    <from_run>/mlp.
+    `<from_run>/mlp`.
     """
     return _analysis("mlp", "analyze_mlp_config:AnalyzeMlpConfig", "analyze_mlp:analyze_mlp", model, from_run, out,
                      quiet, settings)  # fmt: skip
@@ -209,7 +209,7 @@ def analyze_fourier(
     model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
 ) -> FourierResult:
     """Fourier features of each attention and MLP output over the number tokens, and accuracy with frequencies
-    filtered out. Settings are the fields of `FourierConfig`; `out` defaults to <from_run>/fourier."""
+    filtered out. Settings are the fields of `FourierConfig`; `out` defaults to `<from_run>/fourier`."""
     return _analysis("fourier", "fourier_config:FourierConfig", "fourier:analyze_fourier", model, from_run, out,
                      quiet, settings)  # fmt: skip
 
@@ -220,7 +220,7 @@ def analyze_agreement(
     """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap).
 
     Settings are the fields of `AgreementConfig`: methods, max_prompts, ks, ... `out` defaults to
-    <from_run>/agreement.
+    `<from_run>/agreement`.
     """
     folder = _folder(from_run)
     checked = _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder)
@@ -233,7 +233,7 @@ def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = Fal
                        **settings: Any) -> HeuristicsResult:  # fmt: skip
     """Heuristic neurons: which MLP neurons fire on operand patterns and how the answer depends on them.
 
-    Settings are the fields of `HeuristicsConfig`; `out` defaults to runs/heuristics-<time>.
+    Settings are the fields of `HeuristicsConfig`; `out` defaults to `runs/heuristics-<time>`.
     """
     return _standalone("heuristics", "heuristics_config:HeuristicsConfig", "heuristics:heuristics", model, out, quiet,
                        settings)  # fmt: skip
@@ -243,7 +243,7 @@ def mediate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **setti
     """Causal mediation per layer (total, direct, indirect effects) for arithmetic, retrieval and facts.
 
     Settings are the fields of `MediateConfig`: n_pairs, neuron_k, few_shot, ... `out` defaults to
-    runs/mediate-<time>.
+    `runs/mediate-<time>`.
     """
     return _standalone("mediate", "mediate_config:MediateConfig", "mediate:mediate", model, out, quiet, settings)
 
@@ -252,7 +252,7 @@ def neurons(model: ModelHandle, *, out: Out = None, quiet: bool = False, **setti
     """Head importance per operation, comparative neuron analysis and pruning of the deep MLP neurons.
 
     Settings are the fields of `NeuronsConfig`: operations, max_prompts, keep_sizes, lora, ... `out` defaults
-    to runs/neurons-<time>.
+    to `runs/neurons-<time>`.
     """
     return _standalone("neurons", "neurons_config:NeuronsConfig", "neurons:neurons", model, out, quiet, settings)
 
@@ -269,7 +269,7 @@ def circuit(
     prompts (the find pairs) and, with evaluate=True, sweep faithfulness (CPR, CMD) on disjoint held-out test
     pairs (in_sample=True: on the find pairs). Settings are the fields of `CircuitConfig`: method,
     compare_methods, n_prompts, test_prompts, evaluate, random_seeds, circuit_file, oracle, ... `identify_run` is
-    needed by method "path-patching" (or among compare_methods). `out` defaults to runs/circuit-<time>."""
+    needed by method "path-patching" (or among compare_methods). `out` defaults to `runs/circuit-<time>`."""
     run = {"identify_run": _folder(identify_run, "identify_run")} if identify_run is not None else {}
     return _standalone("circuit", "circuit_config:CircuitConfig", "circuit:circuit", model, out, quiet, settings, **run)
 
@@ -293,7 +293,7 @@ def finetune(
 def evaluate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> EvalResult:
     """Math and general benchmarks (GSM8K, SVAMP, AddSub, SingleEq, MMLU, CommonsenseQA, perplexity/KL).
 
-    Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to runs/evaluate-<time>.
+    Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to `runs/evaluate-<time>`.
     """
     return _standalone("evaluate", "evaluate_config:EvaluateConfig", "evaluate:evaluate_stage", model, out, quiet,
                        settings)  # fmt: skip
@@ -326,7 +326,7 @@ def run(
 
 
 def write_report(run_dir: str | Path, out: Out = None) -> Path:
-    """Write one self-contained HTML report of a run folder (default <run_dir>/report.html); returns its path."""
+    """Write one self-contained HTML report of a run folder (default `<run_dir>/report.html`); returns its path."""
     folder = arguments.path(run_dir, "write_report's run_dir")
     page = arguments.path(out, "write_report's out", optional=True)
     from arithmech.report.html import write_report as write
