@@ -1,5 +1,6 @@
-"""The README's first command, run as a newcomer runs it (issue 34.1): on the built-in default model it reports key
-components, and its key_components.json holds them."""
+"""The README's new-user path, run as a newcomer runs it (issue 34): its first command reports key components on
+the built-in default model (and its key_components.json holds them), and its Python quickstart runs top to bottom.
+(The guides' commands are parsed, and their folders checked in order, by tests/integration/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def test_the_readmes_first_command_reports_key_components(tmp_path: Path, monkey
     key = json.loads((tmp_path / out / "key_components.json").read_text())
     assert key["key"] and key["why_none"] is None
     assert [r["component"] for r in key["key"]] == line.split("): ", 1)[1].split(", ")
+
+
+def test_the_readmes_python_quickstart_runs(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("gguf")
+    [block] = re.findall(r"^## Python quickstart\n+```python\n(.*?)^```", README.read_text(), re.S | re.M)
+    monkeypatch.chdir(tmp_path)  # it writes runs/quick relative to where it runs
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    exec(compile(block, "README.md quickstart", "exec"), namespace)  # noqa: S102
+    for stage in ("identify", "knockout"):
+        assert (tmp_path / "runs" / "quick" / stage / "metadata.json").is_file(), stage
+    assert (tmp_path / "runs" / "quick" / "report.html").is_file()
+    assert not list((tmp_path / "runs").rglob(".arithmech.lock"))  # every call released its folder
