@@ -71,6 +71,10 @@ class Table(list[Row]):
         """The rows whose columns equal the given values."""
         return Table(r for r in self if all(getattr(r, k) == v for k, v in equal.items()))
 
+    def above(self, column: str, value: float) -> Table:
+        """The rows whose `column` is above `value`."""
+        return Table(r for r in self if getattr(r, column) > value)
+
     def starting(self, column: str, prefix: str) -> Table:
         """The rows whose `column` starts with `prefix`."""
         return Table(r for r in self if str(getattr(r, column)).startswith(prefix))
@@ -212,8 +216,9 @@ def largest(values: dict[Any, float], n: int) -> list[Any]:
 
 def area(curve: Table, lo: float = 0.0, hi: float = 100.0) -> float:
     """Trapezoid area of f over x = percent / 100 between the sweep sizes lo and hi % (CPR's rule over the whole
-    sweep, circuits/faithfulness.py), on a curve's rows in increasing percent."""
-    points = [(r.percent / 100, r.f) for r in curve if lo <= r.percent <= hi]
+    sweep, circuits/faithfulness.py), on a curve's rows in increasing percent; the empty circuit's 0 % row, where
+    a curve has one, is not a sweep size."""
+    points = [(r.percent / 100, r.f) for r in curve if lo <= r.percent <= hi and r.percent > 0]
     return sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False))
 
 
