@@ -13,6 +13,8 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # so tests can `from tiny_models import ...` under any import mode
     sys.path.insert(0, _TESTS_DIR)
 
+from browser_driver import chrome_driver  # noqa: E402
+
 from tiny_models import make_tiny_tokenizer, save_tiny_model_dir, seeded_rng, single_thread  # noqa: E402
 
 DEFAULT_SEED = 0
@@ -68,3 +70,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], 
         return cache[arch]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium (selenium) for a module's browser tests; skipped with the reason when unavailable."""
+    yield from chrome_driver()

@@ -11,8 +11,9 @@ Usage:
 Each function is a thin wrapper over the stage function the CLI and `arithmech run` call
 (`arithmech.stages.<stage>`): its keyword settings are the fields of the stage's config class (the same names as
 the command's options, with _ for -), checked with the same one-sentence errors before any work starts, and it
-returns the stage's typed result after writing the run folder `out`. torch is imported only when a stage runs,
-so `import arithmech` stays fast.
+returns the stage's typed result after writing the run folder `out`. Its other arguments are checked at the door
+too (`arguments.py`): a model name where a loaded model belongs, or an `out` that is no path, is one sentence.
+torch is imported only when a stage runs, so `import arithmech` stays fast.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arithmech import preflight
+from arithmech import arguments, preflight, run_lock
 from arithmech.config_values import typed_settings
 
 if TYPE_CHECKING:
@@ -68,6 +69,12 @@ def load_model(
         threads: CPU threads torch uses; None keeps torch's own choice.
         quiet: no library progress bars or stderr output while loading.
     """
+    for name, value in (("model", model), ("gguf_file", gguf_file), ("revision", revision)):
+        arguments.text(value, f"load_model's {name}", optional=True)
+    arguments.text(device, "load_model's device")
+    arguments.text(dtype, "load_model's dtype")
+    arguments.whole(threads, "load_model's threads", optional=True)
+    arguments.flag(quiet, "load_model's quiet")
     from arithmech.models.model_config import ModelConfig
 
     cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
@@ -85,25 +92,39 @@ def _config(config: str, stage: str, settings: dict[str, Any], **injected: Any) 
     return cls(**typed_settings(cls, settings, stage), **injected)
 
 
-def _call(target: str, *args: Any, **kwargs: Any) -> Any:
+def _call(target: str, out_dir: Path, *args: Any, **kwargs: Any) -> Any:
+    """The stage function `target` writing into `out_dir`, which `preflight.check` locked: released however the
+    stage ends (an exception, Ctrl-C), so a failed call leaves neither a lock file nor a folder made only for it."""
     module, name = target.split(":")
-    return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+    try:
+        return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+    finally:
+        run_lock.release(out_dir)
 
 
-def _folder(source: RunSource) -> str:
+def _folder(source: RunSource, name: str = "from_run") -> str:
     """The path of an identify run given as a path or as identify's result."""
-    return str(getattr(source, "out_dir", source))
+    return arguments.run_source(source, name)
 
 
 def _default_out(stage: str) -> Path:
     return Path("runs") / time.strftime(f"{stage}-%Y%m%d-%H%M%S")
 
 
+def _door(function: str, model: Any, out: Out, quiet: Any) -> Path | None:
+    """A stage function's own arguments checked: the loaded model, `out` (returned as a Path) and `quiet`."""
+    arguments.model_handle(model, function)
+    arguments.flag(quiet, f"{function}'s quiet")
+    return arguments.path(out, f"{function}'s out", optional=True)
+
+
 def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
-    """Run a stage that writes its own folder (default runs/<stage>-<time>), its settings checked first."""
-    cfg, out_dir = preflight.check(_config(config, stage, settings, **injected), out or _default_out(stage), stage)
-    return _call(target, model, cfg, out_dir, quiet=quiet)
+    """Run a stage that writes its own folder (default `runs/<stage>-<time>`), its settings checked first."""
+    checked = _config(config, stage, settings, **injected)
+    out = _door("analyze_heuristics" if stage == "heuristics" else stage, model, out, quiet)
+    cfg, out_dir = preflight.check(checked, out or _default_out(stage), stage)
+    return _call(target, out_dir, model, cfg, out_dir, quiet=quiet)
 
 
 def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
@@ -111,7 +132,7 @@ def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **sett
 
     Settings are the fields of `IdentifyConfig` (`arithmech identify --help`): operations, max_prompts, variant,
     method, fraction_threshold, ... Returns an IdentifyResult (`.key.ranked`, `.key.total_effect`, `.out_dir`).
-    `out` defaults to runs/identify-<time>.
+    `out` defaults to `runs/identify-<time>`.
     """
     return _standalone("identify", "identify_config:IdentifyConfig", "identify:identify", model, out, quiet, settings)
 
@@ -129,7 +150,7 @@ def knockout(
     `from_run` is the identify run whose ranking and prompts are used (or give `components=[...]`); the curve is
     scored on held-out prompts (facts the ranking never saw) and on the ranked ones (`result.curve("held_out")`,
     `result.curve("in_sample")`). Settings are the fields of `KnockoutConfig`: max_k, n_random, ablation,
-    max_prompts, held_out, ... Returns a KnockoutResult; `out` defaults to runs/knockout-<time>.
+    max_prompts, held_out, ... Returns a KnockoutResult; `out` defaults to `runs/knockout-<time>`.
     """
     run = {"from_run": _folder(from_run)} if from_run is not None else {}
     return _standalone("knockout", "knockout_config:KnockoutConfig", "knockout:knockout", model, out, quiet, settings,
@@ -141,7 +162,7 @@ def transfer(
 ) -> TransferResult:
     """Knock out the components found by one or more identify runs on other prompt sets (formations, operations,
     word problems). Settings are the fields of `TransferConfig`: targets, k, ablation, ..."""
-    sources = {"sources": tuple(_folder(r) for r in from_runs)} if from_runs else {}
+    sources = {"sources": tuple(_folder(r, "transfer's runs") for r in from_runs)} if from_runs else {}
     return _standalone("transfer", "transfer_config:TransferConfig", "transfer:transfer", model, out, quiet, settings,
                        **sources)  # fmt: skip
 
@@ -150,13 +171,14 @@ def _analysis(
     stage: str, config: str, target: str, model: ModelHandle, from_run: RunSource, out: Out,
     quiet: bool, settings: dict[str, Any], one_answer_token: bool = True,
 ) -> Any:  # fmt: skip
-    """An analysis of an identify run's prompts, written to `out` (default <from_run>/<stage>)."""
+    """An analysis of an identify run's prompts, written to `out` (default `<from_run>/<stage>`)."""
     cfg = _config(config, stage, settings)
+    out = _door(f"analyze_{stage}", model, out, quiet)
     folder = _folder(from_run)
     command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
     run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
                                                one_answer_token=one_answer_token)  # fmt: skip
-    return _call(target, model, cfg, run_dir, out_dir, quiet=quiet)
+    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet)
 
 
 def analyze_attention(
@@ -165,7 +187,7 @@ def analyze_attention(
     """Where each key head looks from the last token: operand A, operand B, operator, prefix.
 
     Settings are the fields of `AttentionConfig`: heads, top_k, tau, max_prompts, ... `out` defaults to
-    <from_run>/attention.
+    `<from_run>/attention`.
     """
     return _analysis("attention", "analyze_attention_config:AttentionConfig", "analyze_attention:analyze_attention",
                      model, from_run, out, quiet, settings, one_answer_token=False)  # fmt: skip
@@ -177,7 +199,7 @@ def analyze_mlp(
     """MLP logit lens: do MLP inputs point at the operands and MLP updates at the answer?
 
     Settings are the fields of `AnalyzeMlpConfig`: layers, max_prompts, max_number, ... `out` defaults to
-    <from_run>/mlp.
+    `<from_run>/mlp`.
     """
     return _analysis("mlp", "analyze_mlp_config:AnalyzeMlpConfig", "analyze_mlp:analyze_mlp", model, from_run, out,
                      quiet, settings)  # fmt: skip
@@ -187,7 +209,7 @@ def analyze_fourier(
     model: ModelHandle, from_run: RunSource, *, out: Out = None, quiet: bool = False, **settings: Any
 ) -> FourierResult:
     """Fourier features of each attention and MLP output over the number tokens, and accuracy with frequencies
-    filtered out. Settings are the fields of `FourierConfig`; `out` defaults to <from_run>/fourier."""
+    filtered out. Settings are the fields of `FourierConfig`; `out` defaults to `<from_run>/fourier`."""
     return _analysis("fourier", "fourier_config:FourierConfig", "fourier:analyze_fourier", model, from_run, out,
                      quiet, settings)  # fmt: skip
 
@@ -198,21 +220,20 @@ def analyze_agreement(
     """How far path patching, attribution patching, zero ablation and mediation agree (Spearman, top-k overlap).
 
     Settings are the fields of `AgreementConfig`: methods, max_prompts, ks, ... `out` defaults to
-    <from_run>/agreement.
+    `<from_run>/agreement`.
     """
     folder = _folder(from_run)
-    cfg, out_dir = preflight.check(
-        _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder),
-        out or Path(folder) / "agreement", "agreement",
-    )  # fmt: skip
-    return _call("agreement:method_agreement", model, cfg, out_dir, quiet=quiet)
+    checked = _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder)
+    out = _door("analyze_agreement", model, out, quiet)
+    cfg, out_dir = preflight.check(checked, out or Path(folder) / "agreement", "agreement")
+    return _call("agreement:method_agreement", out_dir, model, cfg, out_dir, quiet=quiet)
 
 
 def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,
                        **settings: Any) -> HeuristicsResult:  # fmt: skip
     """Heuristic neurons: which MLP neurons fire on operand patterns and how the answer depends on them.
 
-    Settings are the fields of `HeuristicsConfig`; `out` defaults to runs/heuristics-<time>.
+    Settings are the fields of `HeuristicsConfig`; `out` defaults to `runs/heuristics-<time>`.
     """
     return _standalone("heuristics", "heuristics_config:HeuristicsConfig", "heuristics:heuristics", model, out, quiet,
                        settings)  # fmt: skip
@@ -222,7 +243,7 @@ def mediate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **setti
     """Causal mediation per layer (total, direct, indirect effects) for arithmetic, retrieval and facts.
 
     Settings are the fields of `MediateConfig`: n_pairs, neuron_k, few_shot, ... `out` defaults to
-    runs/mediate-<time>.
+    `runs/mediate-<time>`.
     """
     return _standalone("mediate", "mediate_config:MediateConfig", "mediate:mediate", model, out, quiet, settings)
 
@@ -231,7 +252,7 @@ def neurons(model: ModelHandle, *, out: Out = None, quiet: bool = False, **setti
     """Head importance per operation, comparative neuron analysis and pruning of the deep MLP neurons.
 
     Settings are the fields of `NeuronsConfig`: operations, max_prompts, keep_sizes, lora, ... `out` defaults
-    to runs/neurons-<time>.
+    to `runs/neurons-<time>`.
     """
     return _standalone("neurons", "neurons_config:NeuronsConfig", "neurons:neurons", model, out, quiet, settings)
 
@@ -248,8 +269,8 @@ def circuit(
     prompts (the find pairs) and, with evaluate=True, sweep faithfulness (CPR, CMD) on disjoint held-out test
     pairs (in_sample=True: on the find pairs). Settings are the fields of `CircuitConfig`: method,
     compare_methods, n_prompts, test_prompts, evaluate, random_seeds, circuit_file, oracle, ... `identify_run` is
-    needed by method "path-patching" (or among compare_methods). `out` defaults to runs/circuit-<time>."""
-    run = {"identify_run": _folder(identify_run)} if identify_run is not None else {}
+    needed by method "path-patching" (or among compare_methods). `out` defaults to `runs/circuit-<time>`."""
+    run = {"identify_run": _folder(identify_run, "identify_run")} if identify_run is not None else {}
     return _standalone("circuit", "circuit_config:CircuitConfig", "circuit:circuit", model, out, quiet, settings, **run)
 
 
@@ -272,7 +293,7 @@ def finetune(
 def evaluate(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> EvalResult:
     """Math and general benchmarks (GSM8K, SVAMP, AddSub, SingleEq, MMLU, CommonsenseQA, perplexity/KL).
 
-    Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to runs/evaluate-<time>.
+    Settings are the fields of `EvaluateConfig`: benchmarks, limit, ... `out` defaults to `runs/evaluate-<time>`.
     """
     return _standalone("evaluate", "evaluate_config:EvaluateConfig", "evaluate:evaluate_stage", model, out, quiet,
                        settings)  # fmt: skip
@@ -289,6 +310,10 @@ def run(
     settings). A `handle` from `load_model` is used instead of loading the config's model. Returns {stage:
     result} for the stages that ran (a kept stage maps to its folder).
     """
+    arguments.path(config, "run's config", optional=True)
+    if handle is not None:
+        arguments.model_handle(handle, "run")
+    arguments.flag(quiet, "run's quiet")
     from arithmech.pipeline import load_run_config, run_pipeline
 
     overrides: dict[str, Any] = {}
@@ -301,7 +326,9 @@ def run(
 
 
 def write_report(run_dir: str | Path, out: Out = None) -> Path:
-    """Write one self-contained HTML report of a run folder (default <run_dir>/report.html); returns its path."""
+    """Write one self-contained HTML report of a run folder (default `<run_dir>/report.html`); returns its path."""
+    folder = arguments.path(run_dir, "write_report's run_dir")
+    page = arguments.path(out, "write_report's out", optional=True)
     from arithmech.report.html import write_report as write
 
-    return write(run_dir, out)
+    return write(folder, page)

@@ -12,7 +12,8 @@ Checks
     `out_folder`    not a file, creatable and writable (probed with a temporary file, removed at once), and
                     not a folder another stage's results live in: knockout --out into an identify run would
                     replace its metadata.json, identify --out at the top of an `arithmech run` folder would hide
-                    its run from the report.
+                    its run from the report; nor the root of a run made stage by stage (`am.identify(...,
+                    out="runs/quick/identify")`), whose stages live in subfolders.
     `input_file`    exists and is a file that can be opened; `input_folder` exists and is a folder (holding
                     the files named, when given).
     `stage_paths`   every path setting of a stage config: files, folders, identify runs (`lineage.identify_folder`,
@@ -44,6 +45,7 @@ from typing import Any
 from arithmech import run_lock
 from arithmech.errors import ConfigError
 from arithmech.lineage import identify_folder, read_metadata, refuse_answer_digits
+from arithmech.runs import STAGE_FOLDERS
 
 FILE_FIELDS = ("prompts_file", "templates_file", "train_file", "general_text", "circuit_file")
 FOLDER_FIELDS = {"data_dir": (), "harness_include_path": (), "adapter": ("adapter_config.json",)}
@@ -98,6 +100,12 @@ def _not_another_stages(out: Path, option: str, stage: str) -> None:
         metadata = read_metadata(out)
     except ConfigError:
         return  # unreadable results are replaced by the new ones, as a rerun of the same stage replaces them
+    held = [name for name in STAGE_FOLDERS if (out / name / "metadata.json").is_file()]
+    if metadata is None and stage != "pipeline" and held:
+        raise ConfigError(
+            f"{option} {str(out)!r} is the root of a run whose stages live in subfolders ({', '.join(held)}); give "
+            f"{option} a subfolder, e.g. {subfolder!r}"
+        )
     found = None if metadata is None else metadata.get("stage")
     if found is not None and found != stage:
         own = "give `arithmech run` a folder of its own" if stage == "pipeline" else "give a folder of its own"

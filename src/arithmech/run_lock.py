@@ -9,7 +9,9 @@ Why
 Stale locks
     The lock is an flock(2) on the open lock file. The operating system releases it when its process ends,
     however it ends (an exception, Ctrl-C, kill -9, a crash), so a lock file left by a dead process blocks
-    nothing: the next command takes the lock and writes itself in as the holder.
+    nothing: the next command takes the lock, says whose stale lock it took over, and writes itself in as the
+    holder. Only kill -9 or a crash leaves such a file: the CLI turns SIGTERM into an orderly exit (`cli.main`),
+    and the Python API releases its folder however the stage ends.
 
 Lifetime
     `hold(out)` takes the lock, creating the folder when it is missing; it is held until `release(out)` or
@@ -90,6 +92,9 @@ def hold(out: Path, option: str = "--out") -> None:
             if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not a file its last holder removed meanwhile
                 break
         os.close(fd)
+    stale = holder(path) if os.fstat(fd).st_size else None
+    if stale is not None:
+        logger.warning("%s: took over the lock left by %s, which has ended", out, stale)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     record = {"pid": os.getpid(), "host": socket.gethostname(), "command": command, "started": started}

@@ -18,6 +18,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from arithmech import arguments
 from arithmech.errors import ConfigError
 from arithmech.report.run_folder import DONE, STALE, StageFolder
 from arithmech.report.run_folder import open_run as open_folder
@@ -287,5 +288,5 @@ class Run:
 
 def open_run(run_dir: str | Path) -> Run:
     """Open a run folder (of `arithmech run`, `am.run`, or stage by stage) for reading; nothing is computed."""
-    folder = open_folder(run_dir)
+    folder = open_folder(arguments.path(run_dir, "open_run's run_dir"))
     return Run(folder.path, folder.stages)

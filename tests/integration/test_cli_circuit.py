@@ -16,7 +16,9 @@ from arithmech.circuits.graph import CircuitGraph
 from arithmech.cli import main
 from arithmech.data.io import read_prompt_file
 
-SMALL = ["--keep-incorrect", "--n-prompts", "4", "--percents", "1,10,100", "--batch-size", "2", "--quiet"]
+FROM_SMALL = ["--percents", "1,10,100", "--batch-size", "2", "--quiet"]
+"""A small run of a --from folder, which reuses its pairs (so takes no --n-prompts, --keep-incorrect)."""
+SMALL = ["--keep-incorrect", "--n-prompts", "4", *FROM_SMALL]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> Non
     assert all(set(node) == {"in_graph"} for node in data["nodes"].values())  # MIB: node name -> {"in_graph": bool}
     assert data["cfg"] == {"n_layers": 3, "n_heads": 4, "parallel_attn_mlp": False, "d_model": 64}
     rows = list(csv.DictReader((run / "faithfulness.csv").open()))
-    assert [(r["ranking"], r["percent"]) for r in rows][:3] == [
+    assert [(r["ranking"], r["percent"]) for r in rows][:4] == [
+        ("signed", "0.0"),  # the empty circuit (issue 34.9)
         ("signed", "1.0"),
         ("signed", "10.0"),
         ("signed", "100.0"),
@@ -54,6 +57,44 @@ def test_circuit_writes_mib_files(circuit_run: tuple[Path, Path], capsys) -> Non
     meta = json.loads((run / "metadata.json").read_text())
     assert meta["counts"] == {"find_pairs": 4, "test_pairs": 4} and meta["evaluation"]["pairs"] == "held-out"
     assert meta["oracle"]["pairs"] == "find"
+
+
+def test_the_curve_starts_at_the_empty_circuit(circuit_run: tuple[Path, Path]) -> None:
+    """Issue 34.9: faithfulness.csv holds the 0 % row of each ranking (no edge, f = 0, m = m(empty))."""
+    _, run = circuit_run
+    rows = list(csv.DictReader((run / "faithfulness.csv").open()))
+    summary = next(csv.DictReader((run / "cpr_cmd.csv").open()))
+    empty = [r for r in rows if float(r["percent"]) == 0]
+    assert [r["ranking"] for r in empty] == ["signed", "absolute"]
+    for row in empty:
+        assert (row["edges"], float(row["f"])) == ("0", 0.0)
+        assert float(row["m"]) == pytest.approx(float(summary["m_empty"]))
+
+
+def test_in_graph_ranking_is_recorded_and_chosen(circuit_run: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    """Issue 34.8: edges.json's in_graph circuit is the top 5 % by signed score unless --circuit-ranking absolute;
+    the help and metadata.json say which."""
+    model, run = circuit_run
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["in_graph"] == {"percent": 5.0, "ranking": "signed", "edges": 13,
+                                "rule": "the top 5 % of edges by signed score"}  # fmt: skip
+    stored = read_edges(run / "edges.json")
+    graph = stored.graph()
+    values = graph.to_edges(stored.scores)
+    by_abs = set(torch.sort(values.abs(), descending=True, stable=True).indices[:13].tolist())
+    by_signed = set(torch.sort(values, descending=True, stable=True).indices[:13].tolist())
+    assert by_abs != by_signed  # the tiny model has strong negative edges: the choice matters
+    assert {i for i, kept in enumerate(graph.to_edges(stored.in_graph).tolist()) if kept} == by_signed
+    out = tmp_path / "absolute"
+    args = ["circuit", "--model", str(model), "--from", str(run), "--circuit-ranking", "absolute", *FROM_SMALL]
+    assert main([*args, "--out", str(out)]) == 0
+    again = read_edges(out / "edges.json")
+    assert {i for i, kept in enumerate(graph.to_edges(again.in_graph).tolist()) if kept} == by_abs
+    assert json.loads((out / "metadata.json").read_text())["in_graph"]["ranking"] == "absolute"
+    capsys.readouterr()
+    assert main(["circuit", "--help"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "--circuit-ranking" in said and "signed (the top edges by score, CPR's ranking" in said
 
 
 def test_find_and_test_pairs_share_no_prompt(circuit_run: tuple[Path, Path]) -> None:
@@ -86,7 +127,7 @@ def test_edges_json_reads_back(circuit_run: tuple[Path, Path]) -> None:
 def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Path, Path], tmp_path: Path) -> None:
     model, run = circuit_run
     again = tmp_path / "again"
-    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *SMALL]
+    args = ["circuit", "--model", str(model), "--from", str(run), "--evaluate", "--compare", str(run), *FROM_SMALL]
     assert main([*args, "--out", str(again)]) == 0
     assert (again / "faithfulness.png").is_file()
     first = list(csv.DictReader((run / "faithfulness.csv").open()))
@@ -109,6 +150,21 @@ def test_evaluate_from_a_circuit_folder_repeats_the_sweep(circuit_run: tuple[Pat
         (["--test-prompts", "0"], "test_prompts must be at least 1"),
         (["--in-sample", "--test-prompts", "4"], "--in-sample evaluates on the pairs"),
         (["--mib-dataset", "x", "--mib-eval-split", "train"], "are both 'train'"),
+        (["--from", "x", "--method", "random"], "--from evaluates the edge scores and find and test pairs of its "
+                                                "folder, so --method would not be used; leave it out"),  # issue 34.5
+        (["--from", "x", "--n-prompts", "8", "--keep-incorrect"], "so --n-prompts, --keep-incorrect would not be used"),
+        (["--circuit-file", "x", "--method", "eap"], "--circuit-file evaluates the circuit of the file, so --method"),
+        (["--method", "nosuch"], "method 'nosuch' is not one of"),
+        (["--n-prompts", "100000"], "--n-prompts 100000 asks 100000 addition pairs of the find part, but with "
+                                    "operands 0..99 it holds 4,917 different addition prompts, so at most 2,458 "
+                                    "pairs"),  # issue 34.4
+        (["--max-operand", "9"], "--n-prompts 32 asks 32 addition pairs of the find part, but with operands 0..9"),
+        (["--test-prompts", "3000"], "--test-prompts 3000 asks 3000 addition pairs of the test part"),
+        (["--in-sample", "--n-prompts", "6000", "--operations", "addition,subtraction"],
+         "--n-prompts 6000 asks 3000 subtraction pairs (in-sample: every fact), but with operands 0..99 it holds "
+         "5,050 different subtraction prompts, so at most 2,525 pairs"),
+        (["--percents", ""], "percents is empty; give the circuit sizes"),  # issue 34.13
+        (["--percents", " , "], "percents is empty; give the circuit sizes"),
     ],
 )
 def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, extra: list[str], expected: str) -> None:
@@ -116,6 +172,7 @@ def test_bad_input_is_refused_before_the_model_loads(tmp_path: Path, capsys, ext
     code = main(["circuit", "--model", missing_model, *extra, "--out", str(tmp_path / "x"), "--quiet"])
     stderr = capsys.readouterr().err
     assert code == 2 and expected in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "x").exists()  # nothing made, not even a folder holding only the lock
 
 
 def test_circuit_file_of_another_model_is_refused(circuit_run, tiny_model_dir, tmp_path: Path, capsys) -> None:
@@ -156,7 +213,7 @@ def test_draw_a_chosen_size_from_a_circuit_folder(circuit_run, tmp_path: Path) -
 
     model, run = circuit_run
     out = tmp_path / "drawn"
-    assert main(["circuit", "--model", str(model), "--from", str(run), "--draw-percent", "10", *SMALL,
+    assert main(["circuit", "--model", str(model), "--from", str(run), "--draw-percent", "10", *FROM_SMALL,
                  "--out", str(out)]) == 0  # fmt: skip
     paths = [p for p in ElementTree.parse(out / "circuit.svg").getroot().iter("{http://www.w3.org/2000/svg}path")
              if p.get("class") == "edge"]  # fmt: skip
@@ -174,12 +231,12 @@ def test_a_folder_made_before_held_out_evaluation(circuit_run, tmp_path: Path, c
     old = tmp_path / "old"
     shutil.copytree(run, old)
     (old / "test_prompts.jsonl").unlink()
-    args = ["circuit", "--model", str(tmp_path / "no-such-model"), "--from", str(old), "--evaluate", *SMALL]
+    args = ["circuit", "--model", str(tmp_path / "no-such-model"), "--from", str(old), "--evaluate", *FROM_SMALL]
     assert main([*args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "holds no held-out pairs" in err and "--in-sample" in err and "Traceback" not in err
     again = tmp_path / "in-sample"
-    args = ["circuit", "--model", str(model), "--from", str(old), "--evaluate", "--in-sample", *SMALL]
+    args = ["circuit", "--model", str(model), "--from", str(old), "--evaluate", "--in-sample", *FROM_SMALL]
     assert main([*args, "--out", str(again)]) == 0
     assert {r["pairs"] for r in csv.DictReader((again / "faithfulness.csv").open())} == {"in-sample"}
     assert not (again / "test_prompts.jsonl").exists()

@@ -54,11 +54,34 @@ def test_the_answer_filter_is_counted_in_metadata_and_printout(
             assert int(json.loads(line)["a"]) % 2 == 0
 
 
+def test_evaluating_into_the_folder_read_keeps_what_it_recorded(
+    tiny_model_dir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34.6: `--from X --out X` keeps X's answer filter counts, scoring settings and provenance."""
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0))
+    out = tmp_path / "run"
+    model = str(tiny_model_dir("llama"))
+    assert main(["circuit", "--model", model, *SMALL, "--operations", "subtraction", "--out", str(out)]) == 0
+    before = json.loads((out / "metadata.json").read_text())
+    args = ["circuit", "--model", model, "--from", str(out), "--evaluate", "--percents", "10,100", "--batch-size", "2"]
+    assert main([*args, "--quiet", "--out", str(out)]) == 0
+    after = json.loads((out / "metadata.json").read_text())
+    assert after["answer_filter"] == before["answer_filter"] and after["answer_filter"]["find"][0]["kept"] == 4
+    for name in ("method", "n_prompts", "operations", "keep_incorrect"):
+        assert after["config"][name] == before["config"][name], name
+    assert after["config"]["evaluate"] is True and after["config"]["from_circuit"] == str(out)
+    assert after["scored"] == {"folder": str(out), "created": before["created"], "git_sha": before["git_sha"],
+                               "scores_s": before["timings"]["scores_s"]}  # fmt: skip
+    for part in ("find", "test"):
+        assert after["evaluation"][part].startswith(before["evaluation"][part] + ", read back from "), part
+    assert "subtraction" in (out / "circuit.svg").read_text()  # the title names the folder's task
+
+
 def test_too_few_test_pairs_are_refused_before_scoring(
     tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stand-in model answers only prompts whose fact is in the find part: the test part is refused."""
-    from arithmech.data.mib_arithmetic import fact_part
+    from arithmech.data.mib_facts import fact_part
 
     monkeypatch.setattr(circuit_prompts, "top_tokens_at",
                         _answers_when(lambda a, b: fact_part("addition", a, b, 0) == "find"))  # fmt: skip
@@ -129,3 +152,49 @@ def test_bad_mib_dataset_is_refused_before_the_model_loads(tmp_path: Path, capsy
     code = main(["circuit", "--model", missing_model, "--mib-dataset", str(bad), "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert code == 2 and "lacks MIB's column(s)" in err and "Traceback" not in err
+
+
+def test_unusable_rows_are_named_by_reason(tiny_model_dir, tmp_path: Path, capsys) -> None:
+    """Issue 34.10: rows no pair can be made of are counted by reason with their first row, without the advice about
+    operands (a user's own file has none to choose)."""
+    lengths = _row(12, 30, 1, 3)  # the counterfactual is shorter in tokens
+    word = {**_row(12, 34, 25, 51), "label": "forty-six"}
+    bare = {**_row(12, 34, 25, 51), "random_counterfactual": "Q: How much is 25 plus 51? A:"}
+    data = _mib_file(tmp_path / "mine.jsonl", 0, [word, bare, lengths, lengths, lengths])
+    args = ["circuit", "--model", str(tiny_model_dir("llama")), "--mib-dataset", str(data), "--in-sample", *SMALL]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "no find row of --mib-dataset can be scored" in err and "5 rows unusable: 3 have a counterfactual of " \
+        "another token length (first: row 3)" in err, err
+    assert "first: row 1" in err and "first: row 2" in err and "--max-operand" not in err, err
+
+
+def test_a_mib_file_that_is_not_json_is_one_sentence(tmp_path: Path, capsys) -> None:
+    """Issue 34.11: before the model loads, naming the file and the line."""
+    bad = tmp_path / "mine.jsonl"
+    bad.write_text(json.dumps(_row(12, 34, 25, 51)) + "\nnot json at all\n")
+    missing_model = str(tmp_path / "no-such-model")
+    args = ["circuit", "--model", missing_model, "--mib-dataset", str(bad), "--in-sample"]
+    assert main([*args, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "mine.jsonl', line 2: not JSON" in err, err
+
+
+def test_every_long_loop_shows_a_bar_with_its_total(
+    tiny_model_dir, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34.3: after the graph line, the answer check, the scoring passes, each sweep and the oracle each show
+    a progress bar that ends at its total."""
+    monkeypatch.setattr(circuit_prompts, "top_tokens_at", _answers_when(lambda a, b: a % 2 == 0))
+    args = ["circuit", "--model", str(tiny_model_dir("llama")), "--method", "eap-ig", "--steps", "2", "--n-prompts",
+            "4", "--batch-size", "2", "--evaluate", "--percents", "10,100", "--oracle", "2"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "run")]) == 0
+    said = capsys.readouterr().err.replace("\r", "\n")
+    for bar, total in (("checking answers (find, addition)", None), ("checking answers (test, addition)", None),
+                       ("scoring edges (eap-ig)", 4), ("sweep of 2 sizes (eap-ig)", None),
+                       ("oracle: exact edge scores", 8)):  # fmt: skip
+        last = [line for line in said.splitlines() if line.startswith(bar)][-1]
+        done = re.search(r"\| (\d+)/(\d+) \[", last)
+        assert done is not None and done.group(1) == done.group(2), last  # ends at its total
+        assert total is None or int(done.group(2)) == total, last

@@ -72,7 +72,10 @@ def test_the_random_baseline_is_the_mean_of_its_seeds(held_out) -> None:
     assert {r["draw"] for r in rows} == {"mean", "seed 0", "seed 1", "seed 2"}
 
     def curve(draw: str, ranking: str) -> list[float]:
-        return [float(r["f"]) for r in rows if r["draw"] == draw and r["ranking"] == ranking]
+        """f at the swept sizes (CPR's and CMD's points), without the empty circuit's row (0 %, f = 0)."""
+        return [float(r["f"]) for r in rows if r["draw"] == draw and r["ranking"] == ranking and float(r["percent"])]
+
+    assert {float(r["f"]) for r in rows if float(r["percent"]) == 0} == {0.0}
 
     seeds = [f"seed {s}" for s in range(3)]
     percents = [1.0, 10.0, 100.0]

@@ -4,12 +4,15 @@ README.md or any page under docs/ parses with the real command-line app, and the
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,37 +149,159 @@ def test_every_command_shown_in_the_readme_and_docs_parses() -> None:
     assert not failures, "\n".join(f"{k}\n    {v}" for k, v in failures.items())
 
 
+READ_OPTIONS = ("--from", "--identify", "--compare", "--delta", "--circuit-file")
+"""Options whose value is a run folder (or a file in one) that an earlier command must have written."""
+ANALYSIS_FOLDERS = {"attention": "attention", "mlp": "mlp", "fourier": "fourier", "agreement": "agreement"}
+
+
+def _values(args: list[str], option: str) -> list[str]:
+    """Every value of `option` in `args` (`--out X` and `--out=X`)."""
+    return [args[i + 1] if a == option else a.split("=", 1)[1] for i, a in enumerate(args)
+            if (a == option and i + 1 < len(args)) or a.startswith(option + "=")]  # fmt: skip
+
+
+def written_folders(args: list[str]) -> list[str]:
+    """The run folders a command writes: --out; `run`'s config's out; an analysis --from R without --out: R/<name>;
+    a stage --from R without --out writes below R, which R already covers."""
+    outs = _values(args, "--out")
+    if outs:
+        return outs
+    config = _values(args, "--config")
+    if args[:1] == ["run"] and config and (ROOT / config[0]).is_file():
+        import yaml
+
+        return [str(yaml.safe_load((ROOT / config[0]).read_text()).get("out", "runs/pipeline"))]
+    if args[:1] == ["analyze"] and len(args) > 1 and args[1] in ANALYSIS_FOLDERS:
+        return [f"{run}/{ANALYSIS_FOLDERS[args[1]]}" for run in _values(args, "--from")]
+    return []
+
+
+def read_folders(args: list[str]) -> list[str]:
+    """The run folders (or files in them) a command reads: its READ_OPTIONS and `report`'s folder."""
+    found = [value for option in READ_OPTIONS for value in _values(args, option)]
+    return found + [a for a in args[1:2] if args[:1] == ["report"] and not a.startswith("-")]
+
+
+def unmade_folders(page: Path) -> list[str]:
+    """The commands of a page's code blocks that read a folder no earlier command on the page writes: a command in
+    a code block, or one named in the prose as the prerequisite (an inline `arithmech ... --out runs/x`)."""
+    commands = sorted(shown_commands(page), key=lambda c: int(c[0].rsplit(":", 1)[1]))
+    written: list[Path] = []
+    missing = []
+    for where, command, complete in commands:
+        args = _arithmech_args(shlex.split(command)) or []
+        for folder in read_folders(args) if complete else ():
+            path = Path(folder)
+            made = any(path == w or w in path.parents or path in w.parents for w in written)
+            if not made and folder != "..." and not (ROOT / path).exists():
+                missing.append(f"{where}: {command}\n    reads {folder}, which no earlier command on the page writes")
+        written += [Path(folder) for folder in written_folders(args)]
+    return missing
+
+
+def test_every_folder_a_command_reads_is_written_earlier_on_its_page(tmp_path: Path) -> None:
+    """Issue 34.2: a page's commands run in the order shown on a fresh clone: a folder a command reads (--from,
+    --identify, --compare, --delta, --circuit-file, report's) is written by an earlier command on the same page,
+    or named in its prose with the command that makes it."""
+    page = tmp_path / "page.md"
+    page.write_text("Needs `arithmech identify --out runs/a`.\n\n```bash\narithmech knockout --from runs/a/x\n"
+                    "arithmech analyze mlp --from runs/b\narithmech knockout --from runs/b/mlp\n"
+                    "arithmech report runs/c\narithmech run --config configs/default-model.yaml\n"
+                    "arithmech report runs/demo\n```\n")  # fmt: skip
+    assert [m.split(": ")[1].split("\n")[0] for m in unmade_folders(page)] == [
+        "arithmech analyze mlp --from runs/b", "arithmech report runs/c"]  # fmt: skip
+    missing = [m for p in PAGES for m in unmade_folders(p)]
+    assert not missing, "\n".join(missing)
+
+
 def test_api_page_documents_exactly_the_top_level_names() -> None:
     documented = set(re.findall(r"^::: arithmech\.[\w.]*?\.?(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M))
     results_types = {name for name in documented if name.endswith("Results")}  # what run.<stage> returns
     assert documented - results_types == set(am.__all__) - {"__version__"}
 
 
-def test_docs_build_strictly_and_need_no_network(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built as `make docs` builds it (strict), into a folder of its own."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]' (make test does)")
     pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
     pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed: pip install -e '.[docs]'")
-    site = tmp_path / "site"
+    built = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(built)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    pages = {p.relative_to(site).as_posix() for p in site.rglob("index.html")}
-    guides = ("identify", "validate", "explain", "mediation-and-neurons", "circuits", "improve-and-evaluate",
-              "run-and-report", "scale")  # one per capability
-    assert {"index.html", "getting-started/index.html", "tutorial/index.html", "api/index.html", "cli/index.html",
-            "development/index.html", "methods/index.html", "results/index.html", "performance/index.html",
-            "reliability/index.html", *(f"guides/{g}/index.html" for g in guides)} <= pages  # fmt: skip
+    return built
+
+
+GUIDES = ("identify", "validate", "explain", "mediation-and-neurons", "circuits", "improve-and-evaluate",
+          "run-and-report", "scale")  # fmt: skip
+"""One guide per capability."""
+
+
+def test_docs_build_strictly_and_need_no_network(site: Path) -> None:
+    pages = {p.relative_to(site).as_posix() for p in site.rglob("*.html")}
+    assert {"index.html", "getting-started.html", "tutorial.html", "api.html", "cli.html", "development.html",
+            "methods.html", "results.html", "performance.html", "reliability.html",
+            *(f"guides/{g}.html" for g in GUIDES)} <= pages  # fmt: skip
+    assert not [p for p in pages if p.endswith("/index.html")]  # no page is a folder: the site works from disk
     assert (site / "figures" / "demo-effects-heatmap.png").is_file()
-    cli = (site / "cli" / "index.html").read_text()
+    cli = (site / "cli.html").read_text()
     for name in ("arithmech identify", "arithmech analyze attention", "arithmech run", "--max-prompts"):
         assert name in cli, name
-    api = (site / "api" / "index.html").read_text()
-    assert "fraction_threshold" in (site / "tutorial" / "index.html").read_text() and "open_run" in api
+    api = (site / "api.html").read_text()
+    assert "fraction_threshold" in (site / "tutorial.html").read_text() and "open_run" in api
     for page in site.rglob("*.html"):
         html = page.read_text()
         remote = re.findall(r"<(?:script|link|img)\b[^>]*(?:src|href)=\"(?:https?:)?//[^\"]*\"", html)
         assert not remote, (page, remote[:3])  # a page that loads anything from elsewhere needs the network
+
+
+def test_the_api_reference_keeps_placeholders_in_angle_brackets(site: Path) -> None:
+    """Issue 34.17: `runs/circuit-<time>` and `<run_dir>/report.html` render whole (markdown reads a bare <time>
+    as an HTML tag and drops it), in the built page and in every docstring the page renders."""
+    api = (site / "api.html").read_text()
+    for text in ("runs/circuit-&lt;time&gt;", "&lt;run_dir&gt;/report.html", "&lt;from_run&gt;/attention"):
+        assert text in api, text
+    bare = {}
+    for path in re.findall(r"^::: ([\w.]+)", (ROOT / "docs" / "api.md").read_text(), re.M):
+        module, name = path.rsplit(".", 1)
+        doc = getattr(importlib.import_module(module), name).__doc__ or ""
+        found = re.findall(r"<[A-Za-z_][\w-]*>", re.sub(r"`[^`]*`", "", doc))  # outside `code`
+        if found:
+            bare[path] = found
+    assert not bare, f"write placeholders in backticks, e.g. `runs/x-<time>`: {bare}"
+
+
+def test_the_site_is_browsed_from_disk_by_its_nav(site: Path, browser: Any) -> None:
+    """Issue 34.16: opened as a file:// URL, every link of the navigation opens its page (a folder link would show
+    the browser's folder listing instead)."""
+    browser.set_window_size(1400, 1000)  # wide enough for the navigation sidebar
+    home = (site / "index.html").as_uri()
+    browser.get(home)
+    nav = "nav.md-nav--primary a.md-nav__link[href]"
+    links = browser.execute_script(f"return [...document.querySelectorAll('{nav}')].map(a => a.getAttribute('href'))")
+    links = list(dict.fromkeys(h for h in links if not h.startswith(("#", "http"))))
+    pages = re.findall(r"^\s+- [^:]+: ([\w/-]+)\.md$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    named = [re.sub(r"(/?index)?(\.html)?/?$", "", h).lstrip("./") or "index" for h in links]  # "guides/x/", "."
+    assert named == pages  # every page of mkdocs.yml's nav, in its order
+    visited = []
+    for href in links:
+        browser.get(home)
+        link = browser.find_element("css selector", f'{nav}[href="{href}"]')
+        browser.execute_script("arguments[0].click()", link)
+        deadline = time.monotonic() + 20
+        while browser.current_url == home and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while browser.execute_script("return document.readyState") != "complete" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        url = browser.current_url
+        heading = browser.execute_script("const h = document.querySelector('article h1'); return h && h.textContent")
+        title = browser.title
+        assert url.startswith("file://") and url.split("#")[0].endswith(".html"), (href, url)
+        assert heading and not title.startswith("Index of"), (href, url, title)
+        visited.append(url)
+    assert len(set(visited)) == len(links)
 
 
 def test_readme_is_short_and_every_link_in_it_resolves() -> None:

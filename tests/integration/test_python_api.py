@@ -149,3 +149,34 @@ def test_circuit_from_python_and_its_tables(run_dir, tiny_model_dir) -> None:
         assert all(_same(row[c], record[c]) for c in row)
     full = run.circuit.faithfulness.query("percent == 100")
     assert full["f"].to_numpy() == pytest.approx(1.0, abs=1e-4)  # the whole graph is the model
+
+
+def test_wrong_argument_types_are_one_sentence_at_the_door(tiny_model_dir, tmp_path: Path) -> None:
+    """Issue 34.12: a name where a loaded model belongs, a number where a path belongs: one ConfigError each,
+    before any folder is made; what is unambiguous (a str path, a string of percents) is converted."""
+    out = tmp_path / "circuit"
+    with pytest.raises(ConfigError, match=r"circuit\(\) takes a loaded model as its first argument, not str "
+                                          r"'SmolLM2'; load it first \(model = am.load_model\('SmolLM2'\)\)"):
+        am.circuit("SmolLM2", out=out)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="load_model's model takes text"):
+        am.load_model(123)
+    with pytest.raises(ConfigError, match="load_model's threads takes a whole number"):
+        am.load_model(threads="4")
+    model = am.load_model(str(tiny_model_dir("llama")), quiet=True)
+    with pytest.raises(ConfigError, match="identify's out takes a path .*, not int 123"):
+        am.identify(model, out=123)
+    with pytest.raises(ConfigError, match="from_run takes an identify run"):
+        am.knockout(model, from_run=5, out=tmp_path / "k")
+    with pytest.raises(ConfigError, match="analyze_heuristics's quiet takes True or False"):
+        am.analyze_heuristics(model, quiet="yes")
+    with pytest.raises(ConfigError, match="open_run's run_dir takes a path"):
+        am.open_run(5)
+    with pytest.raises(ConfigError, match="write_report's run_dir takes a path"):
+        am.write_report(None)
+    with pytest.raises(ConfigError, match="percents is empty"):
+        am.circuit(model, out=out, percents="")
+    assert list(tmp_path.iterdir()) == []  # nothing was made or locked
+    from arithmech.api import _config
+
+    assert _config("circuit_config:CircuitConfig", "circuit", {"percents": "1,10,100"}).percents == (1.0, 10.0, 100.0)

@@ -43,6 +43,7 @@ def runs(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     (root / "half" / "identify").mkdir(parents=True)  # an `arithmech run` whose identify stage did not finish
     (root / "half" / "pipeline.json").write_text("{}\n")
     (root / "empty").mkdir()
+    shutil.copytree(root / "flat", root / "quick" / "identify")  # a run made stage by stage, as the quickstart's
     return {"root": root, "flat": root / "flat", "pipe": root / "pipe", "config": config, "model": model}
 
 
@@ -95,6 +96,10 @@ CASES = [
     ("neurons-out-is-a-file", f"neurons {M} --out {{root}}/afile", ["is a file"]),
     ("finetune-out-is-a-file", f"finetune {M} --from {{flat}} --out {{root}}/afile", ["is a file"]),
     ("evaluate-out-is-a-file", f"evaluate {M} --benchmarks gsm8k --out {{root}}/afile", ["is a file"]),
+    ("circuit-out-the-root-of-a-run", f"circuit {M} --out {{root}}/quick",  # issue 34.14
+     ["is the root of a run whose stages live in subfolders (identify)", "give --out a subfolder", "quick/circuit'"]),
+    ("identify-out-the-root-of-a-run", f"identify {M} --out {{root}}/quick",
+     ["is the root of a run whose stages live in subfolders (identify)", "quick/identify'"]),
     # --from
     ("from-missing", f"knockout {M} --from {{root}}/missing", ["does not exist", "--out folder of an identify run"]),
     ("from-a-file", f"knockout {M} --from {{flat}}/effects.csv", ["is a file; give the identify run folder"]),

@@ -38,6 +38,8 @@ class KeyComponents:
     top_k: list[RankedComponent]
     rule: str
     total_effect: float
+    why_none: str | None = None
+    """When no component is key: the strongest one against the rule, and the setting that would change it."""
 
     def to_json(self) -> dict[str, object]:
         def rows(items: list[RankedComponent]) -> list[dict[str, object]]:
@@ -54,6 +56,7 @@ class KeyComponents:
             "top_k": rows(self.top_k),
             "key_heads": [r.component.name for r in self.key if r.component.head is not None],
             "key_mlps": [r.component.name for r in self.key if r.component.head is None],
+            "why_none": self.why_none,
         }
 
 
@@ -88,4 +91,28 @@ def rank_components(
     else:
         key = [r for r in ranked if r.effect < threshold]
         rule = f"effect < {threshold:g}"
-    return KeyComponents(ranked=ranked, key=key, top_k=ranked[:top_k], rule=rule, total_effect=total_effect)
+    why = None if key else why_none(ranked, total_effect, threshold, fraction_threshold)
+    return KeyComponents(ranked=ranked, key=key, top_k=ranked[:top_k], rule=rule, total_effect=total_effect,
+                         why_none=why)  # fmt: skip
+
+
+def why_none(
+    ranked: list[RankedComponent], total_effect: float, threshold: float, fraction_threshold: float | None
+) -> str:
+    """Why no component passes the rule: the strongest effect (or share) against the threshold, and the option to
+    change (the CLI's name; the Python API's is the same with _ for -)."""
+    if not ranked or ranked[0].effect >= 0:
+        return ("no component lowers the answer's logit (the strongest effect is "
+                f"{ranked[0].effect if ranked else 0.0:+.2%}), so the counterfactual prompts change nothing the "
+                "model uses; check the prompts, or use more of them (--max-prompts)")  # fmt: skip
+    best = ranked[0]
+    if fraction_threshold is None:
+        return (f"the strongest effect is {best.effect:+.2%} ({best.component.name}), not below the threshold "
+                f"{threshold:+.2%}; give a threshold nearer 0, e.g. --threshold {best.effect / 2:.2g}, or select by "
+                "share of the whole-prompt effect with --fraction-threshold 0.1")  # fmt: skip
+    if total_effect >= 0:
+        return (f"the whole-prompt counterfactual effect is {total_effect:+.2%}, so no component lowering the answer "
+                "is a share of it; select key components by --threshold instead of --fraction-threshold")  # fmt: skip
+    share = max((r.fraction_of_total or 0.0) for r in ranked if r.effect < 0)
+    return (f"the largest share of the whole-prompt effect is {share:.2g} ({best.component.name}), below "
+            f"--fraction-threshold {fraction_threshold:g}; give a lower one, e.g. --fraction-threshold {share / 2:.2g}")

@@ -39,7 +39,6 @@ Mueller et al. 2025 (MIB, m = 5 steps); METHODS.md sec. 9.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -49,6 +48,7 @@ from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs, head_outputs
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 AttributionMethod = Literal["eap", "eap-ig"]
 ATTRIBUTION_METHODS: tuple[str, ...] = ("eap", "eap-ig")
@@ -61,19 +61,21 @@ def edge_scores(
     method: AttributionMethod = "eap-ig",
     steps: int = 5,
     batch_size: int = 8,
-    progress: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
-    """Signed score of every edge [receiver, sender] float32 (0 off the edges), mean over prompts."""
+    """Signed score of every edge [receiver, sender] float32 (0 off the edges), mean over prompts; `progress`
+    counts forward and backward passes (one per interpolation step and chunk of prompts)."""
     alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
     total = torch.zeros(graph.n_receivers, graph.n_senders, dtype=torch.float64)
-    for chunk in batch.chunks(batch_size):
+    chunks = batch.chunks(batch_size)
+    if progress is not None:
+        progress.total = len(chunks) * len(alphas)
+    for chunk in chunks:
         shared = chunk.shared_positions  # no sender's output differs there: no score comes from them
         cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask).positions_from(shared)
-        grads, clean = receiver_gradients(view, graph, chunk, alphas, shared)  # alpha = 1 is the clean run
+        grads, clean = receiver_gradients(view, graph, chunk, alphas, shared, progress)  # alpha = 1: the clean run
         assert clean is not None
         total += contract(view, graph, sender_differences(view, clean, cf), grads).double().cpu()
-        if progress is not None:
-            progress(len(chunk))
     return (total / len(batch)).float() * graph.valid
 
 

@@ -49,6 +49,7 @@ from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import SenderOutputs, collect_sender_outputs
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 Ablation = Literal["counterfactual", "mean"]
 ABLATIONS: tuple[str, ...] = ("counterfactual", "mean")
@@ -93,20 +94,25 @@ def circuit_metrics(
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
     circuits_per_pass: int = 4,
+    progress: Progress | None = None,
 ) -> CircuitMetrics:
     """m of each circuit (keep [receiver, sender]), of the full and of the empty circuit.
 
     Per chunk of `batch_size` prompts: one plain pass for the counterfactual sender outputs (whose own run is
     the empty circuit under counterfactual ablation), one plain clean pass (the full circuit), and the other
     distinct circuits `circuits_per_pass` at a time as circuit x prompt rows of one patched pass. A circuit
-    equal to the full or the empty one, or to another, is not run again."""
+    equal to the full or the empty one, or to another, is not run again. `progress` counts circuits run, per chunk
+    (the full and the empty circuit among them)."""
     means = mean_sender_outputs(view, batch, batch_size) if ablation == "mean" else None
     valid = graph.valid.float()
     distinct: list[torch.Tensor] = [torch.zeros_like(valid)] if means is not None else []  # mean: empty is run
     rows = [_row(distinct, valid, keep.float().cpu() * valid, means is None) for keep in circuits]
     sums = torch.zeros(2 + len(distinct), dtype=torch.float64)  # full, empty, then the distinct circuits
     device = view.o_proj(0).weight.device
-    for chunk in batch.chunks(batch_size):
+    chunks = batch.chunks(batch_size)
+    if progress is not None:
+        progress.total = len(chunks) * (2 + len(distinct) - (means is not None))
+    for chunk in chunks:
         cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
         clean = view.final_resid(
             input_ids=chunk.clean_ids.to(device), attention_mask=chunk.mask.to(device), use_cache=False
@@ -115,6 +121,8 @@ def circuit_metrics(
         if means is None:
             assert cf.end_resid is not None
             sums[1] += _metric_sum(view, cf.end_resid, chunk)
+        if progress is not None:
+            progress.update(1 + (means is None))
         ablated = means if means is not None else cf
         for start in range(0, len(distinct), circuits_per_pass):
             keeps = torch.stack(distinct[start : start + circuits_per_pass])  # [circuit, receiver, sender]
@@ -122,6 +130,8 @@ def circuit_metrics(
             end_resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keeps, ablated, shared=shared)
             for c, resid in enumerate(end_resid.reshape(len(keeps), len(chunk), -1)):  # rows circuit-major
                 sums[2 + start + c] += _metric_sum(view, resid, chunk)
+            if progress is not None:
+                progress.update(len(keeps))
     if means is not None:
         sums[1] = sums[2]
     m = (sums / len(batch)).float()
@@ -203,10 +213,11 @@ def faithfulness_sweep(
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
     circuits_per_pass: int = 4,
+    progress: Progress | None = None,
 ) -> SweepResult:
     """f of the top-k % circuits for every k, ranked by signed and by absolute score (`circuit_metrics`)."""
     circuits = [top_edges(graph, scores, k, absolute) for absolute in (False, True) for k in percents]
-    result = circuit_metrics(view, graph, batch, circuits, ablation, batch_size, circuits_per_pass)
+    result = circuit_metrics(view, graph, batch, circuits, ablation, batch_size, circuits_per_pass, progress)
     f, m, n = result.faithfulness.tolist(), result.m.tolist(), len(percents)
     return SweepResult(
         percents=tuple(percents), edges=tuple(int(c.sum()) for c in circuits[:n]),

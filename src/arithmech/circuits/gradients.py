@@ -46,6 +46,7 @@ from arithmech.circuits.replicas import GroupReplicas
 from arithmech.circuits.senders import SenderOutputs, check_edge_graph, mlp_sender, scaled_z
 from arithmech.models.hooks import PostHook, PreHook, first_tensor, hooks
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 
 @dataclass
@@ -169,6 +170,7 @@ def receiver_gradients(
     chunk: CircuitBatch,
     alphas: Sequence[float],
     shared: int = 0,
+    progress: Progress | None = None,
 ) -> tuple[torch.Tensor, SenderOutputs | None]:
     """Mean over the interpolation points alpha of d (sum of m) / d x_r, [receiver, batch, pos, d_model] float32,
     and the clean run's sender outputs when alpha = 1 is among them (that run is the clean run).
@@ -176,7 +178,8 @@ def receiver_gradients(
     The run at alpha has token embeddings e(cf) + alpha (e(clean) - e(cf)); alpha = 1 is the clean run.
     shared: the first positions, the same tokens in every clean and counterfactual prompt
     (`CircuitBatch.shared_positions`), run once as a key/value cache; both results then start after them
-    (pos - shared positions), where every sender's clean and counterfactual outputs may differ."""
+    (pos - shared positions), where every sender's clean and counterfactual outputs may differ. `progress` is
+    advanced by one after each alpha's forward and backward pass."""
     check_edge_graph(view)
     d = view.dims
     device = view.o_proj(0).weight.device
@@ -197,6 +200,8 @@ def receiver_gradients(
         _accumulate(mean, view, graph, run, grads, 1.0 / len(alphas))
         if run.keep_outputs:
             clean = SenderOutputs(embed=run.resid[0], z=torch.stack(run.z), mlp_out=torch.stack(run.mlp_out))
+        if progress is not None:
+            progress.update(1)
     return mean, clean
 
 

@@ -47,6 +47,7 @@ from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import collect_sender_outputs
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 
 @torch.no_grad()
@@ -57,12 +58,17 @@ def exact_edge_scores(
     edges: Sequence[tuple[int, int]],
     circuits_per_pass: int = 16,
     batch_size: int = 8,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
-    """[edge] m(clean) - m(only that edge patched), mean over prompts, for edges given as (receiver, sender)."""
+    """[edge] m(clean) - m(only that edge patched), mean over prompts, for edges given as (receiver, sender);
+    `progress` counts edges scored, per chunk of prompts."""
     groups = _passes(edges, circuits_per_pass)
     full = torch.ones(graph.n_receivers, graph.n_senders)
     sums = torch.zeros(len(edges), dtype=torch.float64)
-    for chunk in batch.chunks(batch_size):
+    chunks = batch.chunks(batch_size)
+    if progress is not None:
+        progress.total = len(chunks) * len(edges)
+    for chunk in chunks:
         cf = collect_sender_outputs(view, chunk.cf_ids, chunk.mask)
         prefix = CleanPrefix(view, graph, chunk, cf)
         last = prefix.start(graph.n_layers)
@@ -76,6 +82,8 @@ def exact_edge_scores(
             resid, _ = patched_end_resid(view, graph, chunk.clean_ids, chunk.mask, keep, cf, start=start)
             m = logit_difference(view, resid, _tiled(chunk, len(group))).double().cpu().reshape(len(group), -1)
             sums[group] += (m_clean[None] - m).sum(-1)
+            if progress is not None:
+                progress.update(len(group))
     return (sums / len(batch)).float()
 
 

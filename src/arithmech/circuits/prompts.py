@@ -27,6 +27,7 @@ from arithmech.data.tokens import pad_id_of
 from arithmech.errors import DataError
 from arithmech.models.predictions import top_tokens_at
 from arithmech.models.view import ModelView
+from arithmech.progress import Progress
 
 PROMPTS_PER_PAIR = 80
 """Most single prompts drawn per pair wanted before giving up: SmolLM2-135M answers between 1 MIB prompt in 9 and
@@ -68,6 +69,8 @@ class FilterCounts:
     """Pairs that pass (the first n_prompts of them are used)."""
     unusable: int = 0
     """Dataset rows only: rows dropped before the model sees them (no digit token, unequal lengths, ...)."""
+    unusable_why: str = ""
+    """Dataset rows only: the unusable rows by reason, with the first row of each (`data/mib_dataset.Unusable`)."""
     shared: int = 0
     """Dataset evaluation rows only: rows dropped because their clean or counterfactual prompt is also a prompt of
     the find split (built-in prompts share none: their parts are disjoint by fact)."""
@@ -84,7 +87,8 @@ class FilterCounts:
             f"{self.prompts_answered} of {self.prompts_drawn} prompts answered, paired; "
             if self.prompts_drawn else ""
         )  # fmt: skip
-        unusable = f"{self.unusable} rows unusable; " if self.unusable else ""
+        why = f": {self.unusable_why}" if self.unusable_why else ""
+        unusable = f"{self.unusable} rows unusable{why}; " if self.unusable else ""
         shared = f"{self.shared} rows share a prompt with the find split; " if self.shared else ""
         return (
             f"{self.source}: {drawn}{shared}{unusable}{self.kept} of {self.pairs} pairs pass ({self.clean_missed} "
@@ -111,12 +115,16 @@ def filter_answered(
     source: str,
     batch_size: int = 32,
     want: int | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
     """The pairs the model answers on both prompts, in order, and the counts. With `want`, pairs are checked in
-    rounds until that many are kept (or PROMPTS_PER_PAIR / 2 x want pairs are checked: two prompts each)."""
+    rounds until that many are kept (or PROMPTS_PER_PAIR / 2 x want pairs are checked: two prompts each).
+    `progress` counts pairs checked, of at most that many (the total is set to the pairs checked at the end)."""
     limit = len(pairs) if want is None else min(len(pairs), PROMPTS_PER_PAIR * want // 2)
     kept: list[PromptPair] = []
     checked = clean_missed = cf_missed = 0
+    if progress is not None:
+        progress.total = limit
     while checked < limit and (want is None or len(kept) < want):
         size = limit if want is None else min(limit - checked, max(64, 8 * want))
         chunk = pairs[checked : checked + size]
@@ -124,6 +132,10 @@ def filter_answered(
         kept += [p for p, ok in zip(chunk, (clean & cf).tolist(), strict=True) if ok]
         checked += size
         clean_missed, cf_missed = clean_missed + int((~clean).sum()), cf_missed + int((~cf).sum())
+        if progress is not None:
+            progress.update(size)
+    if progress is not None:
+        progress.total = checked  # done: enough were kept before the limit
     return kept[:want], FilterCounts(source, checked, clean_missed, cf_missed, len(kept))
 
 
@@ -136,16 +148,20 @@ def answered_pairs(
     max_operand: int,
     batch_size: int = 32,
     part: str | None = None,
+    progress: Progress | None = None,
 ) -> tuple[list[PromptPair], FilterCounts]:
     """Up to `n` built-in MIB pairs (of `part`'s facts, when given: `data.mib_arithmetic`) that pass the answer
     filter: single prompts are drawn in rounds and checked, those the model answers are paired (`PromptPairer`),
     and the pairs are checked again as pairs (the same filter as for a dataset's rows; padding in a batch can
-    move a near tie). At most PROMPTS_PER_PAIR x n prompts are drawn."""
+    move a near tie). At most PROMPTS_PER_PAIR x n prompts are drawn; `progress` counts prompts checked, of that
+    many (the total is set to the prompts drawn at the end), then the pairs' check adds its pairs."""
     stream = mib_prompt_stream(tokenizer, operation, seed, max_operand, part)
     pairer = PromptPairer(operation)
     pairs: list[PromptPair] = []
     drawn = answered = 0
     pad = pad_id_of(tokenizer)
+    if progress is not None:
+        progress.total = PROMPTS_PER_PAIR * n
     while len(pairs) < n and drawn < PROMPTS_PER_PAIR * n:
         prompts = [next(stream) for _ in range(min(max(64, 8 * n), PROMPTS_PER_PAIR * n - drawn))]
         drawn += len(prompts)
@@ -157,5 +173,11 @@ def answered_pairs(
                 pair = pairer.add(prompt)
                 if pair is not None:
                     pairs.append(pair)
+        if progress is not None:
+            progress.update(len(prompts))
+    if progress is not None:
+        progress.total = drawn + len(pairs[:n])  # done drawing; the pairs' check follows
     kept, counts = filter_answered(view, tokenizer, pairs[:n], operation, batch_size)
+    if progress is not None:
+        progress.update(len(pairs[:n]))
     return kept, replace(counts, prompts_drawn=drawn, prompts_answered=answered)

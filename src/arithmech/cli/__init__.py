@@ -13,13 +13,18 @@ Examples:
     arithmech identify --prompts my_prompts.jsonl --variant direct
 
 Every expected failure ends with one sentence on stderr and exit status 2, a full disk included; Ctrl-C ends
-with status 130. Neither leaves a half-written file, and a rerun resumes or restarts the stage.
+with status 130 and SIGTERM (`kill`) with 143, each through the same clean-up (the output folder's lock is
+released). None leaves a half-written file, and a rerun resumes or restarts the stage.
 """
 
 from __future__ import annotations
 
 import errno
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -33,16 +38,42 @@ from arithmech.runs import disk_full_error
 __all__ = ["app", "main"]
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it ends as Ctrl-C does: every `finally` runs, the output
+    folder's lock is released and a folder made only for it removed (Python's default would end at once)."""
+
+
+@contextmanager
+def _sigterm_ends_in_order() -> Iterator[None]:
+    """SIGTERM raises Terminated for the block (in the main thread; elsewhere signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit status (testable without a subprocess)."""
     try:
-        code = _run(argv)
+        with _sigterm_ends_in_order():
+            code = _run(argv)
     except ArithmechError as err:
         typer.echo(f"error: {err}", err=True)
         return 2
     except KeyboardInterrupt:
         typer.echo("interrupted; no half-written files were left", err=True)
         return 130
+    except Terminated:
+        typer.echo("terminated (SIGTERM); no half-written files were left", err=True)
+        return 143
     except typer.Exit as done:
         return int(done.exit_code or 0)
     except Exception as err:  # a full disk, or a usage error of the (vendored) click inside typer

@@ -39,8 +39,10 @@ def _floats(text: str) -> tuple[float, ...]:
 @model_options
 def circuit(
     method: Annotated[
-        str, typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline), path-patching (--identify) or random.")
-    ] = "eap-ig",
+        str | None,
+        typer.Option(help="Edge ranking: eap, eap-ig (MIB's baseline; the default), path-patching (--identify) or "
+                          "random. Not with --from or --circuit-file, which keep the folder's or the file's."),
+    ] = None,
     compare_methods: Annotated[
         str,
         typer.Option(help="Further rankings, scored on the same find pairs and swept on the same test pairs "
@@ -78,7 +80,15 @@ def circuit(
     percents: Annotated[
         str, typer.Option(help="Circuit sizes of the sweep, % of edges.")
     ] = "0.1,0.2,0.5,1,2,5,10,20,50,100",
-    circuit_percent: Annotated[float, typer.Option(help="Size marked in_graph in edges.json, % of edges.")] = 5.0,
+    circuit_percent: Annotated[
+        float, typer.Option(help="Size of the circuit marked in_graph in edges.json, % of edges, ranked by "
+                                 "--circuit-ranking.")
+    ] = 5.0,
+    circuit_ranking: Annotated[
+        str,
+        typer.Option(help="How the in_graph circuit is ranked: signed (the top edges by score, CPR's ranking; an "
+                          "edge with a large negative score is left out) or absolute (by |score|, CMD's)."),
+    ] = "signed",
     draw_percent: Annotated[
         float | None,
         typer.Option(
@@ -151,6 +161,7 @@ def circuit(
         evaluate=evaluate,
         percents=_floats(percents),
         circuit_percent=circuit_percent,
+        circuit_ranking=circuit_ranking,
         draw_percent=draw_percent,
         from_circuit=str(from_circuit) if from_circuit else None,
         circuit_file=str(circuit_file) if circuit_file else None,

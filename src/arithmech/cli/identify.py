@@ -115,7 +115,8 @@ def _print_identify_summary(result: object) -> None:
                f"whole-prompt counterfactual effect {key.total_effect:+.1%}")  # fmt: skip
     typer.echo("top heads:  " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in heads))
     typer.echo("top MLPs:   " + ", ".join(f"{r.component.name} ({r.effect:+.1%})" for r in mlps))
-    typer.echo(f"key components ({key.rule}): {', '.join(r.component.name for r in key.key) or 'none'}")
+    names = ", ".join(r.component.name for r in key.key) or f"none: {key.why_none}"
+    typer.echo(f"key components ({key.rule}): {names}")
     agreement = result.metadata.get("agreement")  # type: ignore[attr-defined]
     if agreement:
         rho = {k: "n/a" if v is None else f"{v:.2f}" for k, v in agreement.items()}  # None: a constant ranking

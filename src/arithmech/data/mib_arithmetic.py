@@ -24,8 +24,8 @@ Find and test parts (held-out evaluation): a circuit is found (its edges scored)
 faithfulness measured on another, as MIB finds on its train split and evaluates on validation. The built-in prompts
 are split by *fact*, not by pair: a fact is the unordered operand pair {x, y} of an addition triple x + y = z,
 so "a plus b", "b plus a", "z minus x" and "z minus y" are one fact (the same triple, read four ways). Rule
-(`fact_part`): the fact {x, y} (x <= y) goes to the test part when the first byte of
-sha256("mib-fact-{seed}-{x}-{y}") is below 128 (half the facts, by a hash of the seed, independent of the
+(`fact_part`, in the torch-free `data/mib_facts.py`): the fact {x, y} (x <= y) goes to the test part when the
+first byte of sha256("mib-fact-{seed}-{x}-{y}") is below 128 (half the facts, by a hash of the seed, independent of the
 order prompts are drawn in), else to the find part. `mib_prompt_stream(part=...)` yields only prompts of that
 part's facts, and `PromptPairer` pairs prompts of one stream only, so a clean prompt and its counterfactual
 both come from one part: no prompt text and no fact (of a clean or a counterfactual prompt) is shared between
@@ -37,20 +37,18 @@ References: Mueller et al. 2025 (MIB), arithmetic task; Stolfo et al. 2023 (the 
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from arithmech.data.mib_facts import PARTS, fact_part
 from arithmech.data.prompts import PromptPair
 from arithmech.data.tokens import answer_tokens
 from arithmech.errors import ConfigError
 
 MIB_TEMPLATE = "Q: How much is {A} {op} {B}? A:"
 MIB_OPERATIONS: dict[str, str] = {"addition": "plus", "subtraction": "minus"}
-PARTS = ("find", "test")
-"""The two parts of the built-in prompts: edges are scored on the find part, circuits evaluated on the test part."""
 
 
 @dataclass(frozen=True)
@@ -75,20 +73,6 @@ def _draw(rng: random.Random, operation: str, max_operand: int) -> tuple[int, in
 
 def _render(operation: str, a: int, b: int) -> str:
     return MIB_TEMPLATE.format(A=a, B=b, op=MIB_OPERATIONS[operation])
-
-
-def fact(operation: str, a: int, b: int) -> tuple[int, int]:
-    """The fact of "a {op} b" as its addition triple's unordered operands {x, y} (x <= y): a + b has {a, b};
-    a - b = c has {b, c} (b + c = a)."""
-    x, y = (a, b) if operation == "addition" else (b, a - b)
-    return min(x, y), max(x, y)
-
-
-def fact_part(operation: str, a: int, b: int, seed: int) -> str:
-    """"find" or "test": the part the fact of "a {op} b" belongs to, by the seeded hash of the module docstring."""
-    x, y = fact(operation, a, b)
-    digest = hashlib.sha256(f"mib-fact-{seed}-{x}-{y}".encode()).digest()
-    return "test" if digest[0] < 128 else "find"
 
 
 def check_operation(operation: str) -> None:

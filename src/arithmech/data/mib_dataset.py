@@ -14,8 +14,11 @@ columns; in a CSV file the counterfactual is a JSON object in its cell, or two c
 Scored token: MIB scores the first token of the label tokenized on its own, and keeps rows whose labels are one
 token. That drops every answer of two digits on a digit-splitting tokenizer (SmolLM2), so rows are scored by the
 rule of the built-in prompts instead (`data/mib_arithmetic.scored_prompt`): the answer's first token as the model
-continues the prompt. Rows are dropped (and counted) when that token carries no digit, when the two prompts
-differ in token length (edges are patched position by position), or when both scored tokens are equal.
+continues the prompt. Rows are dropped, and counted by reason with the first row of each (`Unusable`, 1-based row
+numbers of the split or file), when a prompt or label is missing, the counterfactual is no {prompt, label} record
+(e.g. a bare string), a label is a list or record, an answer's first token carries no digit (a word answer), the
+two prompts differ in token length (edges are patched position by position), or both scored tokens are equal.
+A local file that does not parse is refused in one sentence naming the file and the line.
 
 Splits: MIB finds circuits on `train` (its run_attribution.py's --split default) and evaluates them on
 `validation` (run_evaluation.py's default, "By default, this will evaluate on the validation set", its README;
@@ -28,9 +31,11 @@ the find rows are dropped and counted (`apart_from`).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arithmech import hub
 from arithmech.data.mib_arithmetic import scored_prompt
 from arithmech.data.prompts import PromptPair
 from arithmech.errors import ConfigError, DataError
@@ -41,6 +46,8 @@ MIB_OPERATORS = {"+": "addition", "-": "subtraction"}
 MIB_COLUMNS = ("prompt", "label", "random_counterfactual")
 CF = "random_counterfactual"
 LOCAL_FORMATS = (".json", ".jsonl", ".parquet", ".csv")
+ROW = "__row__"
+"""The 1-based number of a row in its split or file, added when it is read (messages name rows by it)."""
 
 
 def read_mib_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
@@ -65,10 +72,16 @@ def read_mib_rows(source: str, split: str = "train") -> list[dict[str, Any]]:
             f"--mib-dataset {source!r} lacks MIB's column(s) {', '.join(missing)} (it has {', '.join(rows[0])}); "
             f"give MIB's arithmetic data with columns {', '.join(MIB_COLUMNS)}"
         )
-    return rows
+    return [{**row, ROW: number} for number, row in enumerate(rows, 1)]
 
 
 def _hub_rows(name: str, split: str) -> list[dict[str, Any]]:
+    offline = hub.unreachable()
+    if offline is not None:  # at once, not after the library's retries
+        raise DataError(
+            f"--mib-dataset {name!r} is a Hugging Face dataset, and the hub cannot be reached from this machine "
+            f"({offline}); give a local copy to --mib-dataset (a save_to_disk folder or a .jsonl/.parquet/.csv file)"
+        )
     import datasets
 
     try:
@@ -102,15 +115,53 @@ def _file_rows(path: Path) -> list[dict[str, Any]]:
     if suffix not in LOCAL_FORMATS:
         raise ConfigError(f"--mib-dataset {str(path)!r}: read formats are {', '.join(LOCAL_FORMATS)} (or a folder)")
     if suffix == ".parquet":
-        frame = pd.read_parquet(path)
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as err:  # pyarrow raises its own kinds
+            raise ConfigError(f"--mib-dataset {str(path)!r} is not a Parquet file ({type(err).__name__}); give MIB's "
+                              "rows as .parquet, .jsonl, .json or .csv") from None  # fmt: skip
     elif suffix == ".csv":
-        frame = pd.read_csv(path)
+        try:
+            frame = pd.read_csv(path)
+        except (ValueError, UnicodeDecodeError) as err:  # pandas' ParserError and EmptyDataError are ValueErrors
+            raise ConfigError(f"--mib-dataset {str(path)!r} is not a CSV table ({str(err).splitlines()[0]})") from None
     else:
-        text = path.read_text(encoding="utf-8")
-        lines = suffix == ".jsonl" or not text.lstrip().startswith("[")
-        frame = pd.read_json(path, lines=lines, dtype=False)
+        frame = pd.DataFrame(_json_records(path, suffix == ".jsonl"))
     records = frame.astype(object).where(frame.notna(), None).to_dict("records")
     return [{str(k): v for k, v in row.items()} for row in records]
+
+
+def _json_records(path: Path, jsonl: bool) -> list[dict[str, Any]]:
+    """The rows of a .json file (a list of objects, or JSON lines) or a .jsonl file; one ConfigError naming the
+    file and line where it does not parse (rather than pandas' traceback)."""
+    where = f"--mib-dataset {str(path)!r}"
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where} is not UTF-8 text; save it as UTF-8 JSON lines (one row per line)") from None
+    if not jsonl and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{where}, line {err.lineno}: not valid JSON ({err.msg}); give a JSON list of rows, or "
+                              "one JSON object per line (.jsonl)") from None  # fmt: skip
+        numbered = list(enumerate(rows if isinstance(rows, list) else [rows], 1))
+    else:
+        numbered = []
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}, line {line_no}: not JSON ({err.msg}); write one JSON object per line, "
+                                  "with MIB's columns prompt, label, random_counterfactual") from None  # fmt: skip
+    bad = next((n for n, row in numbered if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise ConfigError(f"{where}, {'line' if jsonl or not text.lstrip().startswith('[') else 'row'} {bad}: not a "
+                          "JSON object; give one object per row, with MIB's columns prompt, label, "
+                          "random_counterfactual")  # fmt: skip
+    return [row for _, row in numbered]
 
 
 def counterfactual_of(row: dict[str, Any]) -> tuple[str, str] | None:
@@ -169,31 +220,71 @@ def apart_from(
     return kept, len(mine) - len(kept)
 
 
-def mib_dataset_pairs(tokenizer: Any, rows: list[dict[str, Any]], operation: str) -> tuple[list[PromptPair], int]:
+@dataclass
+class Unusable:
+    """Rows dropped before the model sees them, by reason: reason -> their row numbers."""
+
+    rows: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(len(numbers) for numbers in self.rows.values())
+
+    def add(self, reason: str, row: int) -> None:
+        self.rows.setdefault(reason, []).append(row)
+
+    def describe(self) -> str:
+        """"5 have a counterfactual of another token length (first: row 3), 3 have ..." (most common first)."""
+        ranked = sorted(self.rows.items(), key=lambda item: -len(item[1]))
+        return ", ".join(f"{len(numbers)} {reason} (first: row {numbers[0]})" for reason, numbers in ranked)
+
+
+NO_FIELDS = "have no prompt or no label"
+NO_RECORD = "have a counterfactual that is no {prompt, label} record (e.g. a bare string)"
+NOT_A_NUMBER = "have a label that is a list or record, not a number"
+NO_DIGIT = "have an answer whose first token is no digit (e.g. a word answer of several tokens)"
+LENGTHS = "have a counterfactual of another token length"
+SAME_TOKEN = "score the same token in both prompts (e.g. the same leading digit)"
+
+
+def mib_dataset_pairs(
+    tokenizer: Any, rows: list[dict[str, Any]], operation: str
+) -> tuple[list[PromptPair], Unusable]:
     """The rows of `operation` as prompt pairs with their scored tokens (as `mib_arithmetic.mib_pairs` makes them),
-    and how many of that operation's rows were unusable (see the module docstring)."""
+    and that operation's unusable rows by reason (see the module docstring)."""
     pairs: list[PromptPair] = []
-    unusable = 0
+    unusable = Unusable()
     for i, row in enumerate(rows):
         if row_operation(row) not in (None, operation):
             continue
-        pair = _pair(tokenizer, row, operation, i)
-        if pair is None:
-            unusable += 1
+        number = int(row.get(ROW, i + 1))
+        pair = _pair(tokenizer, row, operation, number - 1)
+        if isinstance(pair, str):
+            unusable.add(pair, number)
         else:
             pairs.append(pair)
     return pairs, unusable
 
 
-def _pair(tokenizer: Any, row: dict[str, Any], operation: str, index: int) -> PromptPair | None:
+def _pair(tokenizer: Any, row: dict[str, Any], operation: str, index: int) -> PromptPair | str:
+    """The row as a prompt pair, or why it is unusable."""
+    if row.get("prompt") is None or row.get("label") is None:
+        return NO_FIELDS
     cf = counterfactual_of(row)
-    if cf is None or row.get("prompt") is None or row.get("label") is None:
-        return None
+    if cf is None:
+        return NO_RECORD
+    cf_label = row[CF].get("label") if isinstance(row.get(CF), dict) else None
+    if isinstance(row["label"], list | tuple | dict) or isinstance(cf_label, list | tuple | dict):
+        return NOT_A_NUMBER
     answer = _label(row["label"])
     clean = scored_prompt(tokenizer, str(row["prompt"]), answer)
     counter = scored_prompt(tokenizer, cf[0], cf[1])
-    if clean is None or counter is None or clean[2] != counter[2] or clean[1] == counter[1]:
-        return None
+    if clean is None or counter is None:
+        return NO_DIGIT
+    if clean[2] != counter[2]:
+        return LENGTHS
+    if clean[1] == counter[1]:
+        return SAME_TOKEN
     return PromptPair(
         reference=clean[0], counterfactual=counter[0], answer=answer, operation=operation, template_id="mib-dataset",
         extra={"cf_answer": cf[1], "answer_id": clean[1], "cf_answer_id": counter[1], "row": index},

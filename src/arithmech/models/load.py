@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from arithmech import hub
 from arithmech.errors import ArithmechError, ConfigError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.model_config import DTYPE_NAMES, ModelConfig
@@ -229,13 +230,24 @@ def _load_model(cfg: ModelConfig) -> ModelHandle:
     device = resolve_device(cfg.device)
     where, extra, source = _locate(cfg)
     kwargs: dict[str, Any] = {"revision": cfg.revision, **extra}
+    offline = None if Path(where).is_dir() else hub.unreachable()
+    if offline is not None:  # the cached copy or nothing, without the libraries' retries
+        kwargs["local_files_only"] = True
     try:
         config = AutoConfig.from_pretrained(where, **kwargs)
     except OSError as err:
+        if offline is not None:
+            raise ConfigError(
+                f"could not find model {cfg.model!r} as a local folder or in the local cache, and the Hugging Face "
+                f"hub cannot be reached from this machine ({offline}); connect to the network, or give --model a "
+                "local folder or a .gguf file"
+            ) from None
         raise ConfigError(
             f"could not find model {cfg.model!r} as a local folder or on the Hugging Face hub "
             f"(no network, a typo, or a private repo without a token): {str(err).splitlines()[0]}"
         ) from None
+    if offline is not None:
+        logger.info("the Hugging Face hub cannot be reached (%s): loading %s from the local cache", offline, where)
     spec = spec_for_model_type(getattr(config, "model_type", "?"))
     dtype = DTYPES.get(cfg.dtype, "auto")
     load_kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": cfg.attn_implementation, **kwargs}

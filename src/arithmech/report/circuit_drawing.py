@@ -9,7 +9,7 @@ Layout (MIB's graph, `circuits/graph.py`)
                 in a column right of the heads, its MLP m{l}; the logits at the top.
     nodes       nodes of the circuit are dark and named in their tooltip (and beside them, up to LABELLED_MAX
                 of them); the others are light grey, so the grid of the model stays readable without competing
-                with the circuit.
+                with the circuit. The input and logits bars are always named beside them.
     edges       a curve from the sender's top to the receiver's bottom; blue when the score is positive,
                 vermillion when negative (Okabe-Ito), width growing with |score| (the largest 3.5 px), thin and
                 translucent so 100-500 edges stay legible; the largest drawn last, on top.
@@ -163,7 +163,10 @@ def _nodes(layout: _Layout, touched: dict[str, int]) -> list[str]:
     for name in names:
         x, y, width = layout.node(name)
         kept = name in touched
-        if kept and labelled and name not in ("input", "logits"):
+        if name in ("input", "logits"):  # the two ends of every path: named whether or not an edge touches them
+            parts.append(f'<text class="end-label" x="{x + width / 2 + 4:.1f}" y="{y + 3:.1f}" font-size="8" '
+                         f'font-weight="600" fill="#1a1a1a">{name}</text>')  # fmt: skip
+        elif kept and labelled:
             parts.append(f'<text x="{x + width / 2 + 2:.1f}" y="{y - 3:.1f}" font-size="7" fill="#1a1a1a">'
                          f"{_esc(name)}</text>")  # fmt: skip
         fill = "#1a1a1a" if kept else "#e4e4e4"

@@ -61,7 +61,8 @@ def _prompt_sentence(meta: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
             drawn, answered = int(c.get("prompts_drawn", 0)), int(c.get("prompts_answered", 0))
             made = (f"the model answers {answered} of {drawn} single prompts drawn ({drawn - answered} dropped); of "
                     "the pairs made of them " if drawn else "")  # fmt: skip
-            unusable = f"{c['unusable']} rows unusable; " if c.get("unusable") else ""
+            why = f" ({c['unusable_why']})" if c.get("unusable_why") else ""
+            unusable = f"{c['unusable']} rows unusable{why}; " if c.get("unusable") else ""
             shared = f"{c['shared']} rows dropped for sharing a prompt with the find split; " if c.get("shared") else ""
             said.append(f"{part} pairs, {c.get('source', '?')}: {shared}{unusable}{made}{kept} of {pairs} pass "
                         f"({pairs - kept} dropped: {c.get('clean_missed', 0)} missed on the clean prompt, "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from arithmech.errors import DataError
 from arithmech.lineage import read_metadata
 from arithmech.models.load import ModelHandle
 from arithmech.patching.attribution import frozen_parameters
+from arithmech.progress import progress_bar
 from arithmech.report.circuit_drawing import circuit_svg
 from arithmech.report.circuit_plots import faithfulness_curves
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
@@ -55,6 +57,7 @@ from arithmech.stages.circuit_config import (
     DRAWN_DEFAULT,
     DRAWN_MAX,
     IDENTIFY_METHOD,
+    SCORING_SETTINGS,
     TEST_PROMPTS_FILE,
     CircuitConfig,
 )
@@ -102,7 +105,7 @@ def random_scores(graph: CircuitGraph, seed: int) -> torch.Tensor:
 
 
 def rank_edges(
-    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, cfg: CircuitConfig, method: str, quiet: bool = True
 ) -> torch.Tensor:
     """[receiver, sender] signed scores by `method` (on the find pairs `batch`; random: the first seed)."""
     if method == "random":
@@ -111,8 +114,10 @@ def rank_edges(
         assert cfg.identify_run is not None
         return node_edge_scores(graph, read_identify_run(cfg.identify_run, handle).effects)
     gradient = "eap" if method == "eap" else "eap-ig"
-    with frozen_parameters(handle.model):  # gradients of the receivers' inputs only: no graph through the weights
-        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size)
+    # gradients of the receivers' inputs only: no graph through the weights
+    with frozen_parameters(handle.model), progress_bar(f"scoring edges ({method})", "pass", quiet) as bar:
+        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size,
+                           progress=bar)  # fmt: skip
 
 
 def sweep_rankings(
@@ -122,6 +127,7 @@ def sweep_rankings(
     test: CircuitBatch,
     cfg: CircuitConfig,
     rankings: dict[str, torch.Tensor | None],
+    quiet: bool = True,
 ) -> dict[str, SeededSweeps]:
     """The sweep of each ranking on the test pairs (None: scored on the find pairs now); the random ranking once
     per seed (`random_seeds` seeds from `seed`)."""
@@ -133,12 +139,15 @@ def sweep_rankings(
         else:
             if scores is None:
                 assert find is not None, "a ranking scored now needs find pairs"
-                scores = rank_edges(handle, graph, find, cfg, name)
+                scores = rank_edges(handle, graph, find, cfg, name, quiet)
             drawn = [scores]
-        ablation = cfg.ablation
-        runs = tuple(faithfulness_sweep(handle.view, graph, test, ranking, cfg.percents, ablation,  # type: ignore[arg-type]
-                                        cfg.batch_size) for ranking in drawn)  # fmt: skip
-        sweeps[name] = SeededSweeps(seeds, runs)
+        runs = []
+        for i, ranking in enumerate(drawn):
+            seed = f", seed {seeds[i]}" if seeds else ""
+            with progress_bar(f"sweep of {len(cfg.percents)} sizes ({name}{seed})", "circuit", quiet) as bar:
+                runs.append(faithfulness_sweep(handle.view, graph, test, ranking, cfg.percents, cfg.ablation,  # type: ignore[arg-type]
+                                               cfg.batch_size, progress=bar))  # fmt: skip
+        sweeps[name] = SeededSweeps(seeds, tuple(runs))
     return sweeps
 
 
@@ -151,22 +160,24 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     graph = CircuitGraph.from_dims(handle.dims, view.parallel_residual)
     model_cfg = graph_cfg(graph, handle.dims.d_model)
     logger.info("graph: %d nodes, %d edges", len(graph.node_names), graph.n_edges)
-    method, marked, scores, file_scored = cfg.method, None, None, False
+    method, marked, scores, file_scored = str(cfg.method), None, None, False
+    source: dict[str, Any] = {}  # --from's metadata.json: how its scores and pairs were made, kept in this record
     edges_path = cfg.edges_file()
     if cfg.circuit_file is not None:
         stored = read_edges(cfg.circuit_file, model_cfg)
         method, marked, scores, file_scored = FILE_METHOD, stored.in_graph, stored.scores, stored.fully_scored
-        split = prompt_split(handle, cfg)
+        split = prompt_split(handle, cfg, quiet)
     elif edges_path is not None:
         scores = read_edges(edges_path, model_cfg).scores
-        split = stored_split(edges_path.parent, cfg)
-        method = str((read_metadata(edges_path.parent) or {}).get("config", {}).get("method", FILE_METHOD))
+        source = read_metadata(edges_path.parent) or {}
+        split = stored_split(edges_path.parent, cfg, source.get("evaluation") or {})
+        method = str(source.get("config", {}).get("method", FILE_METHOD))
     else:
-        split = prompt_split(handle, cfg)
+        split = prompt_split(handle, cfg, quiet)
     find = circuit_batch(handle.tokenizer, split.find) if split.find else None
     if scores is None:
         assert find is not None, "a new run has find pairs"
-        scores = rank_edges(handle, graph, find, cfg, method)
+        scores = rank_edges(handle, graph, find, cfg, method, quiet)
     scores = scores.nan_to_num(0.0)  # an edge a file does not score: 0
     scored_s = time.perf_counter() - start
     evaluated = split.evaluated
@@ -174,29 +185,36 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     sweeps: dict[str, SeededSweeps] = {}
     file_row = None
     if test is not None and marked is not None:
-        metrics = circuit_metrics(view, graph, test, [marked.float()], cfg.ablation, cfg.batch_size)  # type: ignore[arg-type]
+        with progress_bar("the file's circuit", "circuit", quiet) as bar:
+            metrics = circuit_metrics(view, graph, test, [marked.float()], cfg.ablation, cfg.batch_size,  # type: ignore[arg-type]
+                                      progress=bar)  # fmt: skip
         file_row = file_circuit_row(str(cfg.circuit_file), metrics, marked, graph.n_edges, len(test), split.label)
         if file_scored:
-            sweeps = sweep_rankings(handle, graph, None, test, cfg, {method: scores})
+            sweeps = sweep_rankings(handle, graph, None, test, cfg, {method: scores}, quiet)
     elif cfg.evaluate and test is not None:
         rankings: dict[str, torch.Tensor | None] = {method: scores, **dict.fromkeys(cfg.compare_methods)}
-        sweeps = sweep_rankings(handle, graph, find, test, cfg, rankings)
+        sweeps = sweep_rankings(handle, graph, find, test, cfg, rankings, quiet)
     if sweeps and abs(sweeps[method].sweeps[0].m_full - sweeps[method].sweeps[0].m_empty) < 1e-6:
         raise DataError("the clean and ablated runs give the same logit difference, so faithfulness is undefined")
     sweep = sweeps[method].mean if method in sweeps else None
-    oracle = oracle_rows(handle, graph, find, scores, cfg) if cfg.oracle and find is not None else None
+    oracle = oracle_rows(handle, graph, find, scores, cfg, quiet) if cfg.oracle and find is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if oracle is not None:
         atomic_write_text(out / "oracle.csv", csv_text(oracle[0]))
+    in_graph = None
     if marked is None:
-        kept = top_edges(graph, scores, cfg.circuit_percent, absolute=False) > 0
+        kept = top_edges(graph, scores, cfg.circuit_percent, absolute=cfg.circuit_ranking == "absolute") > 0
         write_edges(out / EDGES_FILE, model_cfg, scores, kept)
+        in_graph = {"percent": cfg.circuit_percent, "ranking": cfg.circuit_ranking, "edges": int(kept.sum()),
+                    "rule": f"the top {cfg.circuit_percent:g} % of edges by "
+                            f"{'signed score' if cfg.circuit_ranking == 'signed' else '|score|'}"}  # fmt: skip
     if split.find:
         write_prompt_file(out / "prompts.jsonl", split.find)
     if split.test is not None:
         write_prompt_file(out / TEST_PROMPTS_FILE, split.test)
-    title = run_title(handle, cfg, split, method)
+    settings = {**asdict(cfg), "method": method, **scoring_settings(source)}
+    title = run_title(handle, cfg, split, method, settings["operations"])
     summary = [summary_row(n, r, split.label, len(test or ())) for n, r in sweeps.items()]
     if sweeps:
         rows = [row for name, result in sweeps.items() for row in faithfulness_rows(name, result, split.label)]
@@ -214,16 +232,22 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
         "stage": CircuitConfig.STAGE,
         "model": handle.source,
         "dims": asdict(handle.dims),
-        "config": {**asdict(cfg), "method": method},
+        "config": settings,
         "graph": {**model_cfg, "n_key_value_heads": handle.dims.n_kv_heads, "n_edges": graph.n_edges,
                   "n_nodes": len(graph.node_names)},  # fmt: skip
         "counts": {"find_pairs": len(split.find), "test_pairs": None if split.test is None else len(split.test),
                    **({"from": str(edges_path.parent)} if edges_path is not None else {})},  # fmt: skip
         "evaluation": split.record(),
-        "answer_filter": None if split.filtered is None else {
+        "answer_filter": source.get("answer_filter") if split.filtered is None else {
             part: [c.as_dict() for c in counts] for part, counts in split.filtered.items()
         },
-        "identify_runs": [] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record],
+        "identify_runs": [*source.get("identify_runs", []),
+                          *([] if cfg.identify_run is None else [read_identify_run(cfg.identify_run, handle).record])],
+        "scored": None if edges_path is None else {
+            "folder": str(edges_path.parent), **{k: source.get(k) for k in ("created", "git_sha")},
+            "scores_s": (source.get("timings") or {}).get("scores_s"),
+        },
+        "in_graph": in_graph,
         "drawing": {"edges": len(drawing.edges), "circuit_edges": drawing.circuit_edges, "why": drawing.why},
         "oracle": None if oracle is None else {**oracle[1], "pairs": "find"},
         "file_circuit": file_row,
@@ -242,9 +266,18 @@ def circuit(handle: ModelHandle, cfg: CircuitConfig, out_dir: str | Path, quiet:
     )  # fmt: skip
 
 
-def run_title(handle: ModelHandle, cfg: CircuitConfig, split: PromptSplit, method: str) -> str:
+def scoring_settings(source: dict[str, Any]) -> dict[str, Any]:
+    """The settings that made a --from folder's pairs and scores, as its metadata.json recorded them (this run uses
+    them, not its own: `SCORING_SETTINGS`); {} for edges scored here."""
+    recorded = source.get("config") or {}
+    return {name: recorded[name] for name in SCORING_SETTINGS if name in recorded}
+
+
+def run_title(
+    handle: ModelHandle, cfg: CircuitConfig, split: PromptSplit, method: str, operations: Sequence[str]
+) -> str:
     """The figure's and the drawing's title: the model, the task and which pairs the circuits were evaluated on."""
-    task = f"{handle.source.get('model', 'model')}: {', '.join(cfg.operations)} (MIB format)"
+    task = f"{handle.source.get('model', 'model')}: {', '.join(operations)} (MIB format)"
     if method == FILE_METHOD:
         return f"{task}, circuit file {Path(str(cfg.circuit_file)).name}, {len(split.test or ())} held-out pairs"
     if split.in_sample:
@@ -295,11 +328,13 @@ def drawn_circuit(
 
 
 def oracle_rows(
-    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    handle: ModelHandle, graph: CircuitGraph, batch: CircuitBatch, scores: torch.Tensor, cfg: CircuitConfig,
+    quiet: bool = True,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """Exact scores of the top n edges by |score| and n random ones; rows and agreement (Spearman, top-n overlap)."""
     edges = oracle_subset(graph, scores, cfg.oracle, cfg.seed)
-    exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size).tolist()
+    with progress_bar("oracle: exact edge scores", "edge", quiet) as bar:
+        exact = exact_edge_scores(handle.view, graph, batch, edges, batch_size=cfg.batch_size, progress=bar).tolist()
     estimate = [float(scores[r, s]) for r, s in edges]
     rows = [
         {"edge": f"{graph.sender_names[s]}->{graph.receiver_names[r]}", "chosen": "top" if i < cfg.oracle else "random",

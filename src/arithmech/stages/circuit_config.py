@@ -8,18 +8,26 @@ method, a circuit size outside (0, 100] %, a combination that makes no sense (--
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+from arithmech.data.mib_facts import distinct_prompts
 from arithmech.errors import ConfigError
 
 CIRCUIT_METHODS = ("eap", "eap-ig", "path-patching", "random")
 """Edge rankings: EAP, EAP-IG on the inputs, identify's node ranking (path patching, weakest link), and a seeded
 random ranking (the baseline)."""
+DEFAULT_METHOD = "eap-ig"
+"""The ranking of edges scored anew when none is given (MIB's baseline)."""
+SCORING_SETTINGS = ("n_prompts", "test_prompts", "operations", "max_operand", "steps", "keep_incorrect", "min_prompts")
+"""Settings that make the find and test pairs or score the edges. `from_circuit` reuses a folder's pairs and scores,
+so it uses none of them: one given (other than its default) is refused, and metadata.json records the folder's."""
 IDENTIFY_METHOD = "path-patching"
 """The ranking read from an identify run."""
 CIRCUIT_ABLATIONS = ("counterfactual", "mean")
+CIRCUIT_RANKINGS = ("signed", "absolute")
+"""How edges.json's in_graph circuit is chosen: top edges by score (CPR's ranking) or by |score| (CMD's)."""
 MIB_OPERATION_NAMES = ("addition", "subtraction")
 MIB_PERCENTS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 MIB_FIND_SPLIT = "train"
@@ -53,10 +61,14 @@ class CircuitConfig:
         edges scored anew, not read back with `from_circuit`) or among `compare_methods`. `arithmech run` then
         fills `identify_run` with its own identify folder."""
         read = config.get("from_circuit") is not None or config.get("circuit_file") is not None
-        method = None if read else config.get("method", "eap-ig")
+        method = None if read else config.get("method") or DEFAULT_METHOD
         return IDENTIFY_METHOD in (method, *(config.get("compare_methods") or ()))
 
-    method: str = field(default="eap-ig", metadata={"help": "edge ranking: eap, eap-ig, path-patching or random"})
+    method: str | None = field(
+        default=None,
+        metadata={"help": f"edge ranking: eap, eap-ig, path-patching or random (default {DEFAULT_METHOD}); not with "
+                          "from_circuit or circuit_file, whose ranking is the folder's or the file's"},
+    )  # fmt: skip
     compare_methods: tuple[str, ...] = field(
         default=(),
         metadata={"help": "further rankings scored on the same prompts and swept beside method's (with evaluate), "
@@ -90,7 +102,15 @@ class CircuitConfig:
     percents: tuple[float, ...] = field(
         default=MIB_PERCENTS, metadata={"help": "circuit sizes of the sweep, % of edges"}
     )
-    circuit_percent: float = field(default=5.0, metadata={"help": "size marked in_graph in edges.json, % of edges"})
+    circuit_percent: float = field(
+        default=5.0, metadata={"help": "size of the circuit marked in_graph in edges.json, % of edges (ranked by "
+                                       "circuit_ranking)"}
+    )  # fmt: skip
+    circuit_ranking: str = field(
+        default="signed",
+        metadata={"help": "how the in_graph circuit is ranked: signed (the top edges by score, CPR's ranking: an "
+                          "edge with a large negative score is left out) or absolute (by |score|, CMD's)"},
+    )  # fmt: skip
     draw_percent: float | None = field(
         default=None,
         metadata={"help": "size of the drawn circuit (circuit.svg), % of edges; default the smallest swept circuit "
@@ -148,8 +168,9 @@ class CircuitConfig:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        self._resolve_method()
         for method in (self.method, *self.compare_methods):
-            if method not in CIRCUIT_METHODS:
+            if method is not None and method not in CIRCUIT_METHODS:
                 raise ConfigError(f"method {method!r} is not one of {', '.join(CIRCUIT_METHODS)}")
         if self.method in self.compare_methods or len(set(self.compare_methods)) < len(self.compare_methods):
             raise ConfigError("compare_methods repeats a method; name each ranking once, apart from method")
@@ -160,6 +181,8 @@ class CircuitConfig:
                 "method path-patching ranks edges by an identify run's node effects: give --method path-patching "
                 "(or name it in compare_methods) together with --identify RUN_DIR (and --identify only with it)"
             )
+        if self.circuit_ranking not in CIRCUIT_RANKINGS:
+            raise ConfigError(f"circuit_ranking {self.circuit_ranking!r} is not one of {', '.join(CIRCUIT_RANKINGS)}")
         if self.ablation not in CIRCUIT_ABLATIONS:
             raise ConfigError(f"ablation {self.ablation!r} is not one of {', '.join(CIRCUIT_ABLATIONS)}")
         unknown = [op for op in self.operations if op not in MIB_OPERATION_NAMES]
@@ -172,7 +195,10 @@ class CircuitConfig:
         for k in (*self.percents, self.circuit_percent, *drawn):
             if not 0 < k <= 100:
                 raise ConfigError(f"a circuit size of {k} % is outside (0, 100]; give a percentage of edges kept")
-        if not self.percents or list(self.percents) != sorted(set(self.percents)):
+        if not self.percents:
+            raise ConfigError("percents is empty; give the circuit sizes of the sweep in % of edges, e.g. "
+                              "0.1,1,10,100 (the default is MIB's ten sizes)")  # fmt: skip
+        if list(self.percents) != sorted(set(self.percents)):
             raise ConfigError("percents must be increasing, without repeats, e.g. 0.1,1,10,100")
         if self.mib_dataset is not None and self.from_circuit is not None:
             raise ConfigError("--from reuses its folder's prompts: give --mib-dataset or --from, not both")
@@ -183,6 +209,52 @@ class CircuitConfig:
         for name in ("n_prompts", "min_prompts", "steps", "batch_size", "max_operand", "random_seeds", "test_prompts"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        self._check_supply()
+
+    def _check_supply(self) -> None:
+        """Refuse more built-in pairs than the generator can give: a part of the prompts with operands
+        0..max_operand holds so many different prompts, and a pair takes two, even if the model answered all."""
+        if self.mib_dataset is not None or self.from_circuit is not None:
+            return
+        test_option = "--n-prompts" if self.test_prompts is None else "--test-prompts"
+        wanted = [] if self.circuit_file is not None else [
+            ("(in-sample: every fact)" if self.in_sample else "of the find part", None if self.in_sample else "find",
+             self.n_prompts, "--n-prompts")]  # fmt: skip
+        if not self.in_sample:
+            wanted.append(("of the test part", "test", self.n_test, test_option))
+        for name, part, n, option in wanted:
+            quota = -(-n // len(self.operations))
+            for operation in self.operations:
+                held = distinct_prompts(operation, self.max_operand, self.seed, part)
+                if quota > held // 2:
+                    most = held // 2 * len(self.operations)
+                    raise ConfigError(
+                        f"{option} {n} asks {quota} {operation} pairs {name}, but with operands "
+                        f"0..{self.max_operand} it holds {held:,} different {operation} prompts, so at most "
+                        f"{held // 2:,} pairs even if the model answered every prompt (SmolLM2-135M answers about 1 "
+                        f"in 10, which leaves about {held // 20:,}); give {option} {most} or fewer, a larger "
+                        "--max-operand, or pairs of your own with --mib-dataset"
+                    )  # fmt: skip
+
+    def _resolve_method(self) -> None:
+        """The method: the default for edges scored anew; none for edges read back, which keep their ranking, and
+        no setting that only scoring uses (an option that would be dropped is refused)."""
+        source = "--from" if self.from_circuit is not None else "--circuit-file" if self.circuit_file else None
+        if source is None:
+            if self.method is None:
+                object.__setattr__(self, "method", DEFAULT_METHOD)
+            return
+        unused = ["--method"] if self.method is not None else []
+        if source == "--from":
+            defaults = {f.name: f.default for f in fields(self)}
+            given = [name for name in SCORING_SETTINGS if getattr(self, name) != defaults[name]]
+            unused += ["--" + name.replace("_", "-") for name in given]
+        if unused:
+            what = "edge scores and find and test pairs of its folder" if source == "--from" else "circuit of the file"
+            raise ConfigError(
+                f"{source} evaluates the {what}, so {', '.join(unused)} would not be used; leave "
+                f"{'it' if len(unused) == 1 else 'them'} out, or score edges anew without {source} (into another --out)"
+            )  # fmt: skip
 
     def _check_split(self) -> None:
         """The held-out split's settings: each only where it applies."""

@@ -23,17 +23,21 @@ from arithmech.stages.circuit_prompts import IN_SAMPLE
 CPR_RANKING, CMD_RANKING = "signed", "absolute"
 """The rankings CPR and CMD are computed over (faithfulness.csv's `ranking` values)."""
 SPREAD = ("sd", "min", "max")
+EMPTY_PERCENT = 0.0
+"""faithfulness.csv's row of the empty circuit (every edge ablated): f = 0, m = m(empty)."""
 
 Curve = tuple[list[float], list[float], list[float]]
 """(percents, f with the signed ranking, f with the absolute ranking)."""
 
 
 def curve_rows(method: str, sweep: SweepResult, pairs: str, draw: str = "") -> list[dict[str, Any]]:
-    """faithfulness.csv rows of one curve: signed ranking first, then absolute, each size in turn."""
+    """faithfulness.csv rows of one curve: signed ranking first, then absolute, each from the empty circuit (0 %:
+    no edge kept, m = m(empty), f = 0 by definition) through every swept size, so the curve is whole in one file."""
     rows = []
     for ranking, fs, ms in ((CPR_RANKING, sweep.f_signed, sweep.m_signed), (CMD_RANKING, sweep.f_absolute,
                                                                               sweep.m_absolute)):  # fmt: skip
-        for k, n, f, m in zip(sweep.percents, sweep.edges, fs, ms, strict=True):
+        empty = [(EMPTY_PERCENT, 0, 0.0, sweep.m_empty)] if EMPTY_PERCENT not in sweep.percents else []
+        for k, n, f, m in [*empty, *zip(sweep.percents, sweep.edges, fs, ms, strict=True)]:
             rows.append({"method": method, "pairs": pairs, "ranking": ranking, "draw": draw, "percent": k, "edges": n,
                          "f": f, "m": m})  # fmt: skip
     return rows
@@ -81,7 +85,7 @@ def compared_curves(folders: tuple[str, ...]) -> dict[str, Curve]:
     curves: dict[str, Curve] = {}
     for folder in folders:
         with (Path(folder).expanduser() / "faithfulness.csv").open() as handle:
-            rows = [r for r in csv.DictReader(handle) if one_curve([r])]
+            rows = [r for r in csv.DictReader(handle) if one_curve([r]) and float(r["percent"]) > EMPTY_PERCENT]
         method = rows[0]["method"] if rows else Path(folder).name
         if rows and rows[0].get("pairs", IN_SAMPLE) == IN_SAMPLE:
             method += f" ({IN_SAMPLE})"

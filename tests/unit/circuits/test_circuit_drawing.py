@@ -55,6 +55,22 @@ def test_width_grows_with_the_score_and_q_k_v_end_apart() -> None:
     assert float(ends["q"]) < float(ends["k"]) < float(ends["v"])  # q left, k middle, v right of the head
 
 
+@pytest.mark.parametrize("edges", [[], [("a0.h1->a1.h0<q>", 0.5)], [("input->logits", 1.0)]])
+def test_the_input_and_logits_bars_are_labelled(edges: list[tuple[str, float]]) -> None:
+    """Issue 34.18: the two ends of every path are named beside their bars, whether or not an edge touches them."""
+    root = ElementTree.fromstring(circuit_svg(edges, 2, 2, "").encode())
+    labels = {t.text: t for t in root.iter(f"{SVG}text") if t.get("class") == "end-label"}
+    assert set(labels) == {"input", "logits"}
+    bars = {r.find(f"{SVG}title").text.split(":")[0]: r for r in root.iter(f"{SVG}rect") if r.find(f"{SVG}title")
+            is not None}  # type: ignore[union-attr]  # fmt: skip
+    for name, label in labels.items():
+        bar = bars[name]
+        right = float(bar.get("x", 0)) + float(bar.get("width", 0))
+        assert float(label.get("x", 0)) > right  # beside the bar, on its right
+        assert abs(float(label.get("y", 0)) - float(bar.get("y", 0))) < 10  # on its row
+    assert float(labels["logits"].get("y", 0)) < float(labels["input"].get("y", 0))  # logits at the top
+
+
 def test_inline_markup_names_no_address() -> None:
     svg = circuit_svg([("input->logits", 1.0)], 1, 1, "")
     assert "http" in svg  # the file itself declares its namespace, so that it opens on its own

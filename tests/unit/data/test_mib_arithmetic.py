@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from arithmech.data.mib_arithmetic import fact, fact_part, mib_pairs
+from arithmech.data.mib_arithmetic import mib_pairs, mib_prompt_stream
+from arithmech.data.mib_facts import distinct_prompts, fact, fact_part
 from arithmech.errors import ConfigError
 
 from tiny_models import make_multidigit_tokenizer, make_tiny_tokenizer
@@ -78,3 +81,14 @@ def test_find_and_test_parts_share_no_prompt_and_no_fact(seed: int) -> None:
 def test_the_split_changes_with_the_seed() -> None:
     parts = [[fact_part("addition", a, b, seed) for a in range(20) for b in range(a, 20)] for seed in (0, 1)]
     assert parts[0] != parts[1]
+
+
+@pytest.mark.parametrize("operation", ["addition", "subtraction"])
+def test_distinct_prompts_counts_what_the_stream_can_give(operation: str) -> None:
+    """Issue 34.4: the generator's supply, counted without a tokenizer, equals the prompts its stream gives."""
+    tok = make_tiny_tokenizer()
+    for part in ("find", "test", None):
+        stream = mib_prompt_stream(tok, operation, seed=3, max_operand=9, part=part)
+        seen = {(p.a, p.b) for p in itertools.islice(stream, 3000)}
+        assert len(seen) == distinct_prompts(operation, 9, 3, part), part
+    assert distinct_prompts(operation, 999, 0, "find") == distinct_prompts(operation, 999, 0, None) // 2  # estimated

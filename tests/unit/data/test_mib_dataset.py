@@ -73,7 +73,12 @@ def test_rows_become_the_built_in_prompts_pairs() -> None:
     tok = make_tiny_tokenizer()  # digit tokens: the leading digit is scored, after the split-off space
     pairs, unusable = mib_dataset_pairs(tok, ROWS, "addition")
     assert [p.reference for p in pairs] == ["Q: How much is 12 plus 34? A: ", "Q: How much is 7 plus 2? A: "]
-    assert unusable == 3  # unequal lengths, equal scored tokens, no counterfactual; the "-" row is not counted
+    assert unusable.count == 3  # unequal lengths, equal scored tokens, no counterfactual; the "-" row is not counted
+    assert unusable.describe() == (
+        "1 have a counterfactual of another token length (first: row 4), 1 score the same token in both prompts "
+        "(e.g. the same leading digit) (first: row 5), 1 have a counterfactual that is no {prompt, label} record "
+        "(e.g. a bare string) (first: row 6)"
+    )
     first = pairs[0]
     assert first.counterfactual == "Q: How much is 25 plus 51? A: "
     assert (tok.decode([first.extra["answer_id"]]), tok.decode([first.extra["cf_answer_id"]])) == ("4", "7")
@@ -102,7 +107,8 @@ def test_bad_sources_are_refused_in_one_sentence(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 would
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-    with pytest.raises(DataError, match="without network, give a local copy to --mib-dataset") as err:
+    with pytest.raises(DataError, match=r"hub cannot be reached .*\(HF_HUB_OFFLINE is set\); give a local copy to "
+                                        "--mib-dataset") as err:
         read_mib_rows("mib-bench/arithmetic_addition")
     assert str(err.value).count(". ") == 0
 
@@ -127,3 +133,48 @@ def test_which_sources_hold_splits(tmp_path: Path) -> None:
     data.save_to_disk(str(tmp_path / "one"))
     assert holds_splits(str(tmp_path / "splits")) and holds_splits("mib-bench/arithmetic_addition")
     assert not holds_splits(str(tmp_path / "one")) and not holds_splits(str(_write(tmp_path / "a.jsonl", ROWS)))
+
+
+def test_unusable_rows_are_counted_by_reason_with_their_first_row(tmp_path: Path) -> None:
+    """Issue 34.10: each reason a row cannot be scored is named, with its count and its first row in the file."""
+    good, lengths, same = ROWS[0], ROWS[3], ROWS[4]
+    rows = [
+        {**good, "label": "forty-six"},  # row 1: a word answer
+        {**good, "random_counterfactual": "Q: How much is 25 plus 51? A:"},  # row 2: a bare string
+        lengths,  # row 3
+        {**good, "label": [46]},  # row 4: a list
+        lengths,  # row 5
+        good,  # row 6: usable
+        {**good, "label": None},  # row 7
+        same,  # row 8
+        lengths,  # row 9
+    ]
+    read = read_mib_rows(str(_write(tmp_path / "rows.jsonl", rows)))
+    pairs, unusable = mib_dataset_pairs(make_tiny_tokenizer(), read, "addition")
+    assert len(pairs) == 1 and pairs[0].extra["row"] == 5  # 0-based row of the file, as before
+    assert unusable.count == 8
+    assert unusable.describe().startswith("3 have a counterfactual of another token length (first: row 3), ")
+    for said in ("1 have an answer whose first token is no digit (e.g. a word answer of several tokens) (first: row 1)",
+                 "1 have a counterfactual that is no {prompt, label} record (e.g. a bare string) (first: row 2)",
+                 "1 have a label that is a list or record, not a number (first: row 4)",
+                 "1 have no prompt or no label (first: row 7)", "1 score the same token in both prompts"):  # fmt: skip
+        assert said in unusable.describe(), said
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("rows.jsonl", json.dumps(ROWS[0]) + "\n{broken\n", "rows.jsonl', line 2: not JSON"),
+        ("rows.json", "[\n" + json.dumps(ROWS[0]) + ",\n{broken}\n]", "rows.json', line 3: not valid JSON"),
+        ("rows.jsonl", json.dumps(ROWS[0]) + "\n[1, 2]\n", "rows.jsonl', line 2: not a JSON object"),
+        ("rows.csv", 'a,b\n"1,2\n', "rows.csv' is not a CSV table"),
+        ("rows.parquet", "not parquet", "rows.parquet' is not a Parquet file"),
+        ("rows.jsonl", "\ufeff", "holds no rows"),
+    ],
+)
+def test_a_file_that_does_not_parse_is_one_sentence(tmp_path: Path, name: str, text: str, said: str) -> None:
+    """Issue 34.11: the file and line, not pandas' traceback."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises((ConfigError, DataError)) as err:
+        read_mib_rows(str(tmp_path / name))
+    assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
