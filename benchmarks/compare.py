@@ -77,11 +77,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def torch_threads() -> int:
+    """The CPU threads each benchmark script's torch uses (OMP_NUM_THREADS, which the scripts inherit)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def machine_fingerprint(device: str) -> dict[str, Any]:
     """What absolute times depend on; they are compared only between runs with equal fingerprints."""
     fingerprint: dict[str, Any] = {
         "cpu": cpu_model(),
         "logical_cores": os.cpu_count(),
+        "torch_threads": torch_threads(),
         "torch": importlib.metadata.version("torch"),
         "device": device,
     }

@@ -211,9 +211,11 @@ def _ratio(value: float) -> str:
 
 
 def machine_text(machine: Mapping[str, Any]) -> str:
-    """`AMD EPYC, 2 logical cores, torch 2.13.0+cpu, cpu` (plus the GPU's name on CUDA)."""
+    """`AMD EPYC, 2 logical cores, 1 torch thread, torch 2.13.0+cpu, cpu` (plus the GPU's name on CUDA)."""
     gpu = f" ({machine['gpu']})" if machine.get("gpu") else ""
-    cores = f"{machine['logical_cores']} logical cores"
+    n = machine.get("torch_threads")
+    threads = f", {n} torch thread{'s' if n != 1 else ''}" if n else ""
+    cores = f"{machine['logical_cores']} logical cores{threads}"
     return f"{machine['cpu']}, {cores}, torch {machine['torch']}, {machine['device']}{gpu}"
 
 

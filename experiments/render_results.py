@@ -7,7 +7,7 @@ template renders (a hand edit) and when a template's prose holds a measured-look
 decimal or a percentage outside a placeholder, a code span or a code block).
 
     python experiments/render_results.py            # print the pages
-    python experiments/render_results.py --write    # rewrite docs/results.md and README.md's findings
+    python experiments/render_results.py --write    # rewrite docs/results.md and README.md's demo and findings
     python experiments/render_results.py --check    # exit 1 when a page differs from what results/ renders
 
 In a template, `results.<study>.<run>.<file>` is a file a study kept: a CSV as a `Table` of rows (numbers parsed),
@@ -47,6 +47,7 @@ class Page:
 
 PAGES = (
     Page(ROOT / "docs" / "results.md", "results.md.j2"),
+    Page(ROOT / "README.md", "demo.md.j2", ("<!-- demo:begin -->", "<!-- demo:end -->")),
     Page(ROOT / "README.md", "findings.md.j2", ("<!-- findings:begin -->", "<!-- findings:end -->")),
 )
 
