@@ -1,0 +1,172 @@
+"""One stage's plan: its batch and chunk sizes, planned memory per process layout, work and estimated time.
+
+`plan_stage(shape, stage, cfg, options)` reads the stage's own config object (stages/*_config.py) for what the
+engine will do, and the sizes below for what a plan cannot read without a tokenizer: the tokens of a prompt
+(`PROMPT_TOKENS`, or --prompt-tokens) and, for training, the examples of a step.
+
+Process layouts (distributed.py, finetune/train.py): `single` is one process; `ddp` splits a sharded stage's
+prompts (identify, knockout, mediation) or finetune's batch over P processes, each holding the whole model, so its
+memory is one process's and its time a P-th; `fsdp2` (finetune only) splits weights, gradients and moments over P
+and gathers one layer at a time; `auto` (--device auto) spreads the layers over P devices in one process: the
+largest device holds its share of the weights and, planned conservatively, every activation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from arithmech.plan import memory as mem
+from arithmech.plan import work as wk
+from arithmech.plan.devices import DeviceProfile
+from arithmech.plan.shape import DTYPE_BYTES, ModelShape
+
+PROMPT_TOKENS = {"circuit": 16, "evaluate": 256}
+"""Tokens of a prompt the plan assumes (--prompt-tokens overrides): MIB's arithmetic prompts are ~16 tokens, the
+evaluate benchmarks' few-shot prompts a few hundred, the other stages' templates with 3 solved examples ~48
+(docs/performance.md: the default reference set has 26 to 70 tokens)."""
+DEFAULT_TOKENS = 48
+QUERY_TOKENS = 5
+"""Tokens at the end of a prompt where reference and counterfactual differ (the query's operator onwards)."""
+SHARDED = ("identify", "knockout", "mediation", "finetune")
+"""Stages that split their work over the processes of a launch (pipeline.STAGES sharded)."""
+PAPER_SFT_ROWS = 3260
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What a plan is made for: dtype, device profile, processes, and the sizes it cannot read."""
+
+    dtype: str
+    device: DeviceProfile
+    processes: int = 1
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """The plan of one stage (plan.json's `stages` entries)."""
+
+    stage: str
+    prompts: int
+    tokens: int
+    sizes: dict[str, Any]
+    memory: dict[str, mem.MemoryPlan]
+    work: wk.Work | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    modelled: str = "engine"
+    """engine: the stage's own engine is modelled; forward: planned as plain forward passes of its prompts."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "prompts": self.prompts,
+            "tokens_per_prompt": self.tokens,
+            "sizes": self.sizes,
+            "planned_memory": {layout: m.as_dict() for layout, m in self.memory.items()},
+            "work": None if self.work is None else self.work.as_dict(),
+            "estimated_seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "modelled": self.modelled,
+        }
+
+
+def _trained_numbers(shape: ModelShape, cfg: Any) -> int:
+    """Numbers finetune trains: every parameter; LoRA's r (in + out) on q, k, v, o of every layer; or precise
+    SFT's head slices (W_Q rows, W_K and W_V rows of the head's key-value head, W_O columns) and whole MLPs."""
+    s = shape
+    if cfg.method == "full":
+        return s.n_params
+    if cfg.method == "lora":
+        q, kv = s.n_heads * s.d_head, s.n_kv_heads * s.d_head
+        return s.n_layers * cfg.lora_r * ((s.d_model + q) * 2 + 2 * (s.d_model + kv))
+    heads = len([c for c in cfg.components or () if not c.startswith("mlp")]) or cfg.top_k
+    mlps = len(cfg.mlps) + cfg.top_mlps
+    return heads * 4 * s.d_head * s.d_model + mlps * s.mlp_matrices * s.d_model * s.d_mlp
+
+
+def _layouts(stage: str, single: mem.MemoryPlan, processes: int, fsdp: mem.MemoryPlan | None) -> dict[str, Any]:
+    layouts = {"single": single}
+    if processes > 1:
+        if stage in SHARDED:
+            layouts["ddp"] = single
+        if fsdp is not None:
+            layouts["fsdp2"] = fsdp
+        layouts["auto"] = dataclasses.replace(single, weights=math.ceil(single.weights / processes))
+    return layouts
+
+
+def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) -> StagePlan:
+    """The stage's plan (module docstring)."""
+    b = DTYPE_BYTES[options.dtype]
+    tokens = options.prompt_tokens or PROMPT_TOKENS.get(stage, DEFAULT_TOKENS)
+    shared = max(0, tokens - QUERY_TOKENS)
+    fsdp = None
+    modelled = "engine"
+    if stage == "identify":
+        prompts, batch = cfg.max_prompts, cfg.batch_size
+        sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch)}
+        if cfg.method == "attribution":
+            memory, work = mem.attribution_memory(shape, b, batch, tokens), wk.attribution_work(prompts, batch)
+        else:
+            memory = mem.scan_memory(shape, b, batch, tokens, cfg.variant)
+            work = wk.scan_work(shape, cfg.variant, prompts, tokens, shared, batch)
+            if cfg.variant == "total":
+                sizes["max_rows"] = 512
+            if cfg.method == "both":
+                extra = wk.attribution_work(prompts, batch)
+                work = wk.Work(work.passes + extra.passes, work.weight_reads + extra.weight_reads,
+                               {**work.parts, **extra.parts}, work.source + "; patching/attribution.py")  # fmt: skip
+                grads = mem.attribution_memory(shape, b, batch, tokens)
+                memory = memory if memory.peak >= grads.peak else grads
+    elif stage == "circuit":
+        prompts, batch = cfg.n_prompts, cfg.batch_size
+        shared = min(6, tokens - 1)  # MIB's "Q: How much is" before the operands
+        sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch), "eap_ig_steps": cfg.steps,
+                 "circuits_per_pass": 16}  # fmt: skip
+        memory = mem.edge_attribution_memory(shape, b, batch, tokens - shared)
+        work = wk.edge_work(shape, cfg, tokens, shared)
+    elif stage == "finetune":
+        micro = cfg.micro_batch_size
+        steps = cfg.max_steps or cfg.epochs * math.ceil((cfg.max_samples or PAPER_SFT_ROWS) / cfg.batch_size)
+        prompts = steps * cfg.batch_size
+        tokens = options.prompt_tokens or (DEFAULT_TOKENS if cfg.data == "arithmetic" else cfg.max_length)
+        accumulation = max(1, cfg.batch_size // (micro * options.processes))
+        sizes = {"batch_size": cfg.batch_size, "micro_batch_size": micro, "accumulation_steps": accumulation,
+                 "optimizer_steps": steps}  # fmt: skip
+        trained = _trained_numbers(shape, cfg)
+        memory = mem.training_memory(shape, b, micro, tokens, cfg.method, trained)
+        if options.processes > 1:
+            fsdp = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, options.processes, fsdp=True)
+        work = wk.training_work(shape, prompts, tokens, micro)
+        sizes["trained_numbers"] = trained
+    elif stage == "evaluate":
+        prompts, batch = cfg.limit or 100, cfg.batch_size
+        sizes = {"batch_size": batch, "max_new_tokens": cfg.max_new_tokens}
+        memory = mem.forward_memory(shape, b, batch, tokens + cfg.max_new_tokens, cache=True)
+        work = wk.generation_work(shape, prompts, tokens, cfg.max_new_tokens, batch)
+    else:
+        prompts = int(getattr(cfg, "max_prompts", None) or getattr(cfg, "n_pairs", None) or 64)
+        batch = int(getattr(cfg, "batch_size", None) or 16)
+        sizes = {"batch_size": batch}
+        memory = mem.forward_memory(shape, b, batch, tokens, cache=True)
+        work = None
+        modelled = "forward"
+        if stage == "knockout":
+            k = cfg.max_k or 32
+            configurations = 1 + k * (1 + cfg.n_random)
+            work = wk.forward_work(configurations + 1, prompts, batch, "knockout/batched.py: one pass a configuration")
+            sizes["configurations"] = configurations
+    layouts = _layouts(stage, memory, options.processes, fsdp)
+    seconds: dict[str, float] = {}
+    if work is not None:
+        one = wk.estimated_seconds(shape, work, prompts, tokens, options.device, options.dtype, b)
+        seconds = {"single": one}
+        if options.processes > 1:
+            if stage in SHARDED:
+                seconds["ddp"] = one / options.processes
+            if fsdp is not None:
+                seconds["fsdp2"] = one / options.processes
+            seconds["auto"] = one
+    return StagePlan(stage, prompts, tokens, sizes, layouts, work, seconds, modelled)
