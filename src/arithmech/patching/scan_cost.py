@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+TOTAL_MAX_ROWS = 512
+"""(sender, prompt) rows of one decoding step of the total scan: `total.total_patched_logits`'s default."""
+
 
 def layer_macs(
     d_model: int, n_heads: int, n_kv_heads: int, d_head: int, d_mlp: int, mlp_matrices: int = 3

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan.shape import ModelShape
 
 PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
@@ -118,8 +119,11 @@ def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str
     cache = kv_cache_bytes(s, batch, tokens, b)
     senders = s.n_layers * (s.n_heads + 1)
     if variant == "total":  # decoding steps of max_rows (sender, prompt) rows on the reference cache
-        rows = min(512, senders * batch)
-        sweep = rows * (3 * s.d_mlp + 4 * s.d_model + s.n_heads * tokens * 8) * b
+        slots = min(senders, max(1, TOTAL_MAX_ROWS // batch))  # senders per step (total.patched_end_logits)
+        rows = slots * batch
+        # each row's MLP and residuals (b each), and the step's attention: every prompt's slots over its prefix
+        # and the slots themselves, [batch, H, slots, T - 1 + slots] scores at 8 bytes an entry (module docstring)
+        sweep = rows * (3 * s.d_mlp + 4 * s.d_model) * b + batch * s.n_heads * slots * (tokens - 1 + slots) * 8
     else:  # every sender's END residual, and the MLP on them at the last layer
         sweep = senders * batch * (2 * s.d_model + 3 * s.d_mlp) * b
     return MemoryPlan(

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan import memory as mem
 from arithmech.plan import work as wk
 from arithmech.plan.devices import DeviceProfile
@@ -113,7 +114,7 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             memory = mem.scan_memory(shape, b, batch, tokens, cfg.variant)
             work = wk.scan_work(shape, cfg.variant, prompts, tokens, shared, batch)
             if cfg.variant == "total":
-                sizes["max_rows"] = 512
+                sizes["max_rows"] = TOTAL_MAX_ROWS
             if cfg.method == "both":
                 extra = wk.attribution_work(prompts, batch)
                 work = wk.Work(work.passes + extra.passes, work.weight_reads + extra.weight_reads,

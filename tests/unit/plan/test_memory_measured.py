@@ -57,16 +57,17 @@ def _check(planned: int, measured: int) -> None:
     assert BELOW * measured <= planned <= ABOVE * measured, f"planned {planned:,} B, measured {measured:,} B"
 
 
-def test_identify_path_scan_peak_is_planned() -> None:
+@pytest.mark.parametrize("variant", ["path", "total"])
+def test_identify_scan_peak_is_planned(variant: str) -> None:
     view = _view()
     gen = torch.Generator().manual_seed(0)
     ref = torch.randint(3, VOCAB, (B, T), generator=gen)
     cf, mask = ref.clone(), torch.ones_like(ref)
     cf[:, T - 5] = (cf[:, T - 5] + 1) % VOCAB  # the query's operator, as the planner assumes
     batch = PatchingBatch(ref, mask, cf, mask.clone(), torch.full((B,), T - 1), torch.randint(3, VOCAB, (B,)))
-    measured = peak_allocated(lambda: path_patch(view, batch, "path", batch_size=B))
+    measured = peak_allocated(lambda: path_patch(view, batch, variant, batch_size=B))
     shape = shape_from_config(_config().to_dict(), "test", "test")
-    plan = memory.scan_memory(shape, 4, B, T, "path")
+    plan = memory.scan_memory(shape, 4, B, T, variant)
     _check(plan.peak - plan.weights, measured)
 
 
