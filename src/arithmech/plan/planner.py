@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.knockout import configurations as kc
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan import memory as mem
 from arithmech.plan import work as wk
@@ -85,6 +86,46 @@ def _trained_numbers(shape: ModelShape, cfg: Any) -> int:
     heads = len([c for c in cfg.components or () if not c.startswith("mlp")]) or cfg.top_k
     mlps = len(cfg.mlps) + cfg.top_mlps
     return heads * 4 * s.d_head * s.d_model + mlps * s.mlp_matrices * s.d_model * s.d_mlp
+
+
+def _component_layers(names: tuple[str, ...]) -> list[tuple[int, bool]]:
+    """(layer, is_head) of components named "14.2" or "mlp.20" (models/sites.py's names)."""
+    return [(int(n.split(".")[1]), False) if n.startswith("mlp") else (int(n.split(".")[0]), True) for n in names]
+
+
+def _knockout_configurations(shape: ModelShape, cfg: Any) -> list[int]:
+    """The lowest ablated layer of each configuration of the sweep (knockout/configurations.py), drawn as the
+    engine draws them; a ranking read from an identify run is not known here, so its components are planned at
+    layer 0 (every row from the first layer: an upper bound)."""
+    k = cfg.largest_k
+    ranked = _component_layers(cfg.components) if cfg.components else [(0, True)] * k
+    mlps = cfg.include_mlps or any(not head for _, head in ranked)
+    pool = kc.layer_pool(shape.n_layers, shape.n_heads, mlps)
+    swept = kc.sweep_configurations(ranked, pool, k, cfg.n_random, cfg.seed, lambda c: c[1])
+    return [min((layer for layer, _ in comps), default=shape.n_layers) for _, comps in swept]
+
+
+def _knockout_sets(cfg: Any) -> int:
+    """Prompt sets swept: held out and in sample with --from (unless --no-held-out), else one."""
+    return 2 if cfg.from_run and cfg.held_out else 1
+
+
+def _knockout_sizes(shape: ModelShape, cfg: Any) -> dict[str, Any]:
+    configurations = len(_knockout_configurations(shape, cfg))
+    return {"configurations": configurations, "prompt_sets": _knockout_sets(cfg), "max_k": cfg.largest_k,
+            "prompts_per_intact_pass": max(1, cfg.batch_size // configurations)}  # fmt: skip
+
+
+def _knockout(shape: ModelShape, cfg: Any, tokens: int) -> wk.Work:
+    """knockout_scores on each prompt set (knockout/configurations.knockout_cost), after one plain run of the set
+    for mean or resample values (the set planned as large as the sample: its size is the identify run's)."""
+    sets, n = _knockout_sets(cfg), cfg.max_prompts
+    cost = kc.knockout_cost(shape.n_layers, _knockout_configurations(shape, cfg), [tokens] * n, cfg.batch_size)
+    values = 0 if cfg.ablation == "zero" else n * tokens * shape.n_layers
+    parts = {"ablation values": (sets * values, 0), "intact runs": (sets * cost.intact_token_layers, 0),
+             "configurations": (sets * cost.row_token_layers, sets * cost.end_rows)}  # fmt: skip
+    calls = sets * (math.ceil(cost.end_rows / cfg.batch_size) + math.ceil(n / cfg.batch_size) * 2)
+    return wk.token_layer_work(shape, parts, sets * n, tokens, calls, "knockout/configurations.py knockout_cost")
 
 
 def _layouts(stage: str, single: mem.MemoryPlan, processes: int, fsdp: mem.MemoryPlan | None) -> dict[str, Any]:
@@ -155,10 +196,8 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         work = None
         modelled = "forward"
         if stage == "knockout":
-            k = cfg.max_k or 32
-            configurations = 1 + k * (1 + cfg.n_random)
-            work = wk.forward_work(configurations + 1, prompts, batch, "knockout/batched.py: one pass a configuration")
-            sizes["configurations"] = configurations
+            work, sizes = _knockout(shape, cfg, tokens), {**sizes, **_knockout_sizes(shape, cfg)}
+            modelled = "engine"
     layouts = _layouts(stage, memory, options.processes, fsdp)
     seconds: dict[str, float] = {}
     if work is not None:

@@ -111,6 +111,17 @@ def generation_work(shape: ModelShape, prompts: int, tokens: int, new_tokens: in
     return Work(passes, batches * (1 + new_tokens), {"generation": passes}, "evaluate/generation.py")
 
 
+def token_layer_work(
+    shape: ModelShape, parts: dict[str, tuple[int, int]], prompts: int, tokens: int, calls: int, source: str
+) -> Work:
+    """Work counted as token-layers (one decoder layer on one position of one row) and rows read through the
+    unembedding, per part: {name: (token_layers, unembedded rows)}, over the unit of `prompts` prompts."""
+    c_attn, c_mlp = _layer(shape)
+    unit = macs_per_pass(shape, prompts, tokens)
+    passes = {k: (n * (c_attn + c_mlp) + rows * shape.d_vocab * shape.d_model) / unit for k, (n, rows) in parts.items()}
+    return Work(sum(passes.values()), calls, passes, source)
+
+
 def forward_work(passes: float, prompts: int, batch_size: int, source: str) -> Work:
     """A stage of plain forward passes of its prompts."""
     return Work(passes, int(passes * len(_chunks(prompts, batch_size))), {"forward passes": passes}, source)

@@ -1,0 +1,68 @@
+"""The planner's work of each stage's engine against the work the engine really does on a tiny random-init model.
+
+Counted (tests/forward_cost.py): token-layers, the rows x positions entering each decoder layer
+(`count_layer_tokens`), and multiply-accumulates of every linear layer, unembedding included (`count_work`).
+Each cost function is the one `arithmech plan` calls (plan/planner.py, plan/work.py), given the engine's real
+prompt lengths; the engines run as their stages call them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arithmech.knockout.ablation import ablation_sources
+from arithmech.knockout.configurations import knockout_cost, sweep_configurations
+from arithmech.knockout.sweep import knockout_sweep
+from arithmech.models.archs import spec_for_model_type
+from arithmech.models.sites import Component, all_components
+from arithmech.models.view import ModelView
+from arithmech.patching.path import PatchingBatch
+from arithmech.patching.scan_cost import layer_macs
+
+from forward_cost import count_layer_tokens, count_work
+from tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+LENGTHS = [7, 9, 8, 9, 6, 9]
+
+
+def _view() -> ModelView:
+    model = make_tiny_model("llama", seed=0)
+    return ModelView(model, spec_for_model_type("llama"))
+
+
+def _c_layer(view: ModelView) -> int:
+    d = view.dims
+    return sum(layer_macs(d.d_model, d.n_heads, d.n_kv_heads, d.d_head, view.mlp(0).up_proj.out_features))
+
+
+def _batch(view: ModelView, lengths: list[int]) -> PatchingBatch:
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randint(3, view.dims.d_vocab - 2, (len(lengths), max(lengths)), generator=gen)
+    mask = torch.zeros_like(ref)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    cf = ref.clone()
+    cf[:, 2] = (cf[:, 2] + 1) % view.dims.d_vocab
+    end = torch.tensor(lengths) - 1
+    return PatchingBatch(ref, mask, cf, mask.clone(), end, torch.randint(3, 200, (len(lengths),), generator=gen))
+
+
+@pytest.mark.parametrize("batch_size", [5, 64])
+def test_knockout_sweep_work_is_planned(batch_size: int) -> None:
+    """Random draws (seeded as the engine draws them) and effect-ranked components set each configuration's
+    first layer; the cost model replays the engine's chunks, row blocks and stand-in rows."""
+    view = _view()
+    batch = _batch(view, LENGTHS)
+    sources = ablation_sources(view, batch, "zero", [0] * len(batch))
+    pool = all_components(view.dims)
+    ranked = [Component(2, 1), Component(1), Component(0, 3), Component(2, 0)]
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        knockout_sweep(view, batch, sources, ranked, pool, 4, n_random=2, seed=7, batch_size=batch_size)
+    swept = sweep_configurations(ranked, pool, 4, 2, 7, lambda c: c.head is not None)
+    first = [min((c.layer for c in config), default=view.dims.n_layers) for _, config in swept]
+    cost = knockout_cost(view.dims.n_layers, first, [n for n in LENGTHS], batch_size)
+    assert sum(seen) == cost.intact_token_layers + cost.row_token_layers
+    d = view.dims
+    assert work.macs == sum(seen) * _c_layer(view) + cost.end_rows * d.d_vocab * d.d_model
