@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arithmech.knockout import configurations as kc
+from arithmech.patching import mediation_cost as mc
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan import memory as mem
 from arithmech.plan import work as wk
@@ -128,6 +129,33 @@ def _knockout(shape: ModelShape, cfg: Any, tokens: int) -> wk.Work:
     return wk.token_layer_work(shape, parts, sets * n, tokens, calls, "knockout/configurations.py knockout_cost")
 
 
+def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Work, mem.MemoryPlan, dict[str, Any]]:
+    """mediate (patching/mediation_cost.py): per task, n_pairs pairs whose base and alternative first differ at
+    the query (QUERY_TOKENS before the end); the neurons of one layer (the neuron layer, or layer 0 when it is
+    chosen from the effects: the most layers, an upper bound)."""
+    layers = list(cfg.layers) if cfg.layers is not None else list(range(shape.n_layers))
+    sites = [layer for _ in cfg.components for layer in layers]
+    pairs = [(tokens, max(0, tokens - QUERY_TOKENS))] * cfg.n_pairs
+    token_layers, rows = mc.mediation_cost(shape.n_layers, sites, pairs, cfg.max_rows)
+    parts = {"interventions": (len(cfg.tasks) * token_layers, len(cfg.tasks) * rows)}
+    calls = cfg.n_pairs * (1 + QUERY_TOKENS * math.ceil(len(sites) / cfg.max_rows))
+    if cfg.neuron_k:
+        layer = cfg.neuron_layer if cfg.neuron_layer is not None else 0
+        neuron_layers, neuron_rows = mc.neuron_cost(shape.n_layers, layer, shape.d_mlp, pairs, cfg.max_rows)
+        parts["neurons"] = (len(cfg.tasks) * neuron_layers, len(cfg.tasks) * neuron_rows)
+        calls += cfg.n_pairs * (1 + math.ceil(shape.d_mlp / cfg.max_rows))
+    work = wk.token_layer_work(shape, parts, cfg.n_pairs * len(cfg.tasks), tokens, calls * len(cfg.tasks),
+                               "patching/mediation_cost.py")  # fmt: skip
+    rows_at_once = min(cfg.max_rows, max(len(sites), shape.d_mlp if cfg.neuron_k else 0))
+    one = mem.forward_memory(shape, b, rows_at_once, QUERY_TOKENS)
+    cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
+    memory = dataclasses.replace(one, activations_clean=cache, notes=(
+        "clean: the base and alternative run's keys, values and residuals", "temporary: a block of max_rows "
+        "intervened rows over the query's positions and their logits"))  # fmt: skip
+    sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
+    return work, memory, sizes
+
+
 def _layouts(stage: str, single: mem.MemoryPlan, processes: int, fsdp: mem.MemoryPlan | None) -> dict[str, Any]:
     layouts = {"single": single}
     if processes > 1:
@@ -197,6 +225,10 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         modelled = "forward"
         if stage == "knockout":
             work, sizes = _knockout(shape, cfg, tokens), {**sizes, **_knockout_sizes(shape, cfg)}
+            modelled = "engine"
+        elif stage == "mediation":
+            prompts = cfg.n_pairs * len(cfg.tasks)
+            work, memory, sizes = _mediation(shape, cfg, tokens, b)
             modelled = "engine"
     layouts = _layouts(stage, memory, options.processes, fsdp)
     seconds: dict[str, float] = {}

@@ -8,20 +8,27 @@ prompt lengths; the engines run as their stages call them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
+from arithmech.data.mediation_generate import generate_mediation_pairs
+from arithmech.data.mediation_prompts import MediationDataConfig
+from arithmech.data.mediation_tokens import tokenize_mediation_pairs
 from arithmech.knockout.ablation import ablation_sources
 from arithmech.knockout.configurations import knockout_cost, sweep_configurations
 from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
+from arithmech.patching.mediation import COMPONENTS, mediation_effects, neuron_effects
+from arithmech.patching.mediation_cost import mediation_cost, neuron_cost
 from arithmech.patching.path import PatchingBatch
 from arithmech.patching.scan_cost import layer_macs
 
 from forward_cost import count_layer_tokens, count_work
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_model, make_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LENGTHS = [7, 9, 8, 9, 6, 9]
@@ -66,3 +73,29 @@ def test_knockout_sweep_work_is_planned(batch_size: int) -> None:
     assert sum(seen) == cost.intact_token_layers + cost.row_token_layers
     d = view.dims
     assert work.macs == sum(seen) * _c_layer(view) + cost.end_rows * d.d_vocab * d.d_model
+
+
+def _mediation_items() -> list[Any]:
+    cfg = MediationDataConfig(tasks=("addition",), formats=("equation",), interventions=("operands-and-result",),
+                              n_per_template=2, few_shot=1)  # fmt: skip
+    pairs = [p for p in generate_mediation_pairs(cfg) if p.template_id == "med-eq-1"]
+    return tokenize_mediation_pairs(make_tiny_tokenizer(), pairs)[0]
+
+
+def _pairs(items: list[Any]) -> list[tuple[int, int]]:
+    return [(len(i.base_ids), int((i.base_ids != i.alt_ids).nonzero()[0])) for i in items]
+
+
+@pytest.mark.parametrize("max_rows", [3, 256])
+def test_mediation_work_is_planned(max_rows: int) -> None:
+    view, items = _view(), _mediation_items()
+    d = view.dims
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        mediation_effects(view, items, (0, 2), max_rows=max_rows)
+        neuron_effects(view, items, 1, max_rows=max_rows * 10)
+    sites = [layer for _ in COMPONENTS for layer in (0, 2)]
+    token_layers, rows = mediation_cost(d.n_layers, sites, _pairs(items), max_rows)
+    neuron_layers, neuron_rows = neuron_cost(d.n_layers, 1, view.mlp(0).up_proj.out_features, _pairs(items),
+                                             max_rows * 10)  # fmt: skip
+    assert sum(seen) == token_layers + neuron_layers
+    assert work.macs == sum(seen) * _c_layer(view) + (rows + neuron_rows) * d.d_vocab * d.d_model
