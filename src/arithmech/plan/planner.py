@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.circuits.attribution_cost import SWEEP_CIRCUITS_PER_PASS
 from arithmech.knockout import configurations as kc
 from arithmech.patching import mediation_cost as mc
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
@@ -194,7 +195,7 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         prompts, batch = cfg.n_prompts, cfg.batch_size
         shared = min(6, tokens - 1)  # MIB's "Q: How much is" before the operands
         sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch), "eap_ig_steps": cfg.steps,
-                 "circuits_per_pass": 16}  # fmt: skip
+                 "circuits_per_pass": SWEEP_CIRCUITS_PER_PASS}  # fmt: skip
         memory = mem.edge_attribution_memory(shape, b, batch, tokens - shared)
         work = wk.edge_work(shape, cfg, tokens, shared)
     elif stage == "finetune":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from arithmech.circuits import attribution_cost as ac
 from arithmech.circuits.oracle_cost import oracle_passes
 from arithmech.patching.scan_cost import layer_macs, prompt_pass_macs, scan_macs
 from arithmech.plan.devices import BANDWIDTH_EFFICIENCY, MATMUL_EFFICIENCY, DeviceProfile
@@ -68,29 +69,45 @@ def attribution_work(prompts: int, batch_size: int) -> Work:
 
 
 def edge_work(shape: ModelShape, cfg: Any, tokens: int, shared: int) -> Work:
-    """circuit: EAP (~3.5 passes) or EAP-IG (0.8 + 1.8 per step + 0.5: ~12 at m = 5), the sweep (2 passes + 1.7
-    per circuit row, two rankings, each random seed one more), and the oracle on 2 n edges."""
-    chunks = len(_chunks(cfg.n_prompts, cfg.batch_size))
+    """circuit (circuits/attribution_cost.py): EAP or EAP-IG for the method and each compared gradient method, on
+    the find pairs; the faithfulness sweep of every ranking (the random one once per seed) on the test pairs;
+    the oracle (circuits/oracle_cost.py) on 2 x `oracle` edges spread over the receivers."""
+    s, (c_attn, c_mlp) = shape, _layer(shape)
+    find = [(n, tokens, shared) for n in _chunks(cfg.n_prompts, cfg.batch_size)]
+    test = [(n, tokens, shared) for n in _chunks(cfg.test_prompts or cfg.n_prompts, cfg.batch_size)]
     parts: dict[str, float] = {}
+    calls = 0
     method = cfg.method or ("eap-ig" if not cfg.from_circuit and not cfg.circuit_file else None)
-    if method == "eap":
-        parts["eap"] = 3.5
-    elif method == "eap-ig":
-        parts["eap-ig"] = 0.8 + 1.8 * cfg.steps + 0.5
+    for name in dict.fromkeys(m for m in (method, *cfg.compare_methods) if m in ("eap", "eap-ig")):
+        points = len(ac.interpolation_points(name, cfg.steps))
+        plain, gradient = ac.edge_attribution_token_layers(s.n_layers, find, points)
+        forward = c_mlp + s.group_size * c_attn  # the attention on g replicas
+        assembly = 3 * s.n_heads * s.d_head * s.d_model
+        contraction = ac.contraction_rows(s.n_layers, s.n_heads) * s.d_model * sum(n * (t - z) for n, t, z in find)
+        macs = plain * (c_attn + c_mlp) + gradient * (2 * forward + assembly) + contraction
+        parts[name] = macs / macs_per_pass(shape, cfg.n_prompts, tokens)
+        calls += len(find) * (1 + 2 * points)
     if cfg.evaluate:
-        rankings = 1 + len(cfg.compare_methods) + (cfg.random_seeds - 1 if "random" in cfg.compare_methods else 0)
-        parts["faithfulness sweep"] = rankings * (2 + 1.7 * 2 * len(cfg.percents))
+        rankings = [m for m in (method, *cfg.compare_methods) if m is not None]
+        sweeps = sum(cfg.random_seeds if m == "random" else 1 for m in rankings)
+        distinct = ac.sweep_circuits(cfg.percents)
+        mean = cfg.ablation == "mean"
+        token_layers = ac.sweep_token_layers(s.n_layers, test, distinct, ac.SWEEP_CIRCUITS_PER_PASS, mean)
+        parts["faithfulness sweep"] = (
+            sweeps * token_layers * (c_attn + c_mlp) / macs_per_pass(shape, sum(n for n, _, _ in test), tokens)
+        )
+        calls += sweeps * len(test) * (2 + -(-distinct // ac.SWEEP_CIRCUITS_PER_PASS))
     if cfg.oracle:
-        receivers = shape.n_layers * (3 * shape.n_heads + 1) + 1
-        per_layer = 3 * shape.n_heads + 1
+        receivers = s.n_layers * (3 * s.n_heads + 1) + 1
+        per_layer = 3 * s.n_heads + 1
         edges = [(i * receivers // (2 * cfg.oracle), 0) for i in range(2 * cfg.oracle)]  # spread over receivers
         groups: dict[int, int] = {}
         for receiver, _ in edges:
             groups[receiver] = groups.get(receiver, 0) + 1
         layers = [(n, r // per_layer) for r, n in groups.items()]
-        parts["oracle"] = oracle_passes(shape.n_layers, tokens, [(cfg.batch_size, tokens, shared)], layers)
-    passes = sum(parts.values())
-    return Work(passes, int(passes * chunks), parts, "circuits/attribution.py, faithfulness.py, oracle_cost.py")
+        parts["oracle"] = oracle_passes(s.n_layers, tokens, [(cfg.batch_size, tokens, shared)], layers)
+        calls += int(parts["oracle"] * len(find))
+    return Work(sum(parts.values()), calls, parts, "circuits/attribution_cost.py, oracle_cost.py")
 
 
 def training_work(shape: ModelShape, examples: int, tokens: int, micro_batch: int) -> Work:

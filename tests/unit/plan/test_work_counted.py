@@ -13,6 +13,17 @@ from typing import Any
 import pytest
 import torch
 
+from arithmech.circuits.attribution import edge_scores
+from arithmech.circuits.attribution_cost import (
+    edge_attribution_token_layers,
+    interpolation_points,
+    sweep_circuits,
+    sweep_runs,
+    sweep_token_layers,
+)
+from arithmech.circuits.batch import CircuitBatch
+from arithmech.circuits.faithfulness import faithfulness_sweep, top_edges
+from arithmech.circuits.graph import CircuitGraph
 from arithmech.data.mediation_generate import generate_mediation_pairs
 from arithmech.data.mediation_prompts import MediationDataConfig
 from arithmech.data.mediation_tokens import tokenize_mediation_pairs
@@ -26,6 +37,8 @@ from arithmech.patching.mediation import COMPONENTS, mediation_effects, neuron_e
 from arithmech.patching.mediation_cost import mediation_cost, neuron_cost
 from arithmech.patching.path import PatchingBatch
 from arithmech.patching.scan_cost import layer_macs
+from arithmech.stages.circuit import random_scores
+from reference_circuits import shared_start_batch, tiny_batch, tiny_view
 
 from forward_cost import count_layer_tokens, count_work
 from tiny_models import make_tiny_model, make_tiny_tokenizer
@@ -99,3 +112,58 @@ def test_mediation_work_is_planned(max_rows: int) -> None:
                                              max_rows * 10)  # fmt: skip
     assert sum(seen) == token_layers + neuron_layers
     assert work.macs == sum(seen) * _c_layer(view) + (rows + neuron_rows) * d.d_vocab * d.d_model
+
+
+class _Counter:
+    """A progress bar that only counts (arithmech.progress.Progress)."""
+
+    def __init__(self) -> None:
+        self.total: float | None = None
+        self.done = 0.0
+
+    def update(self, n: float | None = 1) -> None:
+        self.done += n or 0
+
+
+def _circuit_chunks(batch: CircuitBatch, batch_size: int) -> list[tuple[int, int, int]]:
+    return [(len(c), int(c.clean_ids.shape[1]), c.shared_positions) for c in batch.chunks(batch_size)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-mqa"])
+@pytest.mark.parametrize(("method", "shared"), [("eap", 0), ("eap-ig", 3)])
+def test_edge_attribution_work_is_planned(arch: str, method: str, shared: int) -> None:
+    """Forward work counted; the backward (input gradients of the same layers) is planned as much again."""
+    view = tiny_view(arch)
+    d = view.dims
+    graph = CircuitGraph.from_dims(d)
+    batch = shared_start_batch(shared) if shared else tiny_batch()
+    bar = _Counter()
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        edge_scores(view, graph, batch, method=method, steps=3, batch_size=2, progress=bar)
+    points = len(interpolation_points(method, 3))
+    plain, gradient = edge_attribution_token_layers(d.n_layers, _circuit_chunks(batch, 2), points)
+    assert sum(seen) == plain + gradient
+    c_attn, c_mlp = layer_macs(d.d_model, d.n_heads, d.n_kv_heads, d.d_head, view.mlp(0).up_proj.out_features)
+    assert work.macs == plain * (c_attn + c_mlp) + gradient * (c_mlp + d.n_heads // d.n_kv_heads * c_attn)
+    assert bar.total == bar.done == len(batch.chunks(2)) * points
+
+
+def test_faithfulness_sweep_runs_are_planned() -> None:
+    """The circuits run, as the engine counts them; the plain runs' and rows' token-layers bound the counted ones
+    from below (the rows' deviating head inputs are normed on top, as many as the circuit's edges ask)."""
+    view = tiny_view("llama")
+    graph = CircuitGraph.from_dims(view.dims)
+    batch = shared_start_batch(3)
+    scores = random_scores(graph, 0)
+    bar = _Counter()
+    percents = (0.0, 10.0, 50.0, 100.0)
+    with count_layer_tokens(view) as seen:
+        faithfulness_sweep(view, graph, batch, scores, percents, batch_size=2, circuits_per_pass=2,
+                           progress=bar)  # fmt: skip
+    circuits = {tuple(top_edges(graph, scores, k, absolute).flatten().tolist()) for absolute in (False, True)
+                for k in percents[:-1]}  # fmt: skip
+    distinct = len(circuits)  # 100 % is the clean run
+    assert distinct <= sweep_circuits(percents)  # the planner's count: signed and absolute apart
+    assert bar.total == bar.done == sweep_runs(len(batch.chunks(2)), distinct, mean_ablation=False)
+    planned = sweep_token_layers(view.dims.n_layers, _circuit_chunks(batch, 2), distinct, 2, mean_ablation=False)
+    assert planned <= sum(seen) <= 1.5 * planned
