@@ -50,3 +50,11 @@ def scan_macs(
 def prompt_pass_macs(tokens: int, prompts: int, n_layers: int, c_layer: int, d_vocab: int, d_model: int) -> int:
     """One forward pass of the prompts, each at its own length, with its last token's unembedding (the unit)."""
     return tokens * n_layers * c_layer + prompts * d_vocab * d_model
+
+
+def attribution_token_layers(n_layers: int, chunks: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(forward, backward) token-layers of attribution patching (`attribution.attribution_patch`), chunks of
+    (prompts, width): per chunk the counterfactual run and the reference run with gradients, then one backward
+    through every layer of the reference run."""
+    tokens = sum(n * width for n, width in chunks)
+    return 2 * tokens * n_layers, tokens * n_layers

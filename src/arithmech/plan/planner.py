@@ -179,14 +179,15 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         prompts, batch = cfg.max_prompts, cfg.batch_size
         sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch)}
         if cfg.method == "attribution":
-            memory, work = mem.attribution_memory(shape, b, batch, tokens), wk.attribution_work(prompts, batch)
+            memory = mem.attribution_memory(shape, b, batch, tokens)
+            work = wk.attribution_work(shape, prompts, tokens, batch)
         else:
             memory = mem.scan_memory(shape, b, batch, tokens, cfg.variant)
             work = wk.scan_work(shape, cfg.variant, prompts, tokens, shared, batch)
             if cfg.variant == "total":
                 sizes["max_rows"] = TOTAL_MAX_ROWS
             if cfg.method == "both":
-                extra = wk.attribution_work(prompts, batch)
+                extra = wk.attribution_work(shape, prompts, tokens, batch)
                 work = wk.Work(work.passes + extra.passes, work.weight_reads + extra.weight_reads,
                                {**work.parts, **extra.parts}, work.source + "; patching/attribution.py")  # fmt: skip
                 grads = mem.attribution_memory(shape, b, batch, tokens)

@@ -20,7 +20,7 @@ from typing import Any
 
 from arithmech.circuits import attribution_cost as ac
 from arithmech.circuits.oracle_cost import oracle_passes
-from arithmech.patching.scan_cost import layer_macs, prompt_pass_macs, scan_macs
+from arithmech.patching.scan_cost import attribution_token_layers, layer_macs, prompt_pass_macs, scan_macs
 from arithmech.plan.devices import BANDWIDTH_EFFICIENCY, MATMUL_EFFICIENCY, DeviceProfile
 from arithmech.plan.shape import ModelShape
 
@@ -63,9 +63,14 @@ def scan_work(shape: ModelShape, variant: str, prompts: int, tokens: int, shared
     return Work(passes, 2 * len(chunks), {f"{variant} scan": passes}, "patching/scan_cost.py scan_macs")
 
 
-def attribution_work(prompts: int, batch_size: int) -> Work:
-    """Attribution patching: a reference and a counterfactual pass, then one forward and one backward."""
-    return Work(4.0, 4 * len(_chunks(prompts, batch_size)), {"attribution": 4.0}, "patching/attribution.py")
+def attribution_work(shape: ModelShape, prompts: int, tokens: int, batch_size: int) -> Work:
+    """Attribution patching (patching/scan_cost.attribution_token_layers): a counterfactual run, a reference run
+    with gradients and its backward (as much work again as its forward, input gradients)."""
+    chunks = [(n, tokens) for n in _chunks(prompts, batch_size)]
+    forward, backward = attribution_token_layers(shape.n_layers, chunks)
+    c_attn, c_mlp = _layer(shape)
+    passes = (forward + backward) * (c_attn + c_mlp) / macs_per_pass(shape, prompts, tokens)
+    return Work(passes, 3 * len(chunks), {"attribution": passes}, "patching/scan_cost.py attribution_token_layers")
 
 
 def edge_work(shape: ModelShape, cfg: Any, tokens: int, shared: int) -> Work:

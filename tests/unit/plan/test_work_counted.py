@@ -33,10 +33,11 @@ from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.sites import Component, all_components
 from arithmech.models.view import ModelView
+from arithmech.patching.attribution import attribution_patch
 from arithmech.patching.mediation import COMPONENTS, mediation_effects, neuron_effects
 from arithmech.patching.mediation_cost import mediation_cost, neuron_cost
 from arithmech.patching.path import PatchingBatch
-from arithmech.patching.scan_cost import layer_macs
+from arithmech.patching.scan_cost import attribution_token_layers, layer_macs
 from arithmech.stages.circuit import random_scores
 from reference_circuits import shared_start_batch, tiny_batch, tiny_view
 
@@ -167,3 +168,13 @@ def test_faithfulness_sweep_runs_are_planned() -> None:
     assert bar.total == bar.done == sweep_runs(len(batch.chunks(2)), distinct, mean_ablation=False)
     planned = sweep_token_layers(view.dims.n_layers, _circuit_chunks(batch, 2), distinct, 2, mean_ablation=False)
     assert planned <= sum(seen) <= 1.5 * planned
+
+
+def test_attribution_patching_work_is_planned() -> None:
+    view = _view()
+    batch = _batch(view, LENGTHS)
+    with count_layer_tokens(view) as seen:
+        attribution_patch(view, batch, "total", batch_size=4)
+    chunks = [(len(c), int(c.ref_ids.shape[1])) for c in (batch.select(slice(0, 4)), batch.select(slice(4, 6)))]
+    forward, _ = attribution_token_layers(view.dims.n_layers, chunks)
+    assert sum(seen) == forward
