@@ -23,6 +23,7 @@ from arithmech.knockout import configurations as kc
 from arithmech.patching import mediation_cost as mc
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan import memory as mem
+from arithmech.plan import stage_work as sw
 from arithmech.plan import work as wk
 from arithmech.plan.devices import DeviceProfile
 from arithmech.plan.shape import DTYPE_BYTES, ModelShape
@@ -61,7 +62,8 @@ class StagePlan:
     work: wk.Work | None
     seconds: dict[str, float] = field(default_factory=dict)
     modelled: str = "engine"
-    """engine: the stage's own engine is modelled; forward: planned as plain forward passes of its prompts."""
+    """engine: the stage's own engine is modelled; partly: its main engine only (neurons: head importance);
+    forward: planned as plain forward passes of its prompts."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -232,6 +234,13 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             prompts = cfg.n_pairs * len(cfg.tasks)
             work, memory, sizes = _mediation(shape, cfg, tokens, b)
             modelled = "engine"
+        elif stage == "transfer":
+            work, extra = sw.transfer_work(shape, cfg, tokens)
+            prompts, sizes, modelled = extra["scored_prompts"], {**sizes, **extra}, "engine"
+            memory = mem.forward_memory(shape, b, extra["rows_per_pass"], tokens, cache=True)
+        elif stage == "neurons":
+            work, extra = sw.head_importance_work(shape, cfg, tokens)
+            prompts, sizes, modelled = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}, "partly"
     layouts = _layouts(stage, memory, options.processes, fsdp)
     seconds: dict[str, float] = {}
     if work is not None:

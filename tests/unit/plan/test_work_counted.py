@@ -178,3 +178,60 @@ def test_attribution_patching_work_is_planned() -> None:
     chunks = [(len(c), int(c.ref_ids.shape[1])) for c in (batch.select(slice(0, 4)), batch.select(slice(4, 6)))]
     forward, _ = attribution_token_layers(view.dims.n_layers, chunks)
     assert sum(seen) == forward
+
+
+@pytest.mark.parametrize("ablation", ["mean", "zero"])
+def test_transfer_target_work_is_planned(ablation: str) -> None:
+    """One generated target prepared and scored as the transfer stage does: the candidates' filtering run, the
+    ablation values and the knockout of the kept prompts (stages/transfer_config.target_cost)."""
+    from arithmech.data import tokenize_pairs
+    from arithmech.data.heldout import Exclusion
+    from arithmech.data.target_sets import build_target_pairs, target_set
+    from arithmech.models.load import ModelHandle
+    from arithmech.stages.transfer import SourcePlan, score_target
+    from arithmech.stages.transfer_config import TransferConfig, target_cost
+    from arithmech.stages.transfer_targets import prepare_target
+
+    model = make_tiny_model("llama", seed=0)
+    view = ModelView(model, spec_for_model_type("llama"))
+    handle = ModelHandle(model, make_tiny_tokenizer(), view, {"model": "tiny"})
+    cfg = TransferConfig(sources=("run",), targets=("addition",), ablation=ablation, max_prompts=3, n_per_template=1,
+                         few_shot=1, filter_correct=False, batch_size=4, n_random=2)  # fmt: skip
+    effect = [Component(1, 0), Component(2, 1)]
+    randoms = [[Component(0, 2), Component(2, 0)], [Component(2, 3), Component(1, 1)]]
+    plan = SourcePlan("run", "addition", effect, randoms, {}, "", Exclusion.of([]))
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        target = prepare_target(handle, "addition", cfg)
+        score_target(handle, target, [plan], cfg)
+    pairs = build_target_pairs(target_set("addition"), cfg.target_options())
+    t, _ = tokenize_pairs(handle.tokenizer, pairs, first_token_answers=False, counterfactual_required=True,
+                          answer_digits=True, one_digit_tokens=False)  # fmt: skip
+    assert target.batch is not None
+    first = [view.dims.n_layers] + [min(c.layer for c in config) for config in (effect, *randoms)]
+    cost = target_cost(view.dims.n_layers, first, (t.end + 1).tolist(), (target.batch.end + 1).tolist(),
+                       cfg.batch_size, ablation != "zero")  # fmt: skip
+    knock = cost.knockout
+    assert sum(seen) == cost.plain_token_layers + knock.intact_token_layers + knock.row_token_layers
+    d = view.dims
+    rows = cost.plain_rows + knock.end_rows
+    assert work.macs == sum(seen) * _c_layer(view) + rows * d.d_vocab * d.d_model
+
+
+def test_head_importance_work_is_planned() -> None:
+    """neurons' head importance on two operations' prompts, every head zeroed alone (plan/stage_work.py)."""
+    from arithmech.neurons.importance import head_importance
+    from arithmech.plan.stage_work import importance_cost
+
+    view = _view()
+    d = view.dims
+    sets = {"addition": _batch(view, LENGTHS), "subtraction": _batch(view, LENGTHS[:4])}
+    heads = [c for c in all_components(d) if c.head is not None]
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        head_importance(view, sets, heads, batch_size=5)
+    token_layers = rows = 0
+    for batch in sets.values():
+        predict, cost = importance_cost(d.n_layers, [c.layer for c in heads], (batch.end + 1).tolist(), 5)
+        token_layers += predict + cost.intact_token_layers + cost.row_token_layers
+        rows += len(batch) + cost.end_rows
+    assert sum(seen) == token_layers
+    assert work.macs == sum(seen) * _c_layer(view) + rows * d.d_vocab * d.d_model
