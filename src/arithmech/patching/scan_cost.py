@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arithmech.models.from_layer_cost import joined_token_layers
+
 TOTAL_MAX_ROWS = 512
 """(sender, prompt) rows of one decoding step of the total scan: `total.total_patched_logits`'s default."""
 
@@ -58,3 +60,25 @@ def attribution_token_layers(n_layers: int, chunks: Sequence[tuple[int, int]]) -
     through every layer of the reference run."""
     tokens = sum(n * width for n, width in chunks)
     return 2 * tokens * n_layers, tokens * n_layers
+
+
+def patched_end_cost(
+    n_layers: int, join: Sequence[int], ends: Sequence[int], max_rows: int = TOTAL_MAX_ROWS
+) -> tuple[int, int]:
+    """(token-layers, rows read out) of `total.patched_end_logits`: END residuals of senders joining at layers
+    `join` (non-decreasing; n_layers = the final norm) on prompts whose last tokens are at `ends`. Prompts of
+    one length form a group; each decoding step takes max(1, max_rows // group) senders of every prompt of the
+    group, one position per slot, a stand-in slot below the first sender's layer
+    (`from_layer_cost.joined_token_layers`). Every (sender, prompt) row is read out once: through the whole
+    vocabulary when the caller passes `read` (agreement's answer probability), else its answer's row alone.
+    The senders' residuals (`path.sender_resid`: one MLP per head sender when it recomputes the MLP) come on
+    top, as does the reference pass that makes the cache."""
+    groups: dict[int, int] = {}
+    for end in ends:
+        groups[end] = groups.get(end, 0) + 1
+    token_layers = 0
+    for size in groups.values():
+        step = max(1, max_rows // size)
+        for start in range(0, len(join), step):
+            token_layers += size * joined_token_layers(n_layers, join[start : start + step], 1)
+    return token_layers, len(join) * len(ends)

@@ -77,6 +77,13 @@ def kv_cache_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> int:
     return 2 * shape.n_layers * batch * tokens * shape.n_kv_heads * shape.d_head * b
 
 
+def end_state_bytes(shape: ModelShape, batch: int, b: int) -> int:
+    """END states of every layer (patching/states.collect_end_states): residuals, attention and MLP reads and
+    outputs, the final residual, and every head's z."""
+    s = shape
+    return (4 * s.n_layers + 1) * batch * s.d_model * b + s.n_layers * batch * s.n_heads * s.d_head * b
+
+
 def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int:
     """The largest temporary of a forward pass without gradients (module docstring), residual stream included."""
     s = shape
@@ -115,7 +122,7 @@ def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str
     counterfactual run continues it and grows its own cache; the END states of both are [layer, batch, d_model]
     tensors; the sweep carries one END residual per (sender so far, prompt) through each later MLP."""
     s = shape
-    end_states = (4 * s.n_layers + 1) * batch * s.d_model * b + s.n_layers * batch * s.n_heads * s.d_head * b
+    end_states = end_state_bytes(s, batch, b)
     cache = kv_cache_bytes(s, batch, tokens, b)
     senders = s.n_layers * (s.n_heads + 1)
     if variant == "total":  # decoding steps of max_rows (sender, prompt) rows on the reference cache
@@ -141,7 +148,7 @@ def attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> Me
     forward with gradients to the END states: its autograd graph and the gradients at each layer's END."""
     s = shape
     graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b)
-    end_states = (4 * s.n_layers + 1) * batch * s.d_model * b + s.n_layers * batch * s.n_heads * s.d_head * b
+    end_states = end_state_bytes(s, batch, b)
     return MemoryPlan(
         weights=weight_bytes(s, b),
         activations_clean=graph + end_states,

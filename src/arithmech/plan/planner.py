@@ -22,6 +22,7 @@ from arithmech.circuits.attribution_cost import SWEEP_CIRCUITS_PER_PASS
 from arithmech.knockout import configurations as kc
 from arithmech.patching import mediation_cost as mc
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
+from arithmech.plan import analysis_plans as ap
 from arithmech.plan import memory as mem
 from arithmech.plan import stage_work as sw
 from arithmech.plan import work as wk
@@ -238,6 +239,21 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             work, extra = sw.transfer_work(shape, cfg, tokens)
             prompts, sizes, modelled = extra["scored_prompts"], {**sizes, **extra}, "engine"
             memory = mem.forward_memory(shape, b, extra["rows_per_pass"], tokens, cache=True)
+        elif stage == "agreement":
+            work, memory, sizes = ap.agreement_plan(shape, cfg, tokens, QUERY_TOKENS, b)
+            modelled = "engine"
+        elif stage == "attention":
+            work, memory = ap.attention_plan(shape, cfg, tokens, b)
+            modelled = "engine"
+        elif stage == "mlp":
+            work, memory = ap.mlp_plan(shape, cfg, tokens, b)
+            modelled = "engine"
+        elif stage == "fourier":
+            work, memory, sizes = ap.fourier_plan(shape, cfg, tokens, b)
+            modelled = "engine"
+        elif stage == "heuristics":
+            work, memory, sizes, prompts = ap.heuristics_plan(shape, cfg, tokens, QUERY_TOKENS, b)
+            modelled = "engine"
         elif stage == "neurons":
             work, extra = sw.head_importance_work(shape, cfg, tokens)
             prompts, sizes, modelled = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}, "partly"

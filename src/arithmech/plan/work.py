@@ -156,3 +156,14 @@ def estimated_seconds(
     compute = 2 * work.passes * macs_per_pass(shape, prompts, tokens) / (device.flops(dtype) * MATMUL_EFFICIENCY)
     memory = work.weight_reads * shape.n_params * b / (device.bandwidth * BANDWIDTH_EFFICIENCY)
     return max(compute, memory)
+
+
+def cost_work(shape: ModelShape, parts: dict[str, Any], prompts: int, tokens: int, calls: int, source: str) -> Work:
+    """Work of parts counted as plan/analysis_work.Cost (token-layers, MLP rows, rows read out through the whole
+    vocabulary), over the unit of `prompts` prompts."""
+    c_attn, c_mlp = _layer(shape)
+    unit = macs_per_pass(shape, prompts, tokens)
+    v = shape.d_vocab * shape.d_model
+    passes = {k: (c.token_layers * (c_attn + c_mlp) + c.mlp_rows * c_mlp + c.readout_rows * v) / unit
+              for k, c in parts.items()}  # fmt: skip
+    return Work(sum(passes.values()), calls, passes, source)

@@ -235,3 +235,132 @@ def test_head_importance_work_is_planned() -> None:
         rows += len(batch) + cost.end_rows
     assert sum(seen) == token_layers
     assert work.macs == sum(seen) * _c_layer(view) + rows * d.d_vocab * d.d_model
+
+
+def _handle() -> Any:
+    from arithmech.models.load import ModelHandle
+
+    model = make_tiny_model("llama", seed=0)
+    return ModelHandle(model, make_tiny_tokenizer(), ModelView(model, spec_for_model_type("llama")), {"model": "tiny"})
+
+
+def _macs(view: ModelView, cost: Any) -> int:
+    d = view.dims
+    c_attn, c_mlp = layer_macs(d.d_model, d.n_heads, d.n_kv_heads, d.d_head, view.mlp(0).up_proj.out_features)
+    return cost.token_layers * (c_attn + c_mlp) + cost.mlp_rows * c_mlp + cost.readout_rows * d.d_vocab * d.d_model
+
+
+@pytest.mark.parametrize("end_only", [True, False])
+def test_agreement_zero_ablation_work_is_planned(end_only: bool) -> None:
+    """agreement's zero ablation at the last token (decoding steps with the whole vocabulary read out) or at every
+    position (knockout_scores of each component and attention layer), plan/analysis_work.py."""
+    from arithmech.plan.analysis_work import Cost, zero_all_cost, zero_end_cost
+    from arithmech.stages.agreement import _zero_ablation
+
+    handle = _handle()
+    view, d = handle.view, handle.dims
+    batch = _batch(view, LENGTHS)
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        _zero_ablation(handle, batch, all_components(d), 5, end_only)
+    if end_only:
+        cost = zero_end_cost(d.n_layers, d.n_heads, LENGTHS)
+    else:
+        knock = zero_all_cost(d.n_layers, d.n_heads, LENGTHS, 5)
+        cost = Cost(knock.intact_token_layers + knock.row_token_layers, 0, knock.end_rows)
+    assert sum(seen) == cost.token_layers
+    assert work.macs == _macs(view, cost)
+
+
+def test_agreement_mediation_work_is_planned() -> None:
+    from arithmech.plan.analysis_work import mediation_end_cost
+    from arithmech.stages.agreement import _mediation_at_end
+
+    handle = _handle()
+    view = handle.view
+    batch = _batch(view, LENGTHS)
+    moved = view.end_logits(batch.cf_ids, batch.cf_mask, batch.end).argmax(-1) != batch.answer_ids
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        _mediation_at_end(handle, batch)
+    pairs = [(n, 2) for n, kept in zip(LENGTHS, moved.tolist(), strict=True) if kept]  # cf differs at position 2
+    assert pairs, "the tiny model must move some answers for the check to mean anything"
+    cost = mediation_end_cost(view.dims.n_layers, LENGTHS, pairs)
+    assert sum(seen) == cost.token_layers
+    assert work.macs == _macs(view, cost)
+
+
+def _identify_prompts(monkeypatch: pytest.MonkeyPatch, stage: Any, handle: Any, tmp_path: Any) -> Any:
+    """The stage reads `addition` target pairs as an identify run's reference prompts; their tokenization."""
+    from arithmech.data import tokenize_pairs
+    from arithmech.data.target_sets import build_target_pairs, target_set
+    from arithmech.stages.identify_run import IdentifyRun
+    from arithmech.stages.transfer_config import TransferConfig
+
+    options = TransferConfig(sources=("run",), targets=("addition",), n_per_template=1, few_shot=1).target_options()
+    pairs = build_target_pairs(target_set("addition"), options)[:7]
+    run = IdentifyRun(tmp_path, {}, {}, pairs, {}, {})
+    monkeypatch.setattr(stage, "read_identify_run", lambda *_a, **_k: run)
+    return tokenize_pairs(handle.tokenizer, pairs)[0]
+
+
+def test_analysis_stages_work_is_planned(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """analyze mlp and analyze fourier, run as stages on a tiny model (the identify run's prompts stood in), and
+    analyze attention's engine on chunks of the same prompts cut after a chosen layer (plan/analysis_work.py)."""
+    from arithmech.analysis.attention import end_attention
+    from arithmech.plan.analysis_work import attention_cost, fourier_cost, mlp_lens_cost
+    from arithmech.stages import analyze_mlp, fourier
+    from arithmech.stages.analyze_mlp_config import AnalyzeMlpConfig
+    from arithmech.stages.fourier_config import FourierConfig
+
+    handle = _handle()
+    view, d = handle.view, handle.dims
+    t = _identify_prompts(monkeypatch, analyze_mlp, handle, tmp_path)
+    _identify_prompts(monkeypatch, fourier, handle, tmp_path)
+    widths = (t.end + 1).tolist()
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        analyze_mlp.analyze_mlp(handle, AnalyzeMlpConfig(batch_size=3), tmp_path / "run", tmp_path / "mlp", quiet=True)
+    cost = mlp_lens_cost(d.n_layers, widths, 3)
+    assert (sum(seen), work.macs) == (cost.token_layers, _macs(view, cost))
+
+    cfg = FourierConfig(batch_size=3, cutoffs=(1, 2))
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        result = fourier.analyze_fourier(handle, cfg, tmp_path / "run", tmp_path / "fourier", quiet=True)
+    kept = result.metadata["counts"]["prompts"]
+    assert kept == len(widths), "every prompt kept, so the widths are those planned"
+    cost = fourier_cost(d.n_layers, widths, 3, len(cfg.filter_plan(10)))
+    assert (sum(seen), work.macs) == (cost.token_layers, _macs(view, cost))
+
+    with count_layer_tokens(view) as seen:
+        end_attention(view, t.ref_ids, t.ref_mask, t.end, [0, 1], batch_size=3)
+    assert sum(seen) == attention_cost(1, widths, 3).token_layers
+
+
+def test_heuristics_work_is_planned(tmp_path: Any) -> None:
+    """The heuristics stage on two operations' operand grids: scan_neurons, then ablation_sweep on the shared
+    few-shot prefix, each prompt's query and one END row per (configuration, prompt) (plan/analysis_work.py)."""
+    from arithmech.data import tokenize_pairs
+    from arithmech.data.operand_grid import operand_grid
+    from arithmech.data.templates import load_templates, select_templates
+    from arithmech.models.shared_prefix import common_prefix_length
+    from arithmech.plan.analysis_work import Cost, heuristics_cost
+    from arithmech.stages.heuristics import heuristics
+    from arithmech.stages.heuristics_config import HeuristicsConfig
+
+    handle = _handle()
+    view, d = handle.view, handle.dims
+    cfg = HeuristicsConfig(operations=("addition", "subtraction"), grid_size=10, few_shot=1, max_pairs=7,
+                           filter_correct=False, ks=(1, 2), n_random=1, batch_size=5)  # fmt: skip
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        heuristics(handle, cfg, tmp_path / "h", quiet=True)
+    configurations = cfg.sweep_configurations(cfg.ks or ())
+    cost, prompts = Cost(), 0
+    for operation in cfg.operations:
+        template = select_templates(load_templates(), (operation,), (cfg.formation,))[0]
+        grid = operand_grid(template, 10, 10, cfg.few_shot, cfg.max_pairs, cfg.seed)
+        t, _ = tokenize_pairs(handle.tokenizer, grid.pairs, counterfactual_required=False)
+        prefix = common_prefix_length(t.ref_ids, t.end)
+        cost = cost + heuristics_cost(d.n_layers, (t.end + 1).tolist(), prefix, configurations, cfg.batch_size)
+        prompts += len(t.end)
+    # the scan's END readout multiplies the unembedding's weight itself (neurons/log_increase.log_probs), which
+    # the module's hook does not see: planned, not counted
+    unseen = prompts * d.d_vocab * d.d_model
+    assert (sum(seen), work.macs + unseen) == (cost.token_layers, _macs(view, cost))
