@@ -1,4 +1,4 @@
-"""The plans of the analysis stages: agreement, attention, mlp, fourier and heuristics (work and memory).
+"""The plans of the analysis stages: agreement, attention, mlp, fourier, heuristics (work and memory), neurons' memory.
 
 Work comes from plan/analysis_work.py (each cost checked against its engine in tests/unit/plan/test_work_counted.py)
 on prompts of the planned length; what a plan cannot read without the identify run or the tokenizer is planned
@@ -30,10 +30,14 @@ from typing import Any
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan import analysis_work as aw
 from arithmech.plan import memory as mem
+from arithmech.plan import stage_work as sw
 from arithmech.plan import work as wk
 from arithmech.plan.shape import ModelShape
 from arithmech.stages.heuristics_config import default_ks
+from arithmech.stages.neurons_config import LORA_BATCH
 
+LI_BLOCK_ELEMENTS = 2**25
+"""The largest [row, neuron, d_vocab] block of LI logits (neurons/log_increase.DEFAULT_MAX_ELEMENTS)."""
 PLANNED_NUMBERS = 1000
 """Numbers of the Fourier index planned when --numbers is unset: the stage's cap (every single-token number, at
 most 1000), the most filters."""
@@ -169,3 +173,28 @@ def heuristics_plan(
     )  # fmt: skip
     sizes = {"batch_size": batch, "ks": list(ks), "configurations": configurations, "prompts_per_pass": per_pass}
     return work, memory, sizes, ops * n
+
+
+def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.MemoryPlan:
+    """neurons: the largest of head importance's knockout passes (batch_size rows with their cache), comparative
+    neurons' two runs' END states of the set with one block of LI logits (log_increase.DEFAULT_MAX_ELEMENTS
+    float32 numbers, its log-softmax and the chunk's directions' readout), and a LoRA step (the frozen layers'
+    autograd graph from the trained layer up, planned from the first deep layer, and the END logits' loss)."""
+    s, n = shape, cfg.max_prompts
+    importance = mem.forward_memory(s, b, cfg.batch_size, tokens, cache=True)
+    deep = len(sw.cna_layers(s.n_layers, cfg))
+    states = 2 * (mem.end_state_bytes(s, n, b) + 2 * n * deep * s.d_mlp * b)  # END states and coefficients
+    block = 2 * LI_BLOCK_ELEMENTS * 4
+    comparative = states + max(block, mem.forward_temporary(s, n, tokens, b))
+    train = min(LORA_BATCH, n)
+    layer = cfg.lora_layer if cfg.lora_layer is not None else s.n_layers - deep
+    graph = train * tokens * (s.n_layers - layer) * mem.saved_per_token_layer(s, tokens, b, frozen=True)
+    lora = graph + 12 * train * s.d_vocab + mem.forward_temporary(s, train, tokens, b) if cfg.lora else 0
+    temporary = max(importance.temporary, comparative, lora)
+    return mem.MemoryPlan(
+        weights=mem.weight_bytes(s, b),
+        activations_clean=importance.activations_clean,
+        temporary=temporary,
+        notes=("clean: a knockout pass's cache", "temporary: the largest of a knockout pass, comparative neurons' "
+               "END states and LI block, and a LoRA step's graph"),
+    )  # fmt: skip

@@ -63,8 +63,8 @@ class StagePlan:
     work: wk.Work | None
     seconds: dict[str, float] = field(default_factory=dict)
     modelled: str = "engine"
-    """engine: the stage's own engine is modelled; partly: its main engine only (neurons: head importance);
-    forward: planned as plain forward passes of its prompts."""
+    """engine: the stage's own engines are modelled; forward: planned as plain forward passes of its prompts
+    (a stage the planner has no plan for)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -255,8 +255,9 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             work, memory, sizes, prompts = ap.heuristics_plan(shape, cfg, tokens, QUERY_TOKENS, b)
             modelled = "engine"
         elif stage == "neurons":
-            work, extra = sw.head_importance_work(shape, cfg, tokens)
-            prompts, sizes, modelled = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}, "partly"
+            work, extra = sw.neurons_work(shape, cfg, tokens)
+            prompts, sizes, modelled = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}, "engine"
+            memory = ap.neurons_memory(shape, cfg, tokens, b)
     layouts = _layouts(stage, memory, options.processes, fsdp)
     seconds: dict[str, float] = {}
     if work is not None:

@@ -16,7 +16,7 @@ from arithmech.plan.planner import StagePlan
 from arithmech.plan.shape import ModelShape
 from arithmech.plan.sizes import format_size
 
-MARKS = {"engine": "", "partly": " +", "forward": " *"}
+MARKS = {"engine": "", "forward": " *"}
 """The mark after a stage's name by how much of it the plan models (StagePlan.modelled)."""
 
 
@@ -68,8 +68,6 @@ class Plan:
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         if any(p.modelled == "forward" for p in self.stages):
             lines.append("* planned as plain forward passes of its prompts; its own engine is not modelled yet")
-        if any(p.modelled == "partly" for p in self.stages):
-            lines.append("+ its main engine modelled (neurons: head importance); its later steps are not counted")
         if self.max_memory is not None:
             over = [f"{p.stage} ({k})" for p in self.stages for k, m in p.memory.items() if m.peak > self.max_memory]
             lines.append(f"--max-memory {format_size(self.max_memory)}: "

@@ -9,9 +9,12 @@ transfer (stages/transfer_config.target_cost, used by the stage's own batching):
     word problems `limit` rows at WORD_TOKENS tokens, their END-only knockout planned as full rows (an upper
     bound: the stage runs their shared solved examples once). A prompt is one row (a multi-token answer adds a
     teacher-forced row per further token).
-neurons (neurons/importance.head_importance): per operation, the prediction run and `knockout_cost` of the
-    intact configuration and each head zeroed alone (zero ablation needs no values run). Its later steps
-    (comparative neurons, pruning, LoRA) are not counted: the plan marks the stage as partly modelled.
+neurons (stages/neurons.py): per operation, head importance (neurons/importance.head_importance): the prediction
+    run and `knockout_cost` of the intact configuration and each head zeroed alone (zero ablation needs no values
+    run); on the first operation's prompts, comparative neurons and attention LI (`comparative_cost`), pruning on
+    the held-out and the ranking prompts (`pruning_cost`, the held-out set planned as large), and LoRA's training
+    steps and coefficient change (`lora_cost`; the trained layer, when --lora-layer is unset, planned at the first
+    deep layer, the longest backward).
 Prompt filtering before a set is built (identify's and neurons' reference sets) is not counted, as for identify.
 """
 
@@ -23,8 +26,10 @@ from typing import Any
 
 from arithmech.data.target_sets import build_target_pairs, target_set
 from arithmech.knockout import configurations as kc
+from arithmech.models.from_layer_cost import joined_token_layers
 from arithmech.plan import work as wk
 from arithmech.plan.shape import ModelShape
+from arithmech.stages.neurons_config import LORA_BATCH
 from arithmech.stages.transfer_config import K_CAP, rows_per_pass, target_cost
 
 WORD_TOKENS = 256
@@ -76,15 +81,77 @@ def importance_cost(
     return predict, kc.knockout_cost(n_layers, [n_layers, *head_layers], widths, batch_size)
 
 
-def head_importance_work(shape: ModelShape, cfg: Any, tokens: int) -> tuple[wk.Work, dict[str, Any]]:
-    """neurons' head importance (module docstring): per operation, max_prompts prompts of `tokens` tokens."""
+def cna_layers(n_layers: int, cfg: Any) -> tuple[int, ...]:
+    """The deep layers of comparative neurons and pruning: --layers, else the last third (stages/neurons.py)."""
+    return tuple(cfg.layers) if cfg.layers else tuple(range(n_layers - max(1, n_layers // 3), n_layers))
+
+
+def neurons_work(shape: ModelShape, cfg: Any, tokens: int) -> tuple[wk.Work, dict[str, Any]]:
+    """The neurons stage (module docstring): per operation, max_prompts prompts of `tokens` tokens."""
     n_layers, n = shape.n_layers, cfg.max_prompts
     layers = cfg.importance_layers if cfg.importance_layers is not None else range(n_layers)
     first = [layer for layer in layers for _ in range(shape.n_heads)]
-    predict, cost = importance_cost(n_layers, first, [tokens] * n, cfg.batch_size)
+    widths = [tokens] * n
+    predict, cost = importance_cost(n_layers, first, widths, cfg.batch_size)
     ops = len(cfg.operations)
     token_layers = ops * (predict + cost.intact_token_layers + cost.row_token_layers)
     parts = {"head importance": (token_layers, ops * (n + cost.end_rows))}
     calls = ops * (math.ceil(n / cfg.batch_size) + math.ceil(cost.end_rows / cfg.batch_size))
-    work = wk.token_layer_work(shape, parts, ops * n, tokens, calls, "knockout/configurations.py knockout_cost")
-    return work, {"configurations": len(first) + 1, "prompts_per_intact_pass": max(1, cfg.batch_size // len(first))}
+    deep = cna_layers(n_layers, cfg)
+    parts["comparative neurons"] = comparative_cost(n_layers, shape.d_mlp, len(deep), widths)
+    configurations = len(cfg.keep_sizes) * (1 + cfg.n_random)
+    pruned = pruning_cost(n_layers, min(deep), configurations, widths, cfg.batch_size)
+    parts["pruning"] = (2 * pruned[0], 2 * pruned[1])  # held-out and ranking prompts
+    calls += 3 + 2 * (1 + configurations) * math.ceil(n / cfg.batch_size)
+    train_batch = min(LORA_BATCH, n)
+    if cfg.lora:
+        steps = cfg.lora_steps if cfg.adapter is None else 0
+        layer = cfg.lora_layer if cfg.lora_layer is not None else min(deep)
+        forward, backward, rows = lora_cost(n_layers, layer, steps, train_batch, n, tokens, cfg.top_neurons)
+        parts["lora"] = (forward + backward, rows)
+        calls += 2 * steps + 4
+    work = wk.token_layer_work(shape, parts, ops * n, tokens, calls, "plan/stage_work.py, knockout_cost")
+    sizes = {"configurations": len(first) + 1, "prompts_per_intact_pass": max(1, cfg.batch_size // len(first)),
+             "cna_layers": list(deep), "pruning_configurations": configurations,
+             "lora_batch_size": train_batch}  # fmt: skip
+    return work, sizes
+
+
+def comparative_cost(n_layers: int, d_mlp: int, cna_layers: int, widths: Sequence[int]) -> tuple[int, int]:
+    """(token-layers, rows read out) of neurons' step 2 on one operation's prompts of `widths` tokens:
+    `comparative_neurons` (the END states of the whole set intact and with the head zeroed, each run through every
+    layer) and `attention_li` (one more run). Read out through the whole vocabulary, by the unembedding's weight
+    itself (neurons/log_increase.py): the prediction of each run, and per CNA layer every neuron's direction
+    W_U U_k (d_mlp rows) and both runs' base logits; per layer, attention_li's logits with and without the
+    attention output."""
+    n = len(widths)
+    token_layers = 3 * n * max(widths) * n_layers
+    return token_layers, 2 * n + cna_layers * (d_mlp + 2 * n) + 2 * n * n_layers
+
+
+def pruning_cost(
+    n_layers: int, start: int, configurations: int, widths: Sequence[int], batch_size: int
+) -> tuple[int, int]:
+    """(token-layers, rows read out) of `pruning_sweep` on one prompt set: per chunk of batch_size prompts the
+    intact run, then every pruned configuration from the first pruned layer `start` (`joined_token_layers`);
+    every run's END read out, the intact one included."""
+    token_layers = 0
+    for lo in range(0, len(widths), batch_size):
+        chunk = widths[lo : lo + batch_size]
+        token_layers += len(chunk) * max(chunk) * n_layers
+        token_layers += configurations * joined_token_layers(n_layers, [start] * len(chunk), max(chunk))
+    return token_layers, (1 + configurations) * len(widths)
+
+
+def lora_cost(
+    n_layers: int, layer: int, steps: int, train_batch: int, prompts: int, width: int, neurons: int
+) -> tuple[int, int, int]:
+    """(forward token-layers, backward token-layers, rows read out) of neurons' step 4 on `prompts` prompts
+    padded to `width`: `train_layer_lora`'s steps (a forward of `train_batch` prompts, END read out, and a
+    backward from the loss down to the trained `layer`: input gradients only, the weights being frozen, as much as
+    those layers' forward), then `coefficient_change` with LIs (the coefficients and the END states, without and
+    with the adapter, each a run of the whole set through every layer; read out by the unembedding's weight: the
+    chosen neurons' directions and each LI run's base logits, planned at one layer)."""
+    forward = steps * train_batch * width * n_layers + 4 * prompts * width * n_layers
+    backward = steps * train_batch * width * (n_layers - layer)
+    return forward, backward, steps * train_batch + 2 * (neurons + prompts)

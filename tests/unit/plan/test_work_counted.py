@@ -364,3 +364,49 @@ def test_heuristics_work_is_planned(tmp_path: Any) -> None:
     # the module's hook does not see: planned, not counted
     unseen = prompts * d.d_vocab * d.d_model
     assert (sum(seen), work.macs + unseen) == (cost.token_layers, _macs(view, cost))
+
+
+def test_neurons_later_steps_work_is_planned() -> None:
+    """neurons' steps 2-4 as the stage calls them: comparative neurons and attention LI, a pruning sweep, LoRA
+    training and the coefficient change (plan/stage_work.py). Counted: the layers' forward work and readouts
+    through the unembedding module; the readouts by its weight (LI) and LoRA's backward are planned beside."""
+    from arithmech.neurons import (
+        LoraTrainConfig,
+        attention_li,
+        coefficient_change,
+        comparative_neurons,
+        pruning_sweep,
+        train_layer_lora,
+    )
+    from arithmech.neurons.log_increase import DEFAULT_MAX_ELEMENTS
+    from arithmech.plan.analysis_plans import LI_BLOCK_ELEMENTS
+    from arithmech.plan.stage_work import comparative_cost, lora_cost, pruning_cost
+
+    assert LI_BLOCK_ELEMENTS == DEFAULT_MAX_ELEMENTS  # the planned block of LI logits is the engine's
+
+    handle = _handle()
+    view, d = handle.view, handle.dims
+    batch = _batch(view, LENGTHS)
+    c_layer = _c_layer(view)
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        comparative_neurons(view, batch, Component(1, 0), [1, 2])
+        attention_li(view, batch, range(d.n_layers))
+    token_layers, _ = comparative_cost(d.n_layers, view.mlp(0).up_proj.out_features, 2, LENGTHS)
+    assert sum(seen) == token_layers and work.macs == token_layers * c_layer  # LI reads by the weight
+
+    scores = torch.rand(2, view.mlp(0).up_proj.out_features)
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        pruning_sweep(view, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids, scores, [1, 2], (3, 5),
+                      n_random=1, batch_size=4)  # fmt: skip
+    token_layers, rows = pruning_cost(d.n_layers, 1, 2 * (1 + 1), LENGTHS, 4)
+    assert sum(seen) == token_layers
+    assert work.macs == token_layers * c_layer + rows * d.d_vocab * d.d_model
+
+    cfg = LoraTrainConfig(layers=(1,), rank=2, steps=3, batch_size=8)  # every prompt each step, as the stage's 16
+    with count_layer_tokens(view) as seen, count_work(view.model) as work:
+        adapter = train_layer_lora(handle, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids, cfg)
+        coefficient_change(handle, adapter, batch.ref_ids, batch.ref_mask, batch.end, [(1, 3), (2, 4)],
+                           answer_ids=batch.answer_ids)  # fmt: skip
+    forward, _, _ = lora_cost(d.n_layers, 1, 3, len(LENGTHS), len(LENGTHS), max(LENGTHS), 2)
+    assert sum(seen) == forward
+    assert work.macs == forward * c_layer + 3 * len(LENGTHS) * d.d_vocab * d.d_model  # the steps' END logits
