@@ -189,6 +189,7 @@ def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.Memo
     train = min(LORA_BATCH, n)
     layer = cfg.lora_layer if cfg.lora_layer is not None else s.n_layers - deep
     graph = train * tokens * (s.n_layers - layer) * mem.saved_per_token_layer(s, tokens, b, frozen=True)
+    graph += train * tokens * mem.hooked_input_bytes(s, b)  # the adapted layer's MLP input, planned as a layer's
     lora = graph + 12 * train * s.d_vocab + mem.forward_temporary(s, train, tokens, b) if cfg.lora else 0
     temporary = max(importance.temporary, comparative, lora)
     return mem.MemoryPlan(

@@ -39,6 +39,11 @@ from typing import Any
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan.shape import ModelShape
 
+ASSEMBLY_COPIES = 6
+"""float32 [3H, batch, pos, d_model] tensors alive while one layer's head-input gradients are assembled
+(circuits/gradients.head_input_gradients): the cotangents per role, their concatenation, and the attention norm's
+vector-Jacobian product batched over them (its input's gradient and ~3 intermediates); read from the allocator's
+records on the planned-against-measured test's model."""
 PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
 """The parts a planned peak is split into, in the order they are printed."""
 
@@ -56,16 +61,23 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
     gradients_replace_graph: bool = False
     """Training: the weight gradients appear as the backward frees the graph, so the two do not add up."""
+    after_backward: int = 0
+    """Allocations that appear once the backward has freed the autograd graph, `graph_bytes` of activations_clean,
+    and the forward's temporary (EAP: the probes' gradients and their assembly into receiver gradients)."""
+    graph_bytes: int = 0
 
     @property
     def peak(self) -> int:
         if self.gradients_replace_graph:
             during = max(self.activations_clean + self.temporary, self.gradients)
             return self.weights + self.optimizer + self.activations_counterfactual + during
-        return sum(getattr(self, part) for part in PARTS)
+        total = sum(getattr(self, part) for part in PARTS)
+        return total + max(0, self.after_backward - self.graph_bytes - self.temporary)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{part: int(getattr(self, part)) for part in PARTS}, "peak": int(self.peak), "notes": list(self.notes)}
+        extra = {"after_backward": self.after_backward} if self.after_backward else {}
+        return {**{part: int(getattr(self, part)) for part in PARTS}, **extra, "peak": int(self.peak),
+                "notes": list(self.notes)}  # fmt: skip
 
 
 def weight_bytes(shape: ModelShape, b: int) -> int:
@@ -97,19 +109,25 @@ def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int
 def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool = False) -> int:
     """Bytes autograd keeps per token and layer for the backward (module docstring); `frozen` weights save less:
     autograd keeps a product's input only for the gradient of a factor that needs one, so a frozen projection
-    or norm weight keeps no input, and rotary keeps none (cos and sin need no gradient). Precise SFT's hooks keep
-    the inputs of the projections they add a delta to: b (d + H d_head)."""
+    or norm weight keeps no input, and rotary keeps none (cos and sin need no gradient). The inputs a trained
+    delta or adapter keeps come on top, in the layers that have one (`hooked_input_bytes`)."""
     s = shape
     q, kv = s.n_heads * s.d_head, s.n_kv_heads * s.d_head
     if frozen:
         keys = 2 * (q if s.group_size > 1 else kv)  # the matmuls' repeated keys and values
         probs = s.n_heads * tokens * (4 + (b if b < 4 else 0))
-        return 8 * s.d_model + b * (q + keys) + probs + 3 * b * s.d_mlp + b * (s.d_model + q)
+        return 8 * s.d_model + b * (q + keys) + probs + 3 * b * s.d_mlp
     norms = 2 * (4 * s.d_model + b * s.d_model)
     projections = b * (q + 2 * kv) + b * (2 * q + (1 if s.group_size > 1 else 2) * kv)
     repeated = 2 * b * q if s.group_size > 1 else 0
     probs = s.n_heads * tokens * (4 + (b if b < 4 else 0)) + b * q
     return norms + projections + repeated + probs + 4 * b * s.d_mlp
+
+
+def hooked_input_bytes(shape: ModelShape, b: int) -> int:
+    """Bytes a token keeps in a layer whose projections get a trained delta (precise SFT's hooks) or an adapter
+    (LoRA on q, k, v, o): the attention's input, read by q, k and v, and o_proj's input, b (d + H d_head)."""
+    return b * (shape.d_model + shape.n_heads * shape.d_head)
 
 
 def loss_bytes(shape: ModelShape, batch: int, tokens: int) -> tuple[int, int]:
@@ -160,22 +178,32 @@ def attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> Me
 
 
 def edge_attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> MemoryPlan:
-    """circuit's EAP / EAP-IG (circuits/attribution.py, gradients.py): one forward's autograd graph (attention on
-    g replicas), both runs' sender outputs, and float32 gradients of every receiver's input."""
+    """circuit's EAP / EAP-IG (circuits/gradients.receiver_gradients): one forward's autograd graph (attention on
+    g replicas), both runs' sender outputs, the probes (a zero tensor added to every projection's output, tiled
+    over the g replicas, and to every MLP's and the final norm's input) and the float32 gradients of every
+    receiver's input; once the backward has freed the graph, the probes' gradients (as large as the probes) and
+    one layer's assembly of its 3H head-input gradients, ASSEMBLY_COPIES float32 [3H, batch, pos, d_model]
+    tensors (the cotangents, their concatenation and the norm's batched vector-Jacobian product)."""
     s = shape
+    rows = batch * tokens
     receivers = s.n_layers * (3 * s.n_heads + 1) + 1
     senders = s.n_layers * (s.n_heads + 1) + 1
     per_layer = saved_per_token_layer(s, tokens, b) + (s.group_size - 1) * s.n_heads * tokens * 8
-    graph = s.n_layers * batch * tokens * per_layer
-    outputs = senders * batch * tokens * s.d_model * b
+    graph = s.n_layers * rows * per_layer
+    outputs = senders * rows * s.d_model * b
+    projections = s.group_size * (s.n_heads + 2 * s.n_kv_heads) * s.d_head  # tiled over the g replicas
+    probes = rows * (s.n_layers * (projections + s.d_model) + s.d_model) * b
+    assembly = ASSEMBLY_COPIES * 3 * s.n_heads * rows * s.d_model * 4
     return MemoryPlan(
         weights=weight_bytes(s, b),
-        activations_clean=graph + outputs,
+        activations_clean=graph + outputs + probes,
         activations_counterfactual=outputs,
-        gradients=4 * receivers * batch * tokens * s.d_model,
+        gradients=4 * receivers * rows * s.d_model,
         temporary=forward_temporary(s, batch, tokens, b),
-        notes=("gradients: float32 d metric / d x_r of every receiver", "clean: the autograd graph and sender "
-               "outputs"),
+        after_backward=probes + assembly,
+        graph_bytes=graph,
+        notes=("gradients: float32 d metric / d x_r of every receiver", "clean: the autograd graph, sender outputs "
+               "and probes", "after_backward: the probes' gradients and one layer's assembly, as the graph is freed"),
     )  # fmt: skip
 
 
@@ -198,12 +226,21 @@ def training_memory(
     trained: int,
     processes: int = 1,
     fsdp: bool = False,
+    hooked_layers: int | None = None,
+    mlp_layers: int = 0,
 ) -> MemoryPlan:
     """One finetune step (finetune/train.py): `trained` numbers train (full: every parameter); under FSDP2 the
-    weights, gradients and moments are split over `processes`, plus one layer gathered whole."""
+    weights, gradients and moments are split over `processes`, plus one layer gathered whole. `hooked_layers`:
+    the layers whose projections keep their inputs for a trained delta (precise SFT: the chosen heads' layers;
+    LoRA and the default: every layer); `mlp_layers`: whole MLPs trained by precise SFT, whose projections keep
+    their inputs too, b (d + d_mlp) a token."""
     s = shape
     kept, backward = loss_bytes(s, batch, tokens)
     graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b, frozen=method != "full") + kept
+    if method != "full":
+        hooked = s.n_layers if hooked_layers is None else hooked_layers
+        graph += hooked * batch * tokens * hooked_input_bytes(s, b)
+        graph += mlp_layers * batch * tokens * b * (s.d_model + s.d_mlp)
     weights = weight_bytes(s, b)
     if method == "full":
         gradients, optimizer = s.n_params * b, 2 * s.n_params * b

@@ -93,6 +93,17 @@ def _trained_numbers(shape: ModelShape, cfg: Any) -> int:
     return heads * 4 * s.d_head * s.d_model + mlps * s.mlp_matrices * s.d_model * s.d_mlp
 
 
+def _hooked_layers(shape: ModelShape, cfg: Any) -> dict[str, int]:
+    """Precise SFT's layers whose projections keep inputs for a trained delta: those of the heads given, or as many
+    as the run's top_k heads can span (at most every layer); and the whole MLPs it trains. Other methods: none
+    given (training_memory's default: every layer for LoRA)."""
+    if cfg.method != "precise":
+        return {}
+    heads = [layer for layer, head in _component_layers(tuple(cfg.components or ())) if head]
+    layers = len(set(heads)) if heads else min(cfg.top_k, shape.n_layers)
+    return {"hooked_layers": layers, "mlp_layers": min(shape.n_layers, len(cfg.mlps) + cfg.top_mlps)}
+
+
 def _component_layers(names: tuple[str, ...]) -> list[tuple[int, bool]]:
     """(layer, is_head) of components named "14.2" or "mlp.20" (models/sites.py's names)."""
     return [(int(n.split(".")[1]), False) if n.startswith("mlp") else (int(n.split(".")[0]), True) for n in names]
@@ -211,9 +222,11 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         sizes = {"batch_size": cfg.batch_size, "micro_batch_size": micro, "accumulation_steps": accumulation,
                  "optimizer_steps": steps}  # fmt: skip
         trained = _trained_numbers(shape, cfg)
-        memory = mem.training_memory(shape, b, micro, tokens, cfg.method, trained)
+        hooked = _hooked_layers(shape, cfg)
+        memory = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, **hooked)
         if options.processes > 1:
-            fsdp = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, options.processes, fsdp=True)
+            fsdp = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, options.processes, fsdp=True,
+                                       **hooked)  # fmt: skip
         work = wk.training_work(shape, prompts, tokens, micro)
         sizes["trained_numbers"] = trained
     elif stage == "evaluate":
