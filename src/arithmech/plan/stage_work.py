@@ -50,7 +50,7 @@ def transfer_work(shape: ModelShape, cfg: Any, tokens: int) -> tuple[wk.Work, di
         spec = target_set(name)
         word = spec.kind == "word"
         width = WORD_TOKENS if word else tokens
-        n = cfg.limit if word else len(build_target_pairs(spec, cfg.target_options()))
+        n = cfg.limit if word else len(build_target_pairs(spec, cfg.target_options(), log=False))
         values = not word and cfg.ablation != "zero"
         scored = min(n, cfg.max_prompts)
         cost = target_cost(n_layers, first, [width] * n, [width] * scored, cfg.batch_size, values)

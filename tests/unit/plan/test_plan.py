@@ -105,3 +105,13 @@ def test_larger_batches_plan_more_memory_and_the_budget_marks_them(tmp_path: Pat
         peaks.append(stage["planned_memory"]["single"]["peak"])
     assert peaks[0] < peaks[1]
     assert stage["fits_max_memory"] == {"single": False}
+
+
+def test_planning_transfer_logs_nothing_per_target(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Counting a target's prompt pairs generates them; the plan says nothing about it (no "generated N prompt
+    pairs" line per target, no note on how queries are drawn)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        assert main(["plan", "transfer", "--model", "llama3.1-8b", "--out", str(tmp_path / "p")]) == 0
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("arithmech.data")]
