@@ -65,18 +65,9 @@ def agreement_plan(
             continue
         if method == "zero-ablation" and cfg.zero_positions == "end":
             cost = aw.zero_end_cost(s.n_layers, s.n_heads, widths)
-            senders = s.n_layers * (s.n_heads + 1)
-            slots = min(senders, max(1, TOTAL_MAX_ROWS // n))
-            step = slots * n * (3 * s.d_mlp + 4 * s.d_model) * b + n * s.n_heads * slots * (tokens - 1 + slots) * 8
-            readout = slots * n * s.d_vocab * 4 + 2 * n * s.d_vocab * 4
-            plans.append(mem.MemoryPlan(
-                weights=mem.weight_bytes(s, b),
-                activations_clean=mem.kv_cache_bytes(s, n, tokens, b) + mem.end_state_bytes(s, n, b),
-                temporary=max(mem.forward_temporary(s, n, tokens, b), step + readout),
-                notes=("clean: every prompt's cache and END states", "temporary: the reference run of every prompt "
-                       "or a decoding step with its rows' float32 logits"),
-            ))  # fmt: skip
-            calls += 1 + 2 * math.ceil(senders / slots)
+            plans.append(zero_end_memory(s, b, n, tokens))
+            slots = min(s.n_layers * (s.n_heads + 1), max(1, TOTAL_MAX_ROWS // n))
+            calls += 1 + 2 * math.ceil(s.n_layers * (s.n_heads + 1) / slots)
         elif method == "zero-ablation":
             knock = aw.zero_all_cost(s.n_layers, s.n_heads, widths, cfg.batch_size)
             cost = aw.Cost(knock.intact_token_layers + knock.row_token_layers, 0, knock.end_rows)
@@ -99,6 +90,28 @@ def agreement_plan(
     memory = max(plans, key=lambda m: m.peak)
     sizes = {"batch_size": cfg.batch_size, "max_rows": TOTAL_MAX_ROWS, "methods": list(cfg.methods)}
     return work, memory, sizes
+
+
+def zero_end_memory(shape: ModelShape, b: int, prompts: int, tokens: int) -> mem.MemoryPlan:
+    """agreement's zero ablation at the last token (patching/total.patched_end_logits): every prompt's cache and
+    END states from one reference run of all of them; then, per decoding step of TOTAL_MAX_ROWS (sender, prompt)
+    rows, the senders' residuals, the prompts' cache with the step's slots appended, and the larger of the step
+    (each row's MLP and residuals, the slots' attention scores at 8 bytes) and its readout: the rows' float32
+    logits over the whole vocabulary, one sender's softmax, and the rows' final residuals on their way there."""
+    s, n = shape, prompts
+    senders = s.n_layers * (s.n_heads + 1)
+    slots = min(senders, max(1, TOTAL_MAX_ROWS // n))
+    rows = slots * n
+    step = rows * (3 * s.d_mlp + 4 * s.d_model) * b + n * s.n_heads * slots * (tokens - 1 + slots) * 8
+    readout = rows * s.d_vocab * 4 + 2 * n * s.d_vocab * 4 + 4 * rows * s.d_model * b
+    around = mem.kv_cache_bytes(s, n, tokens - 1 + slots, b) + senders * n * s.d_model * b
+    return mem.MemoryPlan(
+        weights=mem.weight_bytes(s, b),
+        activations_clean=mem.kv_cache_bytes(s, n, tokens, b) + mem.end_state_bytes(s, n, b),
+        temporary=max(mem.forward_temporary(s, n, tokens, b), around + max(step, readout)),
+        notes=("clean: every prompt's cache and END states", "temporary: the reference run of every prompt or a "
+               "decoding step, its cache and its rows' float32 logits"),
+    )  # fmt: skip
 
 
 def attention_plan(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Work, mem.MemoryPlan]:

@@ -9,8 +9,10 @@ Forward pass without gradients (a scan's reference or counterfactual run), per l
                its float32 output (4), + the cast back (b, 16-bit only): 8 bytes an entry in either dtype
                (transformers' eager_attention_forward; models/load.py runs eager attention)
                + B T^2 b of causal mask + 2 B T H d_head b of keys and values repeated over g (GQA, g > 1)
-    MLP        3 B T F b: gate, up and their product (gate_proj, act, up_proj, down_proj)
-    the larger of the two, above the residual stream, 2 B T d b.
+    MLP        3 B T F b: gate, up and their product (gate_proj, act, up_proj, down_proj), while the layer still
+               holds its attention weights (B H T^2 b, returned by the attention module) and the causal mask
+    the larger of the two, above the residual stream, 2 B T d b, and the embedding's output, B T d b, which the
+    model keeps through the pass.
 Key/value cache (a reference run with `keep_cache`): 2 L B T K d_head b.
 
 Training (autograd keeps, per token and layer; LlamaDecoderLayer under eager attention, HF 5):
@@ -102,8 +104,8 @@ def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int
     attention = batch * s.n_heads * tokens**2 * 8 + batch * tokens**2 * b
     if s.group_size > 1:
         attention += 2 * batch * tokens * s.n_heads * s.d_head * b
-    mlp = 3 * batch * tokens * s.d_mlp * b
-    return max(attention, mlp) + 2 * batch * tokens * s.d_model * b
+    mlp = 3 * batch * tokens * s.d_mlp * b + batch * (s.n_heads + 1) * tokens**2 * b
+    return max(attention, mlp) + 3 * batch * tokens * s.d_model * b
 
 
 def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool = False) -> int:
@@ -214,6 +216,18 @@ def forward_memory(shape: ModelShape, b: int, batch: int, tokens: int, cache: bo
         activations_clean=kv_cache_bytes(shape, batch, tokens, b) if cache else 0,
         temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
         notes=("temporary: a layer's attention or MLP and the last position's logits",),
+    )
+
+
+def generation_memory(shape: ModelShape, b: int, batch: int, tokens: int, new_tokens: int) -> MemoryPlan:
+    """evaluate's greedy generation of one batch: the key/value cache of prompt and new tokens, and the prompt's
+    pass (the decoding steps, one token each, are smaller) with the last position's logits."""
+    return MemoryPlan(
+        weights=weight_bytes(shape, b),
+        activations_clean=kv_cache_bytes(shape, batch, tokens + new_tokens, b),
+        temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
+        notes=("clean: the key/value cache of the prompts and their new tokens",
+               "temporary: the prompts' pass and the last position's logits"),
     )
 
 
