@@ -190,14 +190,17 @@ def heuristics_plan(
 
 def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.MemoryPlan:
     """neurons: the largest of head importance's knockout passes (batch_size rows with their cache), comparative
-    neurons' two runs' END states of the set with one block of LI logits (log_increase.DEFAULT_MAX_ELEMENTS
-    float32 numbers, its log-softmax and the chunk's directions' readout), and a LoRA step (the frozen layers'
-    autograd graph from the trained layer up, planned from the first deep layer, and the END logits' loss)."""
+    neurons' two runs' END states of the set with its LI blocks, and a LoRA step (the frozen layers' autograd graph
+    from the trained layer up, planned from the first deep layer, and the END logits' loss). An LI block is a chunk
+    of neurons' float32 [row, neuron, d_vocab] logits (at most log_increase.DEFAULT_MAX_ELEMENTS numbers); four are
+    alive at once in `neuron_li_of_runs` (the second run's product and sum while the first run's logits and
+    log-softmax are still bound), with the chunk's directions read out, [neuron, d_vocab]."""
     s, n = shape, cfg.max_prompts
     importance = mem.forward_memory(s, b, cfg.batch_size, tokens, cache=True)
     deep = len(sw.cna_layers(s.n_layers, cfg))
     states = 2 * (mem.end_state_bytes(s, n, b) + 2 * n * deep * s.d_mlp * b)  # END states and coefficients
-    block = 2 * LI_BLOCK_ELEMENTS * 4
+    neurons = min(s.d_mlp, max(1, LI_BLOCK_ELEMENTS // (n * s.d_vocab)))  # a chunk of neurons, log_increase.py
+    block = 4 * n * neurons * s.d_vocab * 4 + neurons * s.d_vocab * 4  # see neurons_memory's docstring
     comparative = states + max(block, mem.forward_temporary(s, n, tokens, b))
     train = min(LORA_BATCH, n)
     layer = cfg.lora_layer if cfg.lora_layer is not None else s.n_layers - deep

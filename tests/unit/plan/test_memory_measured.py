@@ -11,8 +11,8 @@ chosen heads' layers only; the loss's float32 tensors, planned as all alive at t
 largest term at this vocabulary), circuit's EAP-IG (1.12: the forward's graph, both runs' sender outputs, the
 probes and the float32 receiver gradients, then, as the backward frees the graph, the probes' gradients and one
 layer's assembly of its head-input gradients, `memory.ASSEMBLY_COPIES`), one batch of evaluate's generations
-(0.98), agreement's zero ablation at the last token (1.10) and one chunk of the attention, MLP-lens and Fourier
-analyses (0.92, 0.93, 0.98).
+(0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention, MLP-lens and Fourier
+analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89) and neurons' later steps (1.01: the LI blocks).
 
 Where the plan errs, it is by parts the allocator frees in between (above) or small tensors it does not name
 (below: masks, rotary tables, index tensors), a few per cent at these sizes and less at real widths, where the
@@ -188,4 +188,65 @@ def test_analysis_pass_peak_is_planned(stage: str) -> None:
             lambda: filtered_predictions(view, ids, mask, end, batch.answer_ids, None, None, layers, batch_size=B)
         )
         _, plan, _ = ap.fourier_plan(shape, FourierConfig(max_prompts=B, batch_size=B), T, 4)
+    _check(plan.peak - plan.weights, measured)
+
+
+def test_heuristics_peak_is_planned() -> None:
+    """heuristics on one operation's grid of 40 prompts (3 solved examples, 38 tokens), two layers: the neuron scan
+    and the ablation sweep at the default ks, as the stage runs them (plan/analysis_plans.heuristics_plan)."""
+    from arithmech.data import tokenize_pairs
+    from arithmech.data.operand_grid import operand_grid
+    from arithmech.data.templates import load_templates, select_templates
+    from arithmech.neurons.heuristic_scan import ablation_sweep, scan_neurons
+    from arithmech.plan.analysis_plans import heuristics_plan
+    from arithmech.stages.heuristics_config import HeuristicsConfig, default_ks
+
+    view = _view()
+    cfg = HeuristicsConfig(operations=("addition",), grid_size=10, max_pairs=40, layers=(2, 3), batch_size=32)
+    template = select_templates(load_templates(), cfg.operations, (cfg.formation,))[0]
+    grid = operand_grid(template, 10, 10, cfg.few_shot, cfg.max_pairs, cfg.seed)
+    batch, _ = tokenize_pairs(make_tiny_tokenizer(), grid.pairs, counterfactual_required=False)
+    ks = default_ks(_config().intermediate_size)
+
+    def stage() -> None:
+        scan = scan_neurons(view, batch, cfg.layers or (), cfg.batch_size)
+        ablation_sweep(view, batch, scan.direct_effect, scan.activation.mean(0), cfg.layers or (), ks, cfg.n_random,
+                       cfg.seed, cfg.ablations, cfg.batch_size)  # fmt: skip
+
+    measured = peak_allocated(stage)
+    shape = shape_from_config(_config().to_dict(), "test", "test")
+    _, plan, _, _ = heuristics_plan(shape, cfg, int(batch.end.max()) + 1, 5, 4)
+    _check(plan.peak - plan.weights, measured)
+
+
+def test_neurons_later_steps_peak_is_planned() -> None:
+    """neurons' comparative step on B prompts (the last layer's neurons: every neuron's LI in one block at this
+    vocabulary), attention LI, two LoRA steps and the coefficient change, as the stage runs them: the LI blocks are
+    the peak (plan/analysis_plans.neurons_memory)."""
+    from arithmech.models.load import ModelHandle
+    from arithmech.neurons import (
+        LoraTrainConfig,
+        attention_li,
+        coefficient_change,
+        comparative_neurons,
+        train_layer_lora,
+    )
+    from arithmech.plan.analysis_plans import neurons_memory
+    from arithmech.stages.neurons_config import NeuronsConfig
+
+    view, batch = _view(), _patching_batch()
+    handle = ModelHandle(view.model, make_tiny_tokenizer(), view, {"model": "test"})
+    cfg = NeuronsConfig(max_prompts=B, lora_steps=2)
+    layer = view.dims.n_layers - 1  # the deep layers of 4: the last (stages/neurons.py)
+
+    def later_steps() -> None:
+        comparative_neurons(view, batch, Component(1, 0), [layer])
+        attention_li(view, batch, range(view.dims.n_layers))
+        train = LoraTrainConfig(layers=(layer,), rank=cfg.lora_rank, steps=cfg.lora_steps, batch_size=B)
+        adapter = train_layer_lora(handle, batch.ref_ids, batch.ref_mask, batch.end, batch.answer_ids, train)
+        coefficient_change(handle, adapter, batch.ref_ids, batch.ref_mask, batch.end, [(layer, 1)],
+                           answer_ids=batch.answer_ids)  # fmt: skip
+
+    measured = peak_allocated(later_steps)
+    plan = neurons_memory(shape_from_config(_config().to_dict(), "test", "test"), cfg, T, 4)
     _check(plan.peak - plan.weights, measured)
