@@ -27,8 +27,8 @@ READS_IDENTIFY = {
 """The stages known to read an identify run, with settings under which they do."""
 READS_NONE = {"identify", "mediate", "neurons", "heuristics", "evaluate"}
 """The stages known to read none."""
-NOT_STAGES = {"run", "report"}
-"""Commands that run no single stage of their own."""
+NOT_STAGES = {"run", "report", "plan"}
+"""Commands that run no single stage of their own (plan plans stages, running none)."""
 
 
 def test_run_folders_list_the_pipeline_stages_in_order() -> None:

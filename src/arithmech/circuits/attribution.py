@@ -43,6 +43,7 @@ from typing import Literal
 
 import torch
 
+from arithmech.circuits.attribution_cost import interpolation_points
 from arithmech.circuits.batch import CircuitBatch
 from arithmech.circuits.gradients import receiver_gradients
 from arithmech.circuits.graph import CircuitGraph
@@ -65,7 +66,7 @@ def edge_scores(
 ) -> torch.Tensor:
     """Signed score of every edge [receiver, sender] float32 (0 off the edges), mean over prompts; `progress`
     counts forward and backward passes (one per interpolation step and chunk of prompts)."""
-    alphas = [1.0] if method == "eap" else [k / steps for k in range(1, steps + 1)]
+    alphas = interpolation_points(method, steps)
     total = torch.zeros(graph.n_receivers, graph.n_senders, dtype=torch.float64)
     chunks = batch.chunks(batch_size)
     if progress is not None:

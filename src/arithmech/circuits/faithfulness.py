@@ -44,6 +44,7 @@ from typing import Literal
 
 import torch
 
+from arithmech.circuits.attribution_cost import SWEEP_CIRCUITS_PER_PASS
 from arithmech.circuits.batch import CircuitBatch, at_end, logit_difference
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.circuits.patched import patched_end_resid
@@ -93,7 +94,7 @@ def circuit_metrics(
     circuits: Sequence[torch.Tensor],
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
-    circuits_per_pass: int = 4,
+    circuits_per_pass: int = SWEEP_CIRCUITS_PER_PASS,
     progress: Progress | None = None,
 ) -> CircuitMetrics:
     """m of each circuit (keep [receiver, sender]), of the full and of the empty circuit.
@@ -212,7 +213,7 @@ def faithfulness_sweep(
     percents: Sequence[float] = SWEEP_PERCENTS,
     ablation: Ablation = "counterfactual",
     batch_size: int = 16,
-    circuits_per_pass: int = 4,
+    circuits_per_pass: int = SWEEP_CIRCUITS_PER_PASS,
     progress: Progress | None = None,
 ) -> SweepResult:
     """f of the top-k % circuits for every k, ranked by signed and by absolute score (`circuit_metrics`)."""

@@ -25,7 +25,9 @@ position included):
               norm's vector-Jacobian product on 3H x d_model per token and layer (elementwise).
 Memory: the plain forward's autograd graph (activations of one forward, the attention's g times), the probes
 ([batch, pos, (H + 2 H_kv) d_head] x g per layer) and the result, R x batch x pos x d_model
-(R = L (3H + 1) + 1 receivers: 4 bytes x 841 x 576 = 1.9 MB per token in float32 on SmolLM2).
+(R = L (3H + 1) + 1 receivers: 4 bytes x 841 x 576 = 1.9 MB per token in float32 on SmolLM2). Once the backward
+has freed the graph: the probes' gradients and one layer's assembly, a few float32 [3H, batch, pos, d_model]
+tensors; both are freed before the next interpolation point's forward (plan/memory.py edge_attribution_memory).
 
 References: Syed, Rager & Conmy 2023 (EAP); Hanna et al. 2024 (EAP-IG); METHODS.md sec. 9.
 """
@@ -198,6 +200,7 @@ def receiver_gradients(
             probes = [*run.projection_probes, *run.mlp_probes, run.logits_probe]
             grads = list(torch.autograd.grad(metric, probes))
         _accumulate(mean, view, graph, run, grads, 1.0 / len(alphas))
+        del grads, probes, metric  # freed before the next point's forward, not kept through it
         if run.keep_outputs:
             clean = SenderOutputs(embed=run.resid[0], z=torch.stack(run.z), mlp_out=torch.stack(run.mlp_out))
         if progress is not None:

@@ -24,7 +24,8 @@ products and the per-layer swap sums are left out, as in tests/forward_cost.py)
     last term is the one stand-in row that carries a pass through the layers below L (`run_from_layers`); the
     logits' receiver counts as layer N - 1. Per chunk of prompts (T: the chunk's width), weighted by its size. With
     grouped-query attention each pass runs the attention of its layers on g replicas (`patched.py`), in both.
-    Counted exactly in tokens entering decoder layers (tests/unit/circuits/test_oracle.py, `predicted_passes`).
+    Counted exactly in tokens entering decoder layers (tests/unit/circuits/test_oracle.py, `predicted_passes`,
+    whose arithmetic is `oracle_cost.oracle_passes`).
     So an edge into layer L costs (N - L) / N of a pass on the positions from p0: the edges into late layers
     and the logits are nearly free, and an edge into layer 0 costs (T - p0) / T of the naive loop's pass. On MIB
     prompts ("Q: How much is A plus B? A: ") p0 is the first operand's position, about a third of the prompt.
@@ -44,6 +45,7 @@ import torch
 from arithmech.circuits.batch import CircuitBatch, logit_difference
 from arithmech.circuits.clean_prefix import CleanPrefix, first_difference
 from arithmech.circuits.graph import CircuitGraph
+from arithmech.circuits.oracle_cost import oracle_passes, pass_groups
 from arithmech.circuits.patched import patched_end_resid
 from arithmech.circuits.senders import collect_sender_outputs
 from arithmech.models.view import ModelView
@@ -62,7 +64,7 @@ def exact_edge_scores(
 ) -> torch.Tensor:
     """[edge] m(clean) - m(only that edge patched), mean over prompts, for edges given as (receiver, sender);
     `progress` counts edges scored, per chunk of prompts."""
-    groups = _passes(edges, circuits_per_pass)
+    groups = pass_groups(edges, circuits_per_pass)
     full = torch.ones(graph.n_receivers, graph.n_senders)
     sums = torch.zeros(len(edges), dtype=torch.float64)
     chunks = batch.chunks(batch_size)
@@ -87,15 +89,6 @@ def exact_edge_scores(
     return (sums / len(batch)).float()
 
 
-def _passes(edges: Sequence[tuple[int, int]], circuits_per_pass: int) -> list[list[int]]:
-    """Indices of the edges of each patched pass: a receiver's edges, at most `circuits_per_pass` at once."""
-    by_receiver: dict[int, list[int]] = {}
-    for i, (receiver, _) in enumerate(edges):
-        by_receiver.setdefault(receiver, []).append(i)
-    step = circuits_per_pass
-    return [ids[j : j + step] for ids in by_receiver.values() for j in range(0, len(ids), step)]
-
-
 def predicted_passes(
     graph: CircuitGraph,
     batch: CircuitBatch,
@@ -103,19 +96,11 @@ def predicted_passes(
     batch_size: int = 8,
     circuits_per_pass: int = 16,
 ) -> float:
-    """The cost model of the module docstring: the oracle's work on `edges`, in decoder-layer passes of `batch`
-    (every layer on every position of every prompt)."""
-    n, width = graph.n_layers, int(batch.clean_ids.shape[1])
-    total = 0.0
-    for chunk in batch.chunks(batch_size):
-        t = int(chunk.clean_ids.shape[1])
-        tail = (t - first_difference(chunk)) / t  # share of the positions a pass runs
-        work = 3 + tail / n + (n - 1) / n * tail / len(chunk)  # 3 plain runs; m(clean) from the last layer
-        for group in _passes(edges, circuits_per_pass):
-            layer = min(receiver_layer(graph, edges[group[0]][0]), n - 1)
-            work += len(group) * (n - layer) / n * tail + layer / n * tail / len(chunk)  # rows; the stand-in row
-        total += work * len(chunk) * t / (len(batch) * width)
-    return total
+    """The cost model of the module docstring (`oracle_cost.oracle_passes`): the oracle's work on `edges`, in
+    decoder-layer passes of `batch` (every layer on every position of every prompt)."""
+    chunks = [(len(c), int(c.clean_ids.shape[1]), first_difference(c)) for c in batch.chunks(batch_size)]
+    groups = [(len(g), receiver_layer(graph, edges[g[0]][0])) for g in pass_groups(edges, circuits_per_pass)]
+    return oracle_passes(graph.n_layers, int(batch.clean_ids.shape[1]), chunks, groups)
 
 
 def receiver_layer(graph: CircuitGraph, receiver: int) -> int:

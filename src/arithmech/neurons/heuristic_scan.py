@@ -97,14 +97,6 @@ def scan_neurons(
     return NeuronScan(layers, torch.cat(acts), torch.cat(effects), torch.cat(tops))
 
 
-def default_ks(width: int, max_fraction: float = 0.05) -> tuple[int, ...]:
-    """k per layer: 1, 2, 5, 10, 20, ... up to max_fraction of the layer's neurons, and round(1%) of them."""
-    cap = max(1, int(max_fraction * width))
-    one_percent = max(1, round(0.01 * width))
-    ladder = [k for base in (1, 10, 100, 1000) for k in (base, 2 * base, 5 * base) if k <= cap]
-    return tuple(sorted({*ladder, min(one_percent, width)}))
-
-
 @dataclass(frozen=True)
 class _Config:
     ablation: str

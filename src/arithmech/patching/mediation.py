@@ -75,6 +75,7 @@ from arithmech.models.from_layer import JoiningRows, run_from_layers
 from arithmech.models.hooks import first_tensor, hooks
 from arithmech.models.shared_prefix import full_cache, prefix_cache
 from arithmech.models.view import ModelView, cache_kwarg
+from arithmech.patching.mediation_cost import intervention_blocks
 
 
 def indirect_effect(
@@ -146,7 +147,7 @@ def mediation_effects(
     correct = torch.full((len(items),), float("nan"))
     sites = [(c, layer) for c in components for layer in layers]  # site s = (component, layer)
     modules = [_component_module(view, c, layer) for c, layer in sites]
-    order = sorted(range(len(sites)), key=lambda s: sites[s][1])  # rows join the pass by layer
+    blocks = intervention_blocks([layer for _, layer in sites], max_rows)  # rows join the pass by layer
     for i, item in enumerate(items):
         n = len(item.base_ids)
         base = _base_and_alt(view, item, modules, lambda inputs, output: first_tensor(output))
@@ -158,8 +159,7 @@ def mediation_effects(
         first = _first_difference(item)
         ie[i, :, :, :n] = 0.0  # positions before `first` are identical in both runs: IE exactly 0
         for p in range(first, n):  # one batch of rows per position: row j = site block[j]'s intervention at p
-            for start in range(0, len(sites), max_rows):
-                block = order[start : start + max_rows]  # [row] site ids, by layer
+            for block in blocks:  # [row] site ids, by layer
                 post = [(modules[s], _set_row(j, base.alt_values[s][p])) for j, s in enumerate(block)]
                 layer_of = torch.tensor([sites[s][1] for s in block])
                 with hooks(post=post):

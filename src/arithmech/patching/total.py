@@ -39,6 +39,7 @@ from arithmech.models.from_layer import decode_from_layers
 from arithmech.models.shared_prefix import prefix_cache
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, attention_resid, sender_resid
+from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.patching.states import EndStates
 
 Read = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -50,7 +51,7 @@ def total_patched_logits(
     batch: PatchingBatch,
     ref: EndStates,
     cf: EndStates,
-    max_rows: int = 512,
+    max_rows: int = TOTAL_MAX_ROWS,
     read: Read | None = None,
     whole_layers: bool = False,
 ) -> torch.Tensor:
@@ -80,7 +81,7 @@ def patched_end_logits(
     ref: EndStates,
     resid: torch.Tensor,
     join: torch.Tensor,
-    max_rows: int = 512,
+    max_rows: int = TOTAL_MAX_ROWS,
     read: Read | None = None,
 ) -> torch.Tensor:
     """Answer logits [sender, batch] of END residuals resid [sender, batch, d_model] entering layers `join`

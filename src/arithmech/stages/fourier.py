@@ -63,6 +63,7 @@ from arithmech.models.load import ModelHandle
 from arithmech.patching.states import collect_end_states
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, defined, git_sha, package_versions
 from arithmech.stages.fourier_config import GROUPS, FourierConfig
+from arithmech.stages.fourier_config import default_cutoffs as default_cutoffs  # re-exported
 from arithmech.stages.identify_run import analysis_folders, analysis_header, chosen_layers, read_identify_run
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ _ENDING = 24
 """Characters at the end of a prompt that decide the number tokens after it (step 1)."""
 RANDOM_DRAWS = 32
 """Random directions drawn per contribution for the high-frequency share's random baseline."""
-_SPREAD = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500)
-"""Cutoffs tried by default when a filter has more than 12 that remove something."""
 
 
 @dataclass
@@ -95,16 +94,6 @@ class FourierResult:
     """accuracy and answer_prob without a filter."""
     out_dir: Path
     metadata: dict[str, Any]
-
-
-def default_cutoffs(kind: str, n_numbers: int) -> list[int]:
-    """The cutoffs whose filter removes something: low-pass 0..F-1, high-pass 1..F; a spread of them (those in
-    `_SPREAD` and both ends) when there are more than 12."""
-    top = max_frequency(n_numbers)
-    values = list(range(top)) if kind == "low-pass" else list(range(1, top + 1))
-    if len(values) <= 12:
-        return values
-    return sorted({values[0], values[-1], *(v for v in _SPREAD if values[0] <= v <= values[-1])})
 
 
 def _label(tokenizer: Any, token_id: int) -> str:
@@ -209,8 +198,7 @@ def analyze_fourier(
     batch = (tokenized.ref_ids, tokenized.ref_mask, tokenized.end, tokenized.answer_ids)
     correct, prob = filtered_predictions(view, *batch, None, None, layers, batch_size=cfg.batch_size)
     baseline = {"accuracy": float(correct.float().mean()), "answer_prob": float(prob.mean())}
-    plan = [(group, kind, cutoff) for group in cfg.groups for kind in cfg.filters
-            for cutoff in (cfg.cutoffs if cfg.cutoffs is not None else default_cutoffs(kind, n_numbers))]  # fmt: skip
+    plan = cfg.filter_plan(n_numbers)
     filters = []
     for group, kind, cutoff in tqdm(plan, desc="Fourier filters", unit="filter", disable=quiet):
         removed = removed_frequencies(kind, cutoff, n_numbers)

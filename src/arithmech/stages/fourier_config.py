@@ -16,6 +16,18 @@ GROUPS: tuple[str, ...] = ("attention", "mlp")
 """Component groups filtered one at a time: every chosen layer's attention output, or every MLP's."""
 FILTERS: tuple[str, ...] = ("low-pass", "high-pass")
 """low-pass(tau) removes the frequencies above tau, high-pass(tau) those below it (analysis/fourier.py)."""
+_SPREAD = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500)
+"""Cutoffs tried by default when a filter has more than 12 that remove something."""
+
+
+def default_cutoffs(kind: str, n_numbers: int) -> list[int]:
+    """The cutoffs whose filter removes something: low-pass 0..F-1, high-pass 1..F (F = N // 2, analysis/fourier.py
+    max_frequency); a spread of them (those in `_SPREAD` and both ends) when there are more than 12."""
+    top = n_numbers // 2
+    values = list(range(top)) if kind == "low-pass" else list(range(1, top + 1))
+    if len(values) <= 12:
+        return values
+    return sorted({values[0], values[-1], *(v for v in _SPREAD if values[0] <= v <= values[-1])})
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,13 @@ class FourierConfig:
     )
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the prompt sample (stratified by operation and template)"})
+
+    def filter_plan(self, n_numbers: int) -> list[tuple[str, str, int]]:
+        """(group, filter, cutoff) of every filtered run, in the order the stage runs them, over N numbers."""
+        def cutoffs(kind: str) -> list[int]:
+            return list(self.cutoffs) if self.cutoffs is not None else default_cutoffs(kind, n_numbers)
+
+        return [(group, kind, cutoff) for group in self.groups for kind in self.filters for cutoff in cutoffs(kind)]
 
     def __post_init__(self) -> None:
         for name in ("layers", "groups", "filters", "cutoffs"):

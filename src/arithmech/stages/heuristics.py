@@ -46,7 +46,7 @@ from arithmech.data.tokens import tokenize_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
-from arithmech.neurons.heuristic_scan import NeuronScan, ablation_sweep, check_width, default_ks, scan_neurons
+from arithmech.neurons.heuristic_scan import NeuronScan, ablation_sweep, check_width, scan_neurons
 from arithmech.neurons.heuristic_templates import (
     ALPHA,
     FAMILIES,
@@ -58,7 +58,7 @@ from arithmech.neurons.heuristic_templates import (
     shuffled_best,
 )
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text, git_sha, package_versions
-from arithmech.stages.heuristics_config import HeuristicsConfig
+from arithmech.stages.heuristics_config import HeuristicsConfig, default_ks
 
 STRONG_SHARE = 0.01
 """The strong neurons of a layer: its top 1% by mean |DE| (about the share Nikankin et al. find at work)."""
@@ -161,7 +161,7 @@ def heuristics(
         results_t = torch.tensor([grid.results[i] for i in kept])
         neuron_rows, layer_rows = _classify(operation, scan, operands, results_t, cfg)
         batch = tokenized.take(kept)
-        n_rows = (1 + len(cfg.ablations) * len(ks) * (1 + cfg.n_random)) * len(kept)
+        n_rows = cfg.sweep_configurations(ks) * len(kept)
         with tqdm(total=n_rows, desc=f"ablate {operation}", unit="row", disable=quiet) as bar:
             sweep = ablation_sweep(view, batch, scan.direct_effect, scan.activation.mean(0), layers, ks, cfg.n_random,
                                    cfg.seed, cfg.ablations, cfg.batch_size, progress=bar.update)  # fmt: skip

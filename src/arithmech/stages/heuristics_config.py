@@ -16,6 +16,15 @@ from arithmech.errors import ConfigError
 ABLATIONS: tuple[str, ...] = ("mean", "zero")
 
 
+
+def default_ks(width: int, max_fraction: float = 0.05) -> tuple[int, ...]:
+    """k per layer: 1, 2, 5, 10, 20, ... up to max_fraction of the layer's neurons, and round(1%) of them."""
+    cap = max(1, int(max_fraction * width))
+    one_percent = max(1, round(0.01 * width))
+    ladder = [k for base in (1, 10, 100, 1000) for k in (base, 2 * base, 5 * base) if k <= cap]
+    return tuple(sorted({*ladder, min(one_percent, width)}))
+
+
 @dataclass(frozen=True)
 class HeuristicsConfig:
     """Settings of the heuristics stage; lists given for tuple fields become tuples."""
@@ -56,6 +65,11 @@ class HeuristicsConfig:
     ablations: tuple[str, ...] = field(default=ABLATIONS, metadata={"help": "ablation sources: mean, zero"})
     batch_size: int = field(default=32, metadata={"help": "prompts (or ablation rows) per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the grid sample, few-shot examples and random draws"})
+
+    def sweep_configurations(self, ks: tuple[int, ...]) -> int:
+        """Configurations of the ablation sweep (neurons/heuristic_scan.ablation_sweep): nothing ablated, then per
+        ablation and k the top neurons and n_random random draws; each is one END row per prompt."""
+        return 1 + len(self.ablations) * len(ks) * (1 + self.n_random)
 
     def __post_init__(self) -> None:
         for name in ("operations", "layers", "ks", "ablations"):

@@ -59,13 +59,14 @@ from arithmech.data.reference_set import build_reference_set
 from arithmech.data.sampling import sample_record, stratified_sample
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.knockout.ablation import AblationSources, ablation_sources, alignment_groups
-from arithmech.knockout.sweep import AnswerRows, SweepRow, k_values, knockout_sweep
+from arithmech.knockout.configurations import k_values
+from arithmech.knockout.sweep import AnswerRows, SweepRow, knockout_sweep
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components, parse_component
 from arithmech.patching.path import PatchingBatch
 from arithmech.runs import git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
-from arithmech.stages.knockout_config import DEFAULT_MAX_K, KnockoutConfig
+from arithmech.stages.knockout_config import KnockoutConfig
 from arithmech.stages.knockout_outputs import prompt_file, write_knockout_outputs
 
 logger = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
     built = time.perf_counter() - start  # the held-out set's answer check is most of it
     mlps = cfg.include_mlps or any(c.head is None for c in ranked)  # the control draws the kinds ranked holds
     pool = [c for c in all_components(handle.dims) if mlps or c.head is not None]
-    max_k = _max_k(cfg, ranked)
+    max_k = cfg.largest_k
     prepared = [_prepare(handle, cfg, s, digits) for s in sets]
     n_configs = 1 + len(k_values(max_k)) * (1 + cfg.n_random)
     show = not quiet and distributed.is_main()
@@ -243,13 +244,6 @@ def knockout(handle: ModelHandle, cfg: KnockoutConfig, out_dir: str | Path, quie
                                {prompt_file(p.name): p.prompts for p in prepared})  # fmt: skip
     distributed.barrier()  # the other processes return only once the folder is complete
     return KnockoutResult(rows, ranked, out, metadata)
-
-
-def _max_k(cfg: KnockoutConfig, ranked: list[Component]) -> int:
-    """The largest k: cfg.max_k when set, else all the --components given, or DEFAULT_MAX_K of a run's ranking."""
-    if cfg.max_k is not None:
-        return cfg.max_k
-    return len(ranked) if cfg.components else DEFAULT_MAX_K
 
 
 def _sharded_sweep(count: int, lo: int, hi: int, sweep: Callable[[int, int], list[SweepRow]]) -> list[SweepRow]:

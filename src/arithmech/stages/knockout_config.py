@@ -59,6 +59,13 @@ class KnockoutConfig:
     batch_size: int = field(default=64, metadata={"help": "rows (configuration x prompt) per forward pass"})
     seed: int = field(default=0, metadata={"help": "seed of the random-rank draws"})
 
+    @property
+    def largest_k(self) -> int:
+        """The largest k: max_k when set, else all the --components given, or DEFAULT_MAX_K of a run's ranking."""
+        if self.max_k is not None:
+            return self.max_k
+        return len(self.components) if self.components else DEFAULT_MAX_K
+
     def __post_init__(self) -> None:
         if isinstance(self.components, list):
             object.__setattr__(self, "components", tuple(self.components))

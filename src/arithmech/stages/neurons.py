@@ -51,7 +51,7 @@ from arithmech.runs import (
     package_versions,
 )
 from arithmech.stages.identify_run import model_identity
-from arithmech.stages.neurons_config import NeuronsConfig
+from arithmech.stages.neurons_config import LORA_BATCH, NeuronsConfig
 
 
 @dataclass
@@ -209,7 +209,7 @@ def _lora(
         if not 0 <= layer < handle.dims.n_layers:
             raise ConfigError(f"lora_layer {layer} does not exist: the model has layers 0..{handle.dims.n_layers - 1}")
         train_cfg = LoraTrainConfig(layers=(layer,), modules=("mlp",), rank=cfg.lora_rank, steps=cfg.lora_steps,
-                                    batch_size=min(16, len(batch)), seed=cfg.seed)  # fmt: skip
+                                    batch_size=min(LORA_BATCH, len(batch)), seed=cfg.seed)  # fmt: skip
         adapter = steps.run("lora_adapter", lambda: train_layer_lora(handle, ids, mask, end, answers, train_cfg))
         adapter.save(out / "lora_adapter")
         info = {"trained_layer": layer, "modules": ["mlp"], "rank": cfg.lora_rank, "steps": cfg.lora_steps,

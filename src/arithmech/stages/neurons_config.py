@@ -15,6 +15,8 @@ from arithmech.errors import ConfigError, DataError
 
 PRUNE_SCORES: tuple[str, ...] = ("cna", "li")
 
+LORA_BATCH = 16
+"""Most prompts of a LoRA training step (stages/neurons.py trains on min(LORA_BATCH, prompts))."""
 
 @dataclass(frozen=True)
 class NeuronsConfig:

@@ -78,12 +78,11 @@ from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, all_components
 from arithmech.runs import atomic_write_json, atomic_write_text, cell, csv_text, defined, git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
-from arithmech.stages.transfer_config import TransferConfig
-from arithmech.stages.transfer_targets import PreparedTarget, prepare_target, rows_per_pass
+from arithmech.stages.transfer_config import K_CAP, TransferConfig, rows_per_pass
+from arithmech.stages.transfer_targets import PreparedTarget, prepare_target
 
 logger = logging.getLogger(__name__)
 
-K_CAP = 32
 
 CSV_COLUMNS: tuple[str, ...] = (
     "source", "source_set", "target", "n_prompts", "n_total", "n_answered", "replaced_in_sample", "base_accuracy", "k",

@@ -2,16 +2,67 @@
 
 The CLI builds `arithmech transfer`'s config from its options and validates it, target set names included
 (`data/target_sets.py`), before a model loads.
+
+Cost of one target (`target_cost`, for `arithmech plan`; checked against the stage's counted work in
+tests/unit/plan/test_work_counted.py), in token-layers and rows read through the unembedding:
+    filter     every candidate prompt run once (`predict_at_end`, rows_per_pass(W) a call, each call padded
+               to its own widest prompt), its END read: the reference filtering of stages/transfer_targets.py
+    values     mean and resample ablation: every candidate's counterfactual (mean) or reference (resample)
+               run once at the set's width W (`knockout/ablation.py` run_activations); zero: none
+    knockout   the scored prompts' configurations (`knockout/configurations.knockout_cost`), rows_per_pass
+               of the scored batch's width a call
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from arithmech.data.target_sets import TargetOptions, target_set
 from arithmech.errors import ConfigError
+from arithmech.knockout.configurations import KnockoutCost, knockout_cost
 from arithmech.knockout.modes import ABLATION_MODES, MIN_GROUP_SIZE
+
+K_CAP = 32
+"""The most components a source knocks out by default (its key components, at least 1)."""
+TOKEN_BUDGET = 4096
+"""Tokens per forward pass (rows x width): the logits of long word-problem prompts are large."""
+
+
+def rows_per_pass(width: int, batch_size: int) -> int:
+    """Rows per forward pass: `batch_size`, fewer for long prompts (TOKEN_BUDGET)."""
+    return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
+
+
+@dataclass(frozen=True)
+class TargetCost:
+    """The work of one target (module docstring): plain token-layers and END rows, and the knockout's."""
+
+    plain_token_layers: int
+    plain_rows: int
+    knockout: KnockoutCost
+
+
+def target_cost(
+    n_layers: int,
+    first_layers: Sequence[int],
+    candidate_widths: Sequence[int],
+    scored_widths: Sequence[int],
+    batch_size: int,
+    values: bool,
+) -> TargetCost:
+    """One target's cost (module docstring): `candidate_widths` (END + 1) of every candidate row, `scored_widths`
+    of the rows kept, configurations whose lowest ablated layers are `first_layers`; `values`: mean or resample."""
+    width = max(candidate_widths)
+    size = rows_per_pass(width, batch_size)
+    chunks = [candidate_widths[lo : lo + size] for lo in range(0, len(candidate_widths), size)]
+    plain = sum(len(c) * max(c) for c in chunks) * n_layers
+    if values:
+        plain += len(candidate_widths) * width * n_layers
+    cost = knockout_cost(n_layers, first_layers, scored_widths, rows_per_pass(max(scored_widths), batch_size))
+    return TargetCost(plain, len(candidate_widths), cost)
+
 
 DEFAULT_TARGETS: tuple[str, ...] = (
     "addition", "subtraction", "multiplication", "division", "addition-qa", "multidigit-addition",

@@ -53,10 +53,7 @@ from arithmech.models.load import ModelHandle
 from arithmech.models.predictions import predict_at_end
 from arithmech.models.shared_prefix import common_prefix_length
 from arithmech.patching.path import PatchingBatch
-from arithmech.stages.transfer_config import TransferConfig
-
-TOKEN_BUDGET = 4096
-"""Tokens per forward pass (rows x width): the logits of long word-problem prompts are large."""
+from arithmech.stages.transfer_config import TransferConfig, rows_per_pass
 
 
 @dataclass
@@ -100,11 +97,6 @@ def _take(t: TokenizedPairs, indices: list[int]) -> tuple[PatchingBatch, list[Pr
     batch = PatchingBatch(t.ref_ids[idx, :width], t.ref_mask[idx, :width], t.cf_ids[idx, :width],
                           t.cf_mask[idx, :width], t.end[idx], t.answer_ids[idx])
     return batch, [t.pairs[i] for i in indices]
-
-
-def rows_per_pass(width: int, batch_size: int) -> int:
-    """Rows per forward pass: `batch_size`, fewer for long prompts (TOKEN_BUDGET)."""
-    return max(1, min(batch_size, TOKEN_BUDGET // max(width, 1)))
 
 
 def held_out_pairs(

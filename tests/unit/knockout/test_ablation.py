@@ -8,7 +8,8 @@ import torch
 from arithmech.errors import ConfigError
 from arithmech.knockout.ablation import AblationSources, ablate, ablation_sources, alignment_groups, run_activations
 from arithmech.knockout.batched import knockout_scores
-from arithmech.knockout.sweep import k_values, knockout_sweep
+from arithmech.knockout.configurations import k_values
+from arithmech.knockout.sweep import knockout_sweep
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.sites import Component, all_components

@@ -24,7 +24,7 @@ from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
-from arithmech.neurons.heuristic_scan import ablation_sweep, default_ks, scan_neurons
+from arithmech.neurons.heuristic_scan import ablation_sweep, scan_neurons
 from arithmech.neurons.heuristic_templates import (
     ALPHA,
     GROUPS,
@@ -36,7 +36,7 @@ from arithmech.neurons.heuristic_templates import (
     shuffled_best,
 )
 from arithmech.stages.heuristics import heuristics
-from arithmech.stages.heuristics_config import HeuristicsConfig
+from arithmech.stages.heuristics_config import HeuristicsConfig, default_ks
 
 from tiny_models import TINY_ARCHS, make_tiny_model, make_tiny_tokenizer
 

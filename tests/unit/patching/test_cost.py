@@ -18,6 +18,7 @@ from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.view import ModelView
 from arithmech.patching.path import PatchingBatch, length_chunks, path_patch
+from arithmech.patching.scan_cost import layer_macs, prompt_pass_macs, scan_macs
 
 from forward_cost import count_work, plain_forward_macs, prompt_forward_macs
 from tiny_models import seeded_rng
@@ -51,10 +52,10 @@ def benchmark_like_batch(vocab: int) -> PatchingBatch:
 def predicted_passes(
     view: ModelView, batch: PatchingBatch, variant: str, batch_size: int, unit: str = "padded"
 ) -> float:
-    """The cost model of docs/performance.md, in multiply-accumulates of a llama-family model, over one forward
-    pass in `unit`: "prompts", each prompt at its own length with the logits of its last token (the docs' unit,
-    `prompt_forward_macs`), or "padded", the right-padded batch with the logits of every position
-    (`plain_forward_macs`).
+    """The cost model of docs/performance.md (patching/scan_cost.py), in multiply-accumulates of a llama-family
+    model, over one forward pass in `unit`: "prompts", each prompt at its own length with the logits of its last
+    token (the docs' unit, `prompt_forward_macs`), or "padded", the right-padded batch with the logits of every
+    position (`plain_forward_macs`).
 
     Both variants, per chunk of the engine (`length_chunks`): the reference pass (n x W tokens through L layers,
     W the chunk's longest prompt) and the counterfactual pass of the positions after the chunk's shared start s
@@ -63,24 +64,17 @@ def predicted_passes(
     token-layers, plus the head senders' own-layer MLP, H L.
     """
     d = view.dims
-    d_mlp = view.mlp(0).up_proj.out_features
-    c_attn = 2 * d.d_model * d.n_heads * d.d_head + 2 * d.d_model * d.n_kv_heads * d.d_head  # q, o; k, v
-    c_mlp = 3 * d.d_model * d_mlp  # gate, up, down
-    c_layer = c_attn + c_mlp
+    c_attn, c_mlp = layer_macs(d.d_model, d.n_heads, d.n_kv_heads, d.d_head, view.mlp(0).up_proj.out_features)
     if unit == "prompts":
-        plain = int(batch.ref_mask.sum()) * d.n_layers * c_layer + len(batch) * d.d_vocab * d.d_model
+        tokens = int(batch.ref_mask.sum())
+        plain = prompt_pass_macs(tokens, len(batch), d.n_layers, c_attn + c_mlp, d.d_vocab, d.d_model)
     else:
-        plain = len(batch) * batch.ref_ids.shape[1] * (d.n_layers * c_layer + d.d_vocab * d.d_model)
-    passes = 0
+        plain = len(batch) * batch.ref_ids.shape[1] * (d.n_layers * (c_attn + c_mlp) + d.d_vocab * d.d_model)
+    chunks = []
     for prompts in length_chunks(batch, batch_size):
         chunk = batch.select(prompts)
-        passes += len(chunk) * (2 * chunk.ref_ids.shape[1] - chunk.shared_length()) * d.n_layers * c_layer
-    triangle = (d.n_heads + 1) * d.n_layers * (d.n_layers - 1) // 2
-    if variant == "path":
-        scan = len(batch) * c_mlp * (triangle + d.n_heads * d.n_layers)
-    else:
-        scan = len(batch) * (triangle * c_layer + d.n_heads * d.n_layers * c_mlp)
-    return (passes + scan) / plain
+        chunks.append((len(chunk), int(chunk.ref_ids.shape[1]), chunk.shared_length()))
+    return scan_macs(variant, d.n_layers, d.n_heads, c_attn, c_mlp, chunks) / plain
 
 
 @pytest.mark.parametrize(("variant", "limit"), [("path", 5.5), ("total", 6.5)])

@@ -1,0 +1,282 @@
+"""The planned memory of a stage, in bytes, from the model's shape and what the engines allocate.
+
+Every term is a tensor an engine keeps or a temporary it makes; b is the bytes of a number of the run's dtype.
+Sizes: B prompts of a chunk (micro-batch), T tokens each, L layers, H query and K key-value heads of d_head, d
+d_model, F d_mlp, V d_vocab, g = H / K.
+
+Forward pass without gradients (a scan's reference or counterfactual run), per layer at its peak:
+    attention  B H T^2 x 8 bytes: the score product and its scaled copy (b each) or, in softmax, the input (b) and
+               its float32 output (4), + the cast back (b, 16-bit only): 8 bytes an entry in either dtype
+               (transformers' eager_attention_forward; models/load.py runs eager attention)
+               + B T^2 b of causal mask + 2 B T H d_head b of keys and values repeated over g (GQA, g > 1)
+    MLP        3 B T F b: gate, up and their product (gate_proj, act, up_proj, down_proj), while the layer still
+               holds its attention weights (B H T^2 b, returned by the attention module) and the causal mask
+    the larger of the two, above the residual stream, 2 B T d b, and the embedding's output, B T d b, which the
+    model keeps through the pass.
+Key/value cache (a reference run with `keep_cache`): 2 L B T K d_head b.
+
+Training (autograd keeps, per token and layer; LlamaDecoderLayer under eager attention, HF 5):
+    two RMSNorms   2 (4 d + b d)   the float32 input (or the float32 residual itself) and the normed cast
+    q, k, v        b (H + 2 K) d_head;  rotary: b (2 H + (1 or 2) K) d_head (rotated halves and outputs)
+    GQA            2 b H d_head repeated keys and values (g > 1)
+    attention      H T (4 + b [16-bit]) the float32 softmax and its cast; b H d_head the o_proj input
+    MLP            4 b F (gate, act, up, product)
+Loss (finetune/train.py token_loss_sum): 12 V bytes a token: the logits (b), their shifted copy (b), the float32
+copy (4, 16-bit only) and log_softmax's output (4); in float32 the casts are no-ops and the copy and output 4 + 4.
+The backward of the loss adds 8 V a token of gradients (largest temporary).
+
+Training's peak is weights + optimizer state + the larger of (graph + temporary) and the gradients: from the second
+step on the moments exist while the graph is built, and the backward frees the graph as the gradients appear.
+Weights are n_params x b (plan/shape.py). Full SFT: gradients n_params x b, AdamW's two moments 2 n_params x b.
+Precise SFT: float32 deltas of the selected heads' slices (finetune/head_slices.py) with float32 gradients, two
+moments and the anchors AnchoredAdamW keeps: 16 bytes a trained number. LoRA: r (in + out) per adapted projection,
+in the model's dtype, with gradients and two moments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
+from arithmech.plan.shape import ModelShape
+
+ASSEMBLY_COPIES = 6
+"""float32 [3H, batch, pos, d_model] tensors alive while one layer's head-input gradients are assembled
+(circuits/gradients.head_input_gradients): the cotangents per role, their concatenation, and the attention norm's
+vector-Jacobian product batched over them (its input's gradient and ~3 intermediates); read from the allocator's
+records on the planned-against-measured test's model."""
+PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
+"""The parts a planned peak is split into, in the order they are printed."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Planned bytes of one process at the stage's peak, by part (PARTS); `notes` say what each part holds."""
+
+    weights: int
+    activations_clean: int = 0
+    activations_counterfactual: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    temporary: int = 0
+    notes: tuple[str, ...] = ()
+    gradients_replace_graph: bool = False
+    """Training: the weight gradients appear as the backward frees the graph, so the two do not add up."""
+    after_backward: int = 0
+    """Allocations that appear once the backward has freed the autograd graph, `graph_bytes` of activations_clean,
+    and the forward's temporary (EAP: the probes' gradients and their assembly into receiver gradients)."""
+    graph_bytes: int = 0
+
+    @property
+    def peak(self) -> int:
+        if self.gradients_replace_graph:
+            during = max(self.activations_clean + self.temporary, self.gradients)
+            return self.weights + self.optimizer + self.activations_counterfactual + during
+        total = sum(getattr(self, part) for part in PARTS)
+        return total + max(0, self.after_backward - self.graph_bytes - self.temporary)
+
+    def as_dict(self) -> dict[str, Any]:
+        extra = {"after_backward": self.after_backward} if self.after_backward else {}
+        return {**{part: int(getattr(self, part)) for part in PARTS}, **extra, "peak": int(self.peak),
+                "notes": list(self.notes)}  # fmt: skip
+
+
+def weight_bytes(shape: ModelShape, b: int) -> int:
+    return shape.n_params * b
+
+
+def kv_cache_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> int:
+    """Keys and values of every layer and position of `batch` prompts."""
+    return 2 * shape.n_layers * batch * tokens * shape.n_kv_heads * shape.d_head * b
+
+
+def end_state_bytes(shape: ModelShape, batch: int, b: int) -> int:
+    """END states of every layer (patching/states.collect_end_states): residuals, attention and MLP reads and
+    outputs, the final residual, and every head's z."""
+    s = shape
+    return (4 * s.n_layers + 1) * batch * s.d_model * b + s.n_layers * batch * s.n_heads * s.d_head * b
+
+
+def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int:
+    """The largest temporary of a forward pass without gradients (module docstring), residual stream included."""
+    s = shape
+    attention = batch * s.n_heads * tokens**2 * 8 + batch * tokens**2 * b
+    if s.group_size > 1:
+        attention += 2 * batch * tokens * s.n_heads * s.d_head * b
+    mlp = 3 * batch * tokens * s.d_mlp * b + batch * (s.n_heads + 1) * tokens**2 * b
+    return max(attention, mlp) + 3 * batch * tokens * s.d_model * b
+
+
+def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool = False) -> int:
+    """Bytes autograd keeps per token and layer for the backward (module docstring); `frozen` weights save less:
+    autograd keeps a product's input only for the gradient of a factor that needs one, so a frozen projection
+    or norm weight keeps no input, and rotary keeps none (cos and sin need no gradient). The inputs a trained
+    delta or adapter keeps come on top, in the layers that have one (`hooked_input_bytes`)."""
+    s = shape
+    q, kv = s.n_heads * s.d_head, s.n_kv_heads * s.d_head
+    if frozen:
+        keys = 2 * (q if s.group_size > 1 else kv)  # the matmuls' repeated keys and values
+        probs = s.n_heads * tokens * (4 + (b if b < 4 else 0))
+        return 8 * s.d_model + b * (q + keys) + probs + 3 * b * s.d_mlp
+    norms = 2 * (4 * s.d_model + b * s.d_model)
+    projections = b * (q + 2 * kv) + b * (2 * q + (1 if s.group_size > 1 else 2) * kv)
+    repeated = 2 * b * q if s.group_size > 1 else 0
+    probs = s.n_heads * tokens * (4 + (b if b < 4 else 0)) + b * q
+    return norms + projections + repeated + probs + 4 * b * s.d_mlp
+
+
+def hooked_input_bytes(shape: ModelShape, b: int) -> int:
+    """Bytes a token keeps in a layer whose projections get a trained delta (precise SFT's hooks) or an adapter
+    (LoRA on q, k, v, o): the attention's input, read by q, k and v, and o_proj's input, b (d + H d_head)."""
+    return b * (shape.d_model + shape.n_heads * shape.d_head)
+
+
+def loss_bytes(shape: ModelShape, batch: int, tokens: int) -> tuple[int, int]:
+    """(kept, backward temporary) of the logits and the token loss of a micro-batch."""
+    return 12 * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
+
+
+def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str) -> MemoryPlan:
+    """identify's exact scans (patching/path.py `_patch_chunk`): the reference run keeps every key and value, the
+    counterfactual run continues it and grows its own cache; the END states of both are [layer, batch, d_model]
+    tensors; the sweep carries one END residual per (sender so far, prompt) through each later MLP."""
+    s = shape
+    end_states = end_state_bytes(s, batch, b)
+    cache = kv_cache_bytes(s, batch, tokens, b)
+    senders = s.n_layers * (s.n_heads + 1)
+    if variant == "total":  # decoding steps of max_rows (sender, prompt) rows on the reference cache
+        slots = min(senders, max(1, TOTAL_MAX_ROWS // batch))  # senders per step (total.patched_end_logits)
+        rows = slots * batch
+        # each row's MLP and residuals (b each), and the step's attention: every prompt's slots over its prefix
+        # and the slots themselves, [batch, H, slots, T - 1 + slots] scores at 8 bytes an entry (module docstring)
+        sweep = rows * (3 * s.d_mlp + 4 * s.d_model) * b + batch * s.n_heads * slots * (tokens - 1 + slots) * 8
+    else:  # every sender's END residual, and the MLP on them at the last layer
+        sweep = senders * batch * (2 * s.d_model + 3 * s.d_mlp) * b
+    return MemoryPlan(
+        weights=weight_bytes(s, b),
+        activations_clean=cache + end_states,
+        activations_counterfactual=cache + end_states,
+        temporary=max(forward_temporary(s, batch, tokens, b), sweep),
+        notes=("clean and counterfactual: each run's key/value cache and END states", "temporary: the larger of "
+               "a layer's attention or MLP and the sweep over senders"),
+    )  # fmt: skip
+
+
+def attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> MemoryPlan:
+    """identify --method attribution (patching/attribution.py): a reference and a counterfactual run, then one
+    forward with gradients to the END states: its autograd graph and the gradients at each layer's END."""
+    s = shape
+    graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b)
+    end_states = end_state_bytes(s, batch, b)
+    return MemoryPlan(
+        weights=weight_bytes(s, b),
+        activations_clean=graph + end_states,
+        activations_counterfactual=end_states,
+        gradients=end_states,
+        temporary=forward_temporary(s, batch, tokens, b),
+        notes=("clean: the autograd graph of one forward pass", "gradients: d metric / d END state"),
+    )
+
+
+def edge_attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> MemoryPlan:
+    """circuit's EAP / EAP-IG (circuits/gradients.receiver_gradients): one forward's autograd graph (attention on
+    g replicas), both runs' sender outputs, the probes (a zero tensor added to every projection's output, tiled
+    over the g replicas, and to every MLP's and the final norm's input) and the float32 gradients of every
+    receiver's input; once the backward has freed the graph, the probes' gradients (as large as the probes) and
+    one layer's assembly of its 3H head-input gradients, ASSEMBLY_COPIES float32 [3H, batch, pos, d_model]
+    tensors (the cotangents, their concatenation and the norm's batched vector-Jacobian product)."""
+    s = shape
+    rows = batch * tokens
+    receivers = s.n_layers * (3 * s.n_heads + 1) + 1
+    senders = s.n_layers * (s.n_heads + 1) + 1
+    per_layer = saved_per_token_layer(s, tokens, b) + (s.group_size - 1) * s.n_heads * tokens * 8
+    graph = s.n_layers * rows * per_layer
+    outputs = senders * rows * s.d_model * b
+    projections = s.group_size * (s.n_heads + 2 * s.n_kv_heads) * s.d_head  # tiled over the g replicas
+    probes = rows * (s.n_layers * (projections + s.d_model) + s.d_model) * b
+    assembly = ASSEMBLY_COPIES * 3 * s.n_heads * rows * s.d_model * 4
+    return MemoryPlan(
+        weights=weight_bytes(s, b),
+        activations_clean=graph + outputs + probes,
+        activations_counterfactual=outputs,
+        gradients=4 * receivers * rows * s.d_model,
+        temporary=forward_temporary(s, batch, tokens, b),
+        after_backward=probes + assembly,
+        graph_bytes=graph,
+        notes=("gradients: float32 d metric / d x_r of every receiver", "clean: the autograd graph, sender outputs "
+               "and probes", "after_backward: the probes' gradients and one layer's assembly, as the graph is freed"),
+    )  # fmt: skip
+
+
+def forward_memory(shape: ModelShape, b: int, batch: int, tokens: int, cache: bool = False) -> MemoryPlan:
+    """A stage that runs plain forward passes of its prompts (with `cache`, keeping their keys and values)."""
+    return MemoryPlan(
+        weights=weight_bytes(shape, b),
+        activations_clean=kv_cache_bytes(shape, batch, tokens, b) if cache else 0,
+        temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
+        notes=("temporary: a layer's attention or MLP and the last position's logits",),
+    )
+
+
+def generation_memory(shape: ModelShape, b: int, batch: int, tokens: int, new_tokens: int) -> MemoryPlan:
+    """evaluate's greedy generation of one batch: the key/value cache of prompt and new tokens, and the prompt's
+    pass (the decoding steps, one token each, are smaller) with the last position's logits."""
+    return MemoryPlan(
+        weights=weight_bytes(shape, b),
+        activations_clean=kv_cache_bytes(shape, batch, tokens + new_tokens, b),
+        temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
+        notes=("clean: the key/value cache of the prompts and their new tokens",
+               "temporary: the prompts' pass and the last position's logits"),
+    )
+
+
+def training_memory(
+    shape: ModelShape,
+    b: int,
+    batch: int,
+    tokens: int,
+    method: str,
+    trained: int,
+    processes: int = 1,
+    fsdp: bool = False,
+    hooked_layers: int | None = None,
+    mlp_layers: int = 0,
+) -> MemoryPlan:
+    """One finetune step (finetune/train.py): `trained` numbers train (full: every parameter); under FSDP2 the
+    weights, gradients and moments are split over `processes`, plus one layer gathered whole. `hooked_layers`:
+    the layers whose projections keep their inputs for a trained delta (precise SFT: the chosen heads' layers;
+    LoRA and the default: every layer); `mlp_layers`: whole MLPs trained by precise SFT, whose projections keep
+    their inputs too, b (d + d_mlp) a token."""
+    s = shape
+    kept, backward = loss_bytes(s, batch, tokens)
+    graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b, frozen=method != "full") + kept
+    if method != "full":
+        hooked = s.n_layers if hooked_layers is None else hooked_layers
+        graph += hooked * batch * tokens * hooked_input_bytes(s, b)
+        graph += mlp_layers * batch * tokens * b * (s.d_model + s.d_mlp)
+    weights = weight_bytes(s, b)
+    if method == "full":
+        gradients, optimizer = s.n_params * b, 2 * s.n_params * b
+    elif method == "lora":
+        gradients, optimizer = trained * b, 2 * trained * b
+        weights += trained * b
+    else:  # precise: float32 deltas, gradients, two moments and anchors
+        gradients, optimizer = 4 * trained, 8 * trained
+        weights += 8 * trained
+    if fsdp:
+        gathered = s.layer_params() * b
+        weights, gradients, optimizer = weights // processes + gathered, gradients // processes, optimizer // processes
+    return MemoryPlan(
+        weights=weights,
+        activations_clean=graph,
+        gradients=gradients,
+        optimizer=optimizer,
+        temporary=max(backward, forward_temporary(s, batch, tokens, b)),
+        notes=(
+            "clean: the autograd graph of one micro-batch and its loss",
+            "temporary: the loss's backward",
+            "peak: weights + optimizer + the larger of graph + temporary and gradients (steady state)",
+        ),
+        gradients_replace_graph=True,
+    )

