@@ -34,7 +34,8 @@ Shuffled control (the order control)
     smooth data, so R^2 alone cannot tell.) A held-out value keeps B[v] (pi permutes train values only).
 
 Families (`families`), each at a stated dimension m
-    linear [v];  log [log(1 + v)];  circle-T [cos, sin of 2 pi v / T];  circles [cos, sin for every period, no
+    linear [v];  log [log(1 + v)];  circle-T [cos, sin of 2 pi v / T] (period 2: cos only, since sin(pi v) = 0 on
+    integers: K&T's 9-dimensional helix has 8 columns that are not zero);  circles [cos, sin for every period, no
     linear term: K&T's "circle"];  helix-T1-T2.. [v and the circles of a subset of the periods]: every
     non-empty subset, up to 4 periods, of {2, 5, 10, 100} restricted to the periods the range can show (T <=
     the number of values in the range: a whole period);  pca-m and poly-m (powers 1..m of the centred,
@@ -98,16 +99,21 @@ def n_places(high: int) -> int:
     return len(str(max(high - 1, 0)))
 
 
+def circle_dim(periods: Sequence[int]) -> int:
+    """Columns of the circles of `periods`: cos and sin each, but period 2 has only cos (sin(pi n) = 0 on integers)."""
+    return sum(1 if t == 2 else 2 for t in periods)
+
+
 def families(low: int, high: int, digit_split: bool, periods: Sequence[int] = PERIODS) -> list[Family]:
     """Every family of the module docstring for operands low..high-1, in table order."""
     shown = shown_periods(low, high, periods)
     out = [Family("linear"), Family("log")]
-    out += [Family("circle", (t,), 2) for t in shown]
+    out += [Family("circle", (t,), circle_dim((t,))) for t in shown]
     if len(shown) > 1:
-        out.append(Family("circles", shown, 2 * len(shown)))
+        out.append(Family("circles", shown, circle_dim(shown)))
     for size in range(1, min(4, len(shown)) + 1):
-        out += [Family("helix", subset, 1 + 2 * size) for subset in itertools.combinations(shown, size)]
-    sizes = [1 + 2 * len(shown)] if shown else [1]
+        out += [Family("helix", subset, 1 + circle_dim(subset)) for subset in itertools.combinations(shown, size)]
+    sizes = [1 + circle_dim(shown)] if shown else [1]
     if digit_split:
         places = n_places(high)
         out += [Family("digit-circles", (), 2 * places), Family("digit-linear", (), places)]
@@ -142,7 +148,8 @@ def basis(family: Family, values: torch.Tensor, low: int, high: int) -> torch.Te
     elif family.kind in ("circle", "circles", "helix"):
         cols = [v] if family.kind == "helix" else []
         for t in family.periods:
-            cols += [torch.cos(2 * math.pi * v / t), torch.sin(2 * math.pi * v / t)]
+            angle = 2 * math.pi * torch.remainder(values.to(torch.long), t).to(torch.float64) / t
+            cols += [torch.cos(angle)] + ([torch.sin(angle)] if t > 2 else [])  # sin(pi n) = 0: no column
     elif family.kind == "poly":
         x = (v - (low + high - 1) / 2) / max((high - 1 - low) / 2, 1)  # in [-1, 1]
         cols = [x**p for p in range(1, family.dim + 1)]
@@ -221,7 +228,7 @@ def fit_family(
         b[idx] = b[idx[permutation]]
     bbar = b[train].mean(0)
     z = x[train] @ p  # [train, k]
-    coef = torch.linalg.lstsq(b[train] - bbar, z).solution  # [m, k]
+    coef = torch.linalg.pinv(b[train] - bbar) @ z  # [m, k]: least squares, the minimum-norm one if rank-deficient
     w = p @ coef.T  # [d_model, m]
     recon = mu + (b - bbar) @ w.T  # [value, d_model]
     u, s, _ = torch.linalg.svd(w, full_matrices=False)

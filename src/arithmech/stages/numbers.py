@@ -29,6 +29,7 @@ Writes, each atomically, metadata.json last:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 import zlib
@@ -76,8 +77,8 @@ class NumbersResult:
     layers: list[int]
     means: dict[str, torch.Tensor]
     """site -> [value, layer, d_model] mean activation of the correct prompts (NaN where a value has none)."""
-    fits: dict[tuple[str, int, str, bool], Fit]
-    """(site, layer, family, shuffled) -> the fit (kept for the figures)."""
+    fits: dict[tuple[str, int, str, int], Fit]
+    """(site, layer, family, k) -> the fit (k = 0) or its k-th shuffled control (kept for the figures)."""
     out_dir: Path
     metadata: dict[str, Any]
 
@@ -160,22 +161,22 @@ def _partners(view: ModelView, tokenizer: Any, grid: NumberGrid, site: Site, kep
 
 
 def _fits(means: torch.Tensor, grid: NumberGrid, fams: list[Family], train: torch.Tensor, pca_dim: int,
-          layer_index: int, seed: int, site: str) -> dict[tuple[str, bool], Fit]:  # fmt: skip
+          layer_index: int, seed: int, site: str, shuffles: int) -> dict[tuple[str, int], Fit]:  # fmt: skip
     """Every family and its shuffled control at one layer (means [value, layer, d_model] of seen values)."""
     values = torch.arange(grid.low, grid.high)
     seen = ~torch.isnan(means[:, layer_index, 0])
     m = means[seen, layer_index]  # [seen value, d_model]
     vals, tr = values[seen], train[seen]
     pca = principal_directions(m, tr, pca_dim)
-    out: dict[tuple[str, bool], Fit] = {}
+    out: dict[tuple[str, int], Fit] = {}
     for fam in fams:
         perm_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{site}:{fam.name}".encode()))
-        perm = torch.randperm(int(tr.sum()), generator=perm_gen)
-        for shuffled in (False, True):
-            fit = fit_family(m, vals, tr, fam, pca_dim, grid.low, grid.high, perm if shuffled else None, pca)
+        perms = [torch.randperm(int(tr.sum()), generator=perm_gen) for _ in range(shuffles)]
+        for k in range(1 + (shuffles if fam.kind != "pca" else 0)):  # PCA has no order to shuffle
+            fit = fit_family(m, vals, tr, fam, pca_dim, grid.low, grid.high, perms[k - 1] if k else None, pca)
             full = torch.full((len(values), m.shape[1]), float("nan"), dtype=torch.float64)
             full[seen] = fit.recon
-            out[(fam.name, shuffled)] = Fit(fit.family, fit.q, fit.mean, full, fit.r2, fit.w)
+            out[(fam.name, k)] = Fit(fit.family, fit.q, fit.mean, full, fit.r2, fit.w)
     return out
 
 
@@ -225,7 +226,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     train_mask = torch.tensor([v not in held for v in values])
     need = max(f.dim for f in fams) + 1
     rows: list[dict[str, Any]] = []
-    fits_kept: dict[tuple[str, int, str, bool], Fit] = {}
+    fits_kept: dict[tuple[str, int, str, int], Fit] = {}
     site_counts: dict[str, Any] = {}
     gen = torch.Generator().manual_seed(cfg.seed)
     for site in all_sites:
@@ -247,11 +248,11 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
             raise DataError(f"site {site.name}: no correct prompt has a corrupted partner the model answers; "
                             "use --no-filter-correct or a wider range")  # fmt: skip
         site_fams = control_fams if site is control else fams
-        fits = {layer: _fits(means[site.name], grid, site_fams, train_mask, pca_dim, li, cfg.seed, site.name)
-                for li, layer in enumerate(layers)}  # fmt: skip
+        fits = {layer: _fits(means[site.name], grid, site_fams, train_mask, pca_dim, li, cfg.seed, site.name,
+                             cfg.shuffles) for li, layer in enumerate(layers)}  # fmt: skip
         for layer in layers:
-            for (name, shuffled), fit in fits[layer].items():
-                fits_kept[(site.name, layer, name, shuffled)] = fit
+            for (name, k), fit in fits[layer].items():
+                fits_kept[(site.name, layer, name, k)] = fit
         ld = _patch_site(view, grid, site, positions.get(site.name), pairs, layers, site_fams, fits, cfg, pad,
                          gen, cost, quiet, tqdm)  # fmt: skip
         is_held = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) in held
@@ -290,10 +291,14 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
             "patch": "residual entering the layer at the site: h + Q Q^T (r(v) - h), h the corrupted run's, r(v) "
             "the fit's reconstruction of the clean value, Q its subspace (analysis/number_fits.py)",
             "layer": "the whole residual patched from the clean run",
-            "restored": "(ld - ld_corrupted) / (ld_layer - ld_corrupted)",
-            "shuffled": "the same family fitted with its basis permuted over the train values",
-            "ablation_lost": "(ld_clean - ld_ablated) / (ld_clean - ld_corrupted), the fitted subspace set to the "
-            "mean over values on the clean run; random_lost: a random subspace of the same rank",
+            "restored": "sum_i (ld_i - corrupted_i)(layer_i - corrupted_i) / sum_i (layer_i - corrupted_i)^2 over "
+            "the train-value pairs: the share of the whole-layer patch's per-pair effect the fit reproduces "
+            "(the ratio of mean effects when the pairs' effects are alike)",
+            "shuffled": "the same family fitted with its basis permuted over the train values (config shuffles "
+            "seeded permutations; ld_shuffled and restored_shuffled average their patches' LD over them, "
+            "restored_shuffled_sd is the spread of the restored share between permutations)",
+            "ablation_lost": "the same slope of (clean_i - ablated_i) on (clean_i - corrupted_i): the fitted subspace "
+            "set to the mean over values on the clean run; random_lost: a random subspace of the same rank",
             "pca_heldout": "PCA's held-out LD projects the held-out value's own mean activation (not a prediction)",
         },
         "timings": {"numbers_s": elapsed},
@@ -309,7 +314,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
 
 
 def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, pairs: list[tuple[int, Partner]],
-                layers: list[int], fams: list[Family], fits: dict[int, dict[tuple[str, bool], Fit]],
+                layers: list[int], fams: list[Family], fits: dict[int, dict[tuple[str, int], Fit]],
                 cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: _Cost, quiet: bool,
                 tqdm: Any) -> dict[str, torch.Tensor]:  # fmt: skip
     """LD of every variant of step 3: "clean", "corrupted" [pair]; "layer" [layer, pair]; ("fit" | "shuffled" |
@@ -318,8 +323,8 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
     out: dict[str, torch.Tensor] = {"clean": torch.empty(n), "corrupted": torch.empty(n),
                                     "layer": torch.empty(len(layers), n)}  # fmt: skip
     for fam in fams:
-        for kind in ("fit", "shuffled", "ablate", "random"):
-            out[f"{kind}:{fam.name}"] = torch.empty(len(layers), n)
+        for kind in ("fit", "ablate", "random", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1))):
+            out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
     randoms = {(layer, fam.name): None for layer in layers for fam in fams}
     with tqdm(total=n, desc=f"patch {site.name}", unit="prompt", disable=quiet) as bar:
         for start in range(0, n, cfg.batch_size):
@@ -352,12 +357,12 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                 h_c = clean.resid[layer, :, at].double().cpu()
                 on_corr.append(("layer", li, h_c))
                 for fam in fams:
-                    for shuffled in (False, True):
-                        fit = fits[layer][(fam.name, shuffled)]
+                    for k in range(1 + (cfg.shuffles if fam.kind != "pca" else 0)):
+                        fit = fits[layer][(fam.name, k)]
                         target = fit.recon[value]  # [prompt, d_model]
                         patched = h_x + ((target - h_x) @ fit.q) @ fit.q.T
-                        on_corr.append((f"{'shuffled' if shuffled else 'fit'}:{fam.name}", li, patched))
-                    fit = fits[layer][(fam.name, False)]
+                        on_corr.append((f"{f'shuffled{k}' if k else 'fit'}:{fam.name}", li, patched))
+                    fit = fits[layer][(fam.name, 0)]
                     on_clean.append((f"ablate:{fam.name}", li, h_c - ((h_c - fit.mean) @ fit.q) @ fit.q.T))
                     if randoms[(layer, fam.name)] is None:
                         randoms[(layer, fam.name)] = random_subspace(h_c.shape[1], fit.rank, gen)
@@ -380,38 +385,44 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
 
 
 def _site_rows(site: Site, is_control: bool, layers: list[int], fams: list[Family],
-               fits: dict[int, dict[tuple[str, bool], Fit]], ld: dict[str, torch.Tensor],
+               fits: dict[int, dict[tuple[str, int], Fit]], ld: dict[str, torch.Tensor],
                held: torch.Tensor) -> list[dict[str, Any]]:  # fmt: skip
     """numbers_ld.csv rows of one site: the whole layer, then each family, per layer."""
     train = ~held
 
-    def mean(x: torch.Tensor, which: torch.Tensor) -> float | None:
-        return float(x[which].mean()) if bool(which.any()) else None
+    def mean(x: torch.Tensor, which: torch.Tensor = train) -> float | None:
+        return float(x[which].mean()) if bool(which.any()) and not bool(x.isnan().any()) else None
 
     rows = []
-    clean, corr = mean(ld["clean"], train), mean(ld["corrupted"], train)
+    clean, corr = ld["clean"], ld["corrupted"]
     for li, layer in enumerate(layers):
-        whole = mean(ld["layer"][li], train)
+        whole = ld["layer"][li]
         base = {"site": site.name, "variable": site.operand, "control": int(is_control), "layer": layer,
-                "ld_layer": whole, "ld_clean": clean, "ld_corrupted": corr,
-                "ld_layer_heldout": mean(ld["layer"][li], held), "pairs": int(train.sum()),
+                "ld_layer": mean(whole), "ld_clean": mean(clean), "ld_corrupted": mean(corr),
+                "ld_layer_heldout": mean(whole, held), "pairs": int(train.sum()),
                 "heldout_pairs": int(held.sum())}  # fmt: skip
-        rows.append({**dict.fromkeys(COLUMNS), **base, "family": "layer", "kind": "layer", "ld": whole,
-                     "restored": _share(whole, corr, whole), "ld_heldout": base["ld_layer_heldout"]})  # fmt: skip
+        rows.append({**dict.fromkeys(COLUMNS), **base, "family": "layer", "kind": "layer", "ld": mean(whole),
+                     "restored": share(whole, corr, whole, train), "ld_heldout": base["ld_layer_heldout"]})  # fmt: skip
         for fam in fams:
-            fit, shuf = fits[layer][(fam.name, False)], fits[layer][(fam.name, True)]
-            value, shuffled = mean(ld[f"fit:{fam.name}"][li], train), mean(ld[f"shuffled:{fam.name}"][li], train)
-            ablated, rand = mean(ld[f"ablate:{fam.name}"][li], train), mean(ld[f"random:{fam.name}"][li], train)
+            fit = fits[layer][(fam.name, 0)]
+            value = ld[f"fit:{fam.name}"][li]
+            runs = [ld[f"shuffled{k}:{fam.name}"][li] for k in range(1, len(shuffles_of(fits[layer], fam)) + 1)]
+            shuffled = torch.stack(runs).mean(0) if runs else torch.full_like(value, math.nan)  # [pair]
+            each = [share(r, corr, whole, train) for r in runs]
+            spread = [x for x in each if x is not None]
+            ablated, rand = ld[f"ablate:{fam.name}"][li], ld[f"random:{fam.name}"][li]
             rows.append({
                 **dict.fromkeys(COLUMNS), **base, "family": fam.name, "kind": fam.kind,
                 "periods": "-".join(map(str, fam.periods)), "dim": fam.dim, "rank": fit.rank, "r2": fit.r2,
-                "r2_shuffled": shuf.r2, "ld": value,
-                "ld_shuffled": shuffled, "restored": _share(value, corr, whole),
-                "restored_shuffled": _share(shuffled, corr, whole),
-                "ld_heldout": mean(ld[f"fit:{fam.name}"][li], held),
-                "ld_shuffled_heldout": mean(ld[f"shuffled:{fam.name}"][li], held),
-                "ld_ablated": ablated, "ablation_lost": _lost(clean, ablated, corr),
-                "ld_random": rand, "random_lost": _lost(clean, rand, corr),
+                "r2_shuffled": _mean([f.r2 for f in shuffles_of(fits[layer], fam)]), "ld": mean(value),
+                "ld_shuffled": mean(shuffled), "restored": share(value, corr, whole, train),
+                "restored_shuffled": share(shuffled, corr, whole, train),
+                "restored_shuffled_sd": float(torch.tensor(spread).std()) if len(spread) > 1 else None,
+                "ld_heldout": mean(value, held), "ld_shuffled_heldout": mean(shuffled, held),
+                "restored_heldout": share(value, corr, whole, held),
+                "restored_shuffled_heldout": share(shuffled, corr, whole, held),
+                "ld_ablated": mean(ablated), "ablation_lost": share(clean - ablated + corr, corr, clean, train),
+                "ld_random": mean(rand), "random_lost": share(clean - rand + corr, corr, clean, train),
             })  # fmt: skip
     return rows
 
@@ -435,8 +446,11 @@ COLUMNS = (
     "ld_corrupted",
     "restored",
     "restored_shuffled",
+    "restored_shuffled_sd",
     "ld_heldout",
     "ld_shuffled_heldout",
+    "restored_heldout",
+    "restored_shuffled_heldout",
     "ld_layer_heldout",
     "ld_ablated",
     "ablation_lost",
@@ -448,13 +462,22 @@ COLUMNS = (
 """The columns of numbers_ld.csv, in order (the whole layer's row leaves the fit columns empty)."""
 
 
-def _share(value: float | None, corr: float | None, whole: float | None) -> float | None:
-    if value is None or corr is None or whole is None or abs(whole - corr) < 1e-9:
-        return None
-    return (value - corr) / (whole - corr)
+def shuffles_of(fits: dict[tuple[str, int], Fit], fam: Family) -> list[Fit]:
+    """The shuffled controls of a family at one layer, in order."""
+    return [fit for (name, k), fit in sorted(fits.items(), key=lambda kv: kv[0][1]) if name == fam.name and k > 0]
 
 
-def _lost(clean: float | None, ablated: float | None, corr: float | None) -> float | None:
-    if clean is None or ablated is None or corr is None or abs(clean - corr) < 1e-9:
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def share(value: torch.Tensor, corr: torch.Tensor, whole: torch.Tensor, which: torch.Tensor) -> float | None:
+    """The share of the whole patch's per-pair effect that a variant reproduces: the least-squares slope
+    sum_i (value_i - corr_i)(whole_i - corr_i) / sum_i (whole_i - corr_i)^2 over the pairs `which` (the ratio
+    of the mean effects when every pair's effect is alike; defined whatever their signs). None when the whole
+    patch changes nothing."""
+    effect, full = (value - corr)[which].double(), (whole - corr)[which].double()
+    denominator = float((full**2).sum())
+    if bool(effect.isnan().any()):
         return None
-    return (clean - ablated) / (clean - corr)
+    return float((effect * full).sum()) / denominator if denominator > 1e-12 else None

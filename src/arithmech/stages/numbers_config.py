@@ -62,6 +62,7 @@ class NumbersConfig:
         default=None,
         metadata={"help": "PCA dimension the fits work in (default: the train values less one, K&T's 100 of 100)"},
     )
+    shuffles: int = field(default=3, metadata={"help": "seeded permutations of the shuffled-order control"})
     heldout: float = field(default=0.2, metadata={"help": "share of the operand values held out of every fit"})
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers correctly"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
@@ -77,7 +78,7 @@ class NumbersConfig:
             raise ConfigError(f"operation must be addition or subtraction (got {self.operation!r})")
         if self.operation not in OPERATIONS or self.formation not in FORMATIONS:
             raise ConfigError(f"formation {self.formation!r} is not one of {', '.join(FORMATIONS)}")
-        for name in ("max_pairs", "max_prompts", "batch_size", "max_rows"):
+        for name in ("max_pairs", "max_prompts", "batch_size", "max_rows", "shuffles"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.few_shot < 0:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 ORDER_MARGIN = 0.1
 """A family's restored share must beat its shuffled control's by this much to count as ordered structure."""
+PARSIMONY = 0.05
+"""The chosen helix restores at least the best helix's share less this (`chosen_helix`)."""
 
 
 def _num(value: Any) -> float:
@@ -30,25 +32,33 @@ def _num(value: Any) -> float:
 
 
 def best_periods(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """numbers_periods.json: per site and layer the helix with the most LD (its periods, LD, shuffled LD, the
-    whole layer's); per site the layer where that helix's restored share is largest."""
+    """numbers_periods.json: per site and layer the chosen helix (`chosen_helix`); per site the layer where the
+    chosen helix restores the largest share."""
     out: dict[str, Any] = {}
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
-        if row["kind"] != "helix":
-            continue
-        site = out.setdefault(row["site"], {"per_layer": {}, "best": None})
-        layer = site["per_layer"].get(str(row["layer"]))
-        if layer is None or _num(row["ld"]) > _num(layer["ld"]):
-            site["per_layer"][str(row["layer"])] = {
-                "family": row["family"], "periods": [int(t) for t in str(row["periods"]).split("-") if t],
-                "ld": row["ld"], "ld_shuffled": row["ld_shuffled"], "ld_layer": row["ld_layer"],
-                "restored": row["restored"], "restored_shuffled": row["restored_shuffled"],
-            }  # fmt: skip
-    for site in out.values():
-        if site["per_layer"]:
-            layer, best = max(site["per_layer"].items(), key=lambda kv: _num(kv[1]["restored"]))
-            site["best"] = {"layer": int(layer), **best}
+        if row["kind"] == "helix" and row["restored"] is not None:
+            groups.setdefault((row["site"], row["layer"]), []).append(row)
+    for (site, layer), helices in groups.items():
+        pick = chosen_helix(helices)
+        entry = out.setdefault(site, {"per_layer": {}, "best": None})
+        entry["per_layer"][str(layer)] = {
+            "family": pick["family"], "periods": [int(t) for t in str(pick["periods"]).split("-") if t],
+            **{k: pick[k] for k in ("ld", "ld_shuffled", "ld_layer", "restored", "restored_shuffled", "ld_heldout")},
+            "best_family": max(helices, key=lambda r: _num(r["restored"]))["family"],
+        }  # fmt: skip
+    for entry in out.values():
+        layer, best = max(entry["per_layer"].items(), key=lambda kv: _num(kv[1]["restored"]))
+        entry["best"] = {"layer": int(layer), **best}
     return out
+
+
+def chosen_helix(helices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The helix with the fewest periods whose restored share is within `PARSIMONY` of the best helix's (a
+    superset of the right periods restores as much, with dimensions to spare); ties by restored share."""
+    top = max(_num(r["restored"]) for r in helices)
+    near = [r for r in helices if _num(r["restored"]) >= top - PARSIMONY]
+    return min(near, key=lambda r: (len(str(r["periods"]).split("-")), -_num(r["restored"])))
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,7 +128,7 @@ def write_numbers_outputs(result: NumbersResult, model_name: str, grid: NumberGr
         values = torch.arange(grid.low, grid.high)
         panels = []
         for shuffled in (False, True):
-            fit = result.fits[(site, layer, name, shuffled)]
+            fit = result.fits[(site, layer, name, int(shuffled))]
             label = f"{name}{' (shuffled a)' if shuffled else ''}"
             panels.append((label, _circle_coords(fit, result.means[site][:, li], values)))
         helix_projection(
