@@ -237,3 +237,12 @@ def test_bad_input_is_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="different numbers of digits"):
         analyze_numbers(_handle(make_tiny_model("llama").double(), make_tiny_tokenizer()),
                         NumbersConfig(low=5, high=40), tmp_path, quiet=True)  # fmt: skip
+
+
+def test_report_section_reads_the_folder(planted: Any) -> None:
+    from arithmech.report.numbers_section import numbers_body
+    from arithmech.report.run_folder import StageFolder
+
+    body = numbers_body(StageFolder("numbers", planted.out_dir, "done"))
+    assert "helix-5-10" in body.reading and "restores the most" in body.reading
+    assert body.tables[0].rows and len(body.figures) == 2
