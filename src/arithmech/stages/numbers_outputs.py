@@ -155,6 +155,12 @@ def _circle_coords(fit: Any, means: torch.Tensor, values: torch.Tensor) -> list[
     seen = ~torch.isnan(means[:, 0])
     x = means[seen] - fit.mean  # [seen, d_model]
     start = 1 if fit.family.kind == "helix" else 0
-    circle = fit.w[:, start : start + 2]  # [d_model, 2]
-    coords = torch.linalg.lstsq(circle, x.T).solution.T  # [seen, 2]
-    return [(int(v), float(c[0]), float(c[1])) for v, c in zip(values[seen].tolist(), coords, strict=True)]
+    for t in fit.family.periods:  # the first circle with a sin column (period 2 has cos only)
+        if t > 2:
+            break
+        start += 1
+    width = 2 if any(t > 2 for t in fit.family.periods) else 1
+    circle = fit.w[:, start : start + width]  # [d_model, 1 or 2]
+    coords = torch.linalg.lstsq(circle, x.T).solution.T  # [seen, 1 or 2]
+    return [(int(v), float(c[0]), float(c[1]) if width == 2 else 0.0)
+            for v, c in zip(values[seen].tolist(), coords, strict=True)]  # fmt: skip
