@@ -18,20 +18,33 @@ Fit, per site (a token position and the operand whose value v varies) and layer
     C     [m, k] = argmin |Z - (B - Bbar) C|^2 (least squares on the train values);
     W     [d_model, m] = P C^T: the fit's image in the residual stream; Q [d_model, r] an orthonormal basis of
           its columns (r <= m; directions below `_RANK_TOL` of the largest dropped);
-    r(v)  [d_model] = mu + W (B[v] - Bbar): the reconstruction of any value, also of a held-out one (the
-          fit predicts it from B alone).
-    PCA of dimension m (the equal-size baseline): Q = P[:, :m], r(v) = mu + Q Q^T (M[v] - mu); for a held-out
-    value M[v] is its own mean activation (PCA predicts nothing for a value it did not see: its held-out LD
-    is a projection, not a prediction, and is marked so in the table).
-    The stage patches h' = h + Q Q^T (r(v) - h): the clean value's reconstruction inside the fit's subspace,
-    the corrupted run's own activation h everywhere else.
+    r(v)  [d_model] = mu + W (B[v] - Bbar): the fit's reconstruction of any value (in-sample on train values).
+    f(v)  [d_model]: the fit's *prediction* of v, the value the stage patches: for a held-out value r(v) (the fit
+          never saw it); for a train value the leave-one-out prediction mu + P z_loo(v), z_loo(v) = Z_v - E_v /
+          (1 - h_v), with E = Z - H Z the residuals and h_v the leverage (diagonal of the hat matrix H of [1, B -
+          Bbar] on the train values): exactly what the same least squares fitted without v predicts for v (a
+          value of leverage 1, which the others cannot predict, gets the mean of the others). An in-sample
+          r(v) would carry about m / n_train of v's own activation whatever the basis (the hat matrix's
+          diagonal), so a fit of any m columns, a shuffled one too, would restore that share by leakage alone.
+    PCA of dimension m (the equal-size baseline): Q = P[:, :m], f(v) = r(v) = mu + Q Q^T (M[v] - mu): the
+    projection of v's own mean activation, not a prediction (PCA predicts nothing for a value it did not see:
+    its held-out LD is a projection too, and is marked so in the table).
+    The stage patches h' = h + Q Q^T (f(v) - h): the clean value's predicted activation inside the fit's
+    subspace, the corrupted run's own activation h everywhere else. Kantamneni & Tegmark (sec. 4.2) patch the
+    fit's prediction for the clean operand, C B(a) taken back to the residual basis with the mean added, not
+    the clean activation's projection (the paper's text was not at hand to quote whether they keep the rest
+    from the corrupted run; we do, as issue 35 asks). Its chance level is the same fit's patch of another value
+    u, h + Q Q^T (f(u) - h): it erases the corrupted value in Q as the fit's own patch does (erasing alone moves
+    LD about half-way to the clean run's, so a share measured from the corrupted run credits any fit with about
+    one half); the stage measures every fit from it.
 
 Shuffled control (the order control)
     The same family fitted with its basis rows permuted over the train values (one seeded permutation pi per
-    family): C_s = argmin |Z - (B[pi] - Bbar) C|^2, and the clean value v is reconstructed from B[pi(v)]. A
-    fit of any m features captures some m-dimensional slice of the variation, ordered or not; only the part
-    above the shuffled control is evidence for the family's order. (PCA even makes phantom oscillations from
-    smooth data, so R^2 alone cannot tell.) A held-out value keeps B[v] (pi permutes train values only).
+    family): C_s = argmin |Z - (B[pi] - Bbar) C|^2, and the clean value v is predicted (leave-one-out) from
+    B[pi(v)]. In sample, a fit of any m features captures some m-dimensional slice of the variation, ordered or
+    not (PCA even makes phantom oscillations from smooth data, so R^2 alone cannot tell); its out-of-sample
+    prediction, measured from its patch of another value, restores nothing in expectation. A held-out value
+    keeps B[v] (pi permutes train values only).
 
 Families (`families`), each at a stated dimension m
     linear [v];  log [log(1 + v)];  circle-T [cos, sin of 2 pi v / T] (period 2: cos only, since sin(pi v) = 0 on
@@ -46,7 +59,7 @@ Families (`families`), each at a stated dimension m
 Usage
     >>> fams = families(10, 100, digit_split=True)                        # [Family(...), ...]
     >>> fit = fit_family(means, values, train, fams[0], pca_dim=20)       # means [value, d_model] float64
-    >>> patched = h + fit.q @ (fit.q.T @ (fit.recon[i] - h))              # the stage's patch of one value
+    >>> patched = fit_patch(h, fit, i)                                    # h + Q Q^T (f(v_i) - h)
 
 References: Kantamneni & Tegmark, ICML 2025, sec. 4.1-4.2 and Table 1; METHODS.md (number representations).
 """
@@ -174,6 +187,7 @@ class Fit:
     q: torch.Tensor  # [d_model, r] orthonormal
     mean: torch.Tensor  # [d_model] mu over the train values
     recon: torch.Tensor  # [value, d_model] r(v) for every value of `values` given to fit_family
+    pred: torch.Tensor  # [value, d_model] f(v): leave-one-out on train values, r(v) on held-out ones (pca: r(v))
     r2: float  # share of the variance of Z explained on the train values (pca-m: the share its m directions hold)
     w: torch.Tensor | None = None  # [d_model, m] what each basis column writes (W = P C^T); None for pca
 
@@ -220,7 +234,7 @@ def fit_family(
         z = x[train] @ p  # [train, k]
         kept = (z[:, : family.dim] ** 2).sum() / (z**2).sum().clamp_min(1e-30)
         recon = mu + (x @ q) @ q.T  # [value, d_model]
-        return Fit(family, q, mu, recon, float(kept))
+        return Fit(family, q, mu, recon, recon, float(kept))
     b = basis(family, values, low, high)  # [value, m]
     if permutation is not None:
         idx = train.nonzero().flatten()
@@ -233,9 +247,28 @@ def fit_family(
     recon = mu + (b - bbar) @ w.T  # [value, d_model]
     u, s, _ = torch.linalg.svd(w, full_matrices=False)
     q = u[:, s > _RANK_TOL * s.max()] if s.numel() and s.max() > 0 else w[:, :0]
-    resid = z - (b[train] - bbar) @ coef
+    resid = z - (b[train] - bbar) @ coef  # [train, k]
     r2 = 1 - float((resid**2).sum() / (z**2).sum().clamp_min(1e-30))
-    return Fit(family, q, mu, recon, r2, w)
+    pred = recon.clone()
+    pred[train] = mu + _leave_one_out(b[train] - bbar, z, resid) @ p.T
+    return Fit(family, q, mu, recon, pred, r2, w)
+
+
+def _leave_one_out(centred: torch.Tensor, z: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+    """z_loo [train, k]: each train row predicted by the least squares (with intercept) of the others (PRESS)."""
+    n = centred.shape[0]
+    design = torch.cat([torch.ones(n, 1, dtype=centred.dtype), centred], dim=1)  # [train, 1 + m]
+    lev = (design * torch.linalg.pinv(design).T).sum(1)  # [train]: diag of H = X pinv(X)
+    free = 1 - lev
+    loo = z - resid / free.clamp_min(1e-12)[:, None]
+    others = -z / max(n - 1, 1)  # the others' mean (z is centred): the prediction where the others say nothing
+    return torch.where((free > 1e-9)[:, None], loo, others)
+
+
+def fit_patch(h: torch.Tensor, fit: Fit, value: torch.Tensor) -> torch.Tensor:
+    """h + Q Q^T (f(v) - h) [prompt, d_model]: the fit's prediction of each prompt's value (indices into the
+    values given to fit_family) in its subspace, h [prompt, d_model] (the corrupted run's) everywhere else."""
+    return h + ((fit.pred[value] - h) @ fit.q) @ fit.q.T
 
 
 def random_subspace(d_model: int, rank: int, generator: torch.Generator) -> torch.Tensor:

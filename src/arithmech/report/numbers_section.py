@@ -21,7 +21,12 @@ def numbers_body(stage: StageFolder) -> Body:
         "Each family is fitted on 80% of the operand values in a PCA of the site's activations and judged by the "
         "logit difference (LD) its patch restores in a run whose operand was changed, against the whole residual "
         "patched; controls: the held-out values, the basis shuffled over the values, the fit at the other "
-        f"operand's token (site {meta.get('control_site')}) and ablating the fitted vs a random subspace.",
+        f"operand's token (site {meta.get('control_site')}) and ablating the fitted vs a random subspace. "
+        "The patch writes the fit's out-of-sample prediction of the clean value into its subspace (the rest from "
+        "the corrupted run), and its share is measured from the same fit's patch of another value, so a fit "
+        "with no order (the shuffled control) restores about 0. Where the whole-layer patch barely moves LD the "
+        "cell is not estimable: its shares are left empty, with the reason in the table "
+        f"({sum(1 for r in rows if r.get('estimable') == '0')} of {len(rows)} rows here).",
         *meta.get("verdicts", []),
     ]
     for site, entry in periods.items():

@@ -10,15 +10,19 @@ Steps (definitions and formulas: `analysis/number_fits.py`, `patching/subspace.p
    a PCA of stated dimension, with its shuffled control (the basis permuted over the values).
 3. patching: per site, each correct prompt gets a corrupted partner (its operand changed, at the site's place
    only); both run once (`base_run`), and every variant is a row joining at its layer: the whole layer
-   patched (the clean residual), each family's patch h + Q Q^T (r(v) - h) and its shuffled control on the
-   corrupted run; the fitted subspace ablated (to the mean over values) and a random subspace of the same
+   patched (the clean residual), each family's patch h + Q Q^T (f(v) - h) (f the fit's out-of-sample prediction)
+   and its patch of another value u, h + Q Q^T (f(u) - h) (the chance level its share is measured from), and
+   the same for its shuffled controls, on the corrupted run; the fitted subspace ablated (to the mean over
+   values) and a random subspace of the same
    rank on the clean run. LD = logit[clean answer token] - logit[corrupted answer token] at the read position.
 4. control "other position": the a-families fitted at b's (last) token, patched there with a changed.
 
 Writes, each atomically, metadata.json last:
-    numbers_ld.csv        per site, layer and family: dim, rank, r2 (and shuffled), LD on train values (fit,
-                          shuffled, whole layer, clean, corrupted), restored share of the whole layer's, LD on
-                          held-out values, ablation LD and lost share (fitted vs random subspace), pairs
+    numbers_ld.csv        per site, layer and family: dim, rank, r2 (and shuffled), LD on train values (fit, its
+                          patch of another value, shuffled, whole layer, clean, corrupted), restored share of
+                          the whole layer's effect over the fit's patch of another value, LD on held-out
+                          values, ablation LD and lost share (fitted vs random subspace), pairs, estimable and
+                          the reason where not (too small a whole-layer effect: shares left empty)
     numbers_periods.json  per site and layer, the best helix by LD and its periods; per site the best layer
     numbers_ld.png        LD per layer by family, one panel per site, shuffled control dashed (+ .svg)
     numbers_helix.png     the operand means on the best helix's first circle, coloured by the operand, beside
@@ -44,6 +48,7 @@ from arithmech.analysis.number_fits import (
     Fit,
     families,
     fit_family,
+    fit_patch,
     heldout_split,
     principal_directions,
     random_subspace,
@@ -175,8 +180,9 @@ def _fits(means: torch.Tensor, grid: NumberGrid, fams: list[Family], train: torc
         for k in range(1 + (shuffles if fam.kind != "pca" else 0)):  # PCA has no order to shuffle
             fit = fit_family(m, vals, tr, fam, pca_dim, grid.low, grid.high, perms[k - 1] if k else None, pca)
             full = torch.full((len(values), m.shape[1]), float("nan"), dtype=torch.float64)
-            full[seen] = fit.recon
-            out[(fam.name, k)] = Fit(fit.family, fit.q, fit.mean, full, fit.r2, fit.w)
+            pred = full.clone()
+            full[seen], pred[seen] = fit.recon, fit.pred
+            out[(fam.name, k)] = Fit(fit.family, fit.q, fit.mean, full, pred, fit.r2, fit.w)
     return out
 
 
@@ -259,7 +265,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
                                 for i, _ in pairs])  # fmt: skip
         site_counts[site.name] = {"pairs": len(pairs), "heldout_pairs": int(is_held.sum()), "pca_dim": pca_dim,
                                   "train_values": n_train, "control": site is control}  # fmt: skip
-        rows += _site_rows(site, site is control, layers, site_fams, fits, ld, is_held)
+        rows += _site_rows(site, site is control, layers, site_fams, fits, ld, is_held, cfg.min_effect)
     elapsed = time.perf_counter() - start_time
     mean_len = sum(len(p.ids) + len(p.answer) for p in grid.prompts) / len(grid.prompts)
     unit = dims.n_layers * mean_len * len(grid.prompts)  # token-layers of one forward pass of the prompt set
@@ -288,15 +294,24 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
             "ld": "logit[clean answer token] - logit[corrupted answer token] at the read position (the first answer "
             "token where the two answers differ, the tokens before it given), mean over pairs whose clean value is "
             "a train value (ld_heldout: a held-out value)",
-            "patch": "residual entering the layer at the site: h + Q Q^T (r(v) - h), h the corrupted run's, r(v) "
-            "the fit's reconstruction of the clean value, Q its subspace (analysis/number_fits.py)",
+            "patch": "residual entering the layer at the site: h + Q Q^T (f(v) - h), h the corrupted run's, f(v) "
+            "the fit's prediction of the clean value (leave-one-out for a train value, the fit's for a held-out one; "
+            "PCA: the projection of the value's own mean activation), Q its subspace (analysis/number_fits.py)",
+            "other": "the same fit's patch of another value u (seeded, neither the clean nor the corrupted one), "
+            "h + Q Q^T (f(u) - h): the patch's chance level (it erases the corrupted value in Q as the fit's own "
+            "patch does); ld_other is its mean LD",
             "layer": "the whole residual patched from the clean run",
-            "restored": "sum_i (ld_i - corrupted_i)(layer_i - corrupted_i) / sum_i (layer_i - corrupted_i)^2 over "
-            "the train-value pairs: the share of the whole-layer patch's per-pair effect the fit reproduces "
-            "(the ratio of mean effects when the pairs' effects are alike)",
+            "restored": "sum_i (ld_i - other_i) x_i / sum_i (layer_i - other_i) x_i, x_i = layer_i - corrupted_i, "
+            "over the train-value pairs: the share of the whole layer's effect over the fit's patch of another "
+            "value that its patch of the clean value restores (0: chance, 1: all of it); empty where not "
+            "estimable (estimable 0, with the reason)",
+            "estimable": "the clean and corrupted LD differ by at least 1e-3 logits (RMS over pairs), the whole-layer "
+            "patch moves LD by at least min_effect of that, and the whole layer beats the fit's patch of another "
+            "value by at least min_effect of its own effect",
             "shuffled": "the same family fitted with its basis permuted over the train values (config shuffles "
-            "seeded permutations; ld_shuffled and restored_shuffled average their patches' LD over them, "
-            "restored_shuffled_sd is the spread of the restored share between permutations)",
+            "seeded permutations, each measured from its own patch of another value; ld_shuffled averages their LD, "
+            "restored_shuffled their shares, restored_shuffled_sd is the spread of the share between "
+            "permutations)",
             "ablation_lost": "the same slope of (clean_i - ablated_i) on (clean_i - corrupted_i): the fitted subspace "
             "set to the mean over values on the clean run; random_lost: a random subspace of the same rank",
             "pca_heldout": "PCA's held-out LD projects the held-out value's own mean activation (not a prediction)",
@@ -323,7 +338,8 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
     out: dict[str, torch.Tensor] = {"clean": torch.empty(n), "corrupted": torch.empty(n),
                                     "layer": torch.empty(len(layers), n)}  # fmt: skip
     for fam in fams:
-        for kind in ("fit", "ablate", "random", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1))):
+        tags = ("fit", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1)))
+        for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
             out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
     randoms = {(layer, fam.name): None for layer in layers for fam in fams}
     with tqdm(total=n, desc=f"patch {site.name}", unit="prompt", disable=quiet) as bar:
@@ -350,6 +366,8 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                 at = int(at_each[0])
             value = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
                                   for i, _ in chunk])  # fmt: skip
+            other = _other_values(value, torch.tensor([p.value - grid.low for _, p in chunk]),
+                                  fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
             on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
             on_clean: list[tuple[str, int, torch.Tensor]] = []
             for li, layer in enumerate(layers):
@@ -359,9 +377,9 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                 for fam in fams:
                     for k in range(1 + (cfg.shuffles if fam.kind != "pca" else 0)):
                         fit = fits[layer][(fam.name, k)]
-                        target = fit.recon[value]  # [prompt, d_model]
-                        patched = h_x + ((target - h_x) @ fit.q) @ fit.q.T
-                        on_corr.append((f"{f'shuffled{k}' if k else 'fit'}:{fam.name}", li, patched))
+                        tag = f"shuffled{k}" if k else "fit"
+                        on_corr.append((f"{tag}:{fam.name}", li, fit_patch(h_x, fit, value)))
+                        on_corr.append((f"other-{tag}:{fam.name}", li, fit_patch(h_x, fit, other)))
                     fit = fits[layer][(fam.name, 0)]
                     on_clean.append((f"ablate:{fam.name}", li, h_c - ((h_c - fit.mean) @ fit.q) @ fit.q.T))
                     if randoms[(layer, fam.name)] is None:
@@ -384,10 +402,24 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
     return out
 
 
+def _other_values(value: torch.Tensor, corrupted: torch.Tensor, unseen: torch.Tensor,
+                  gen: torch.Generator) -> torch.Tensor:  # fmt: skip
+    """[prompt] for each prompt a seeded value (an index, as `value`) other than its clean and corrupted ones
+    among the seen values: the wrong value the fit's baseline patch writes."""
+    pool = (~unseen).nonzero().flatten()
+    out = []
+    for v, c in zip(value.tolist(), corrupted.tolist(), strict=True):
+        allowed = pool[(pool != v) & (pool != c)]
+        out.append(int(allowed[int(torch.randint(len(allowed), (1,), generator=gen))]) if len(allowed) else v)
+    return torch.tensor(out)
+
+
 def _site_rows(site: Site, is_control: bool, layers: list[int], fams: list[Family],
                fits: dict[int, dict[tuple[str, int], Fit]], ld: dict[str, torch.Tensor],
-               held: torch.Tensor) -> list[dict[str, Any]]:  # fmt: skip
-    """numbers_ld.csv rows of one site: the whole layer, then each family, per layer."""
+               held: torch.Tensor, min_effect: float) -> list[dict[str, Any]]:  # fmt: skip
+    """numbers_ld.csv rows of one site: the whole layer, then each family, per layer. A fit's share is measured
+    from its own patch of another value (`restored_share`); a cell whose whole-layer effect is too small
+    (`not_estimable`) keeps its LDs but leaves its shares empty, with the reason."""
     train = ~held
 
     def mean(x: torch.Tensor, which: torch.Tensor = train) -> float | None:
@@ -397,34 +429,92 @@ def _site_rows(site: Site, is_control: bool, layers: list[int], fams: list[Famil
     clean, corr = ld["clean"], ld["corrupted"]
     for li, layer in enumerate(layers):
         whole = ld["layer"][li]
+        why = not_estimable(clean, corr, whole, corr, train, min_effect)
         base = {"site": site.name, "variable": site.operand, "control": int(is_control), "layer": layer,
                 "ld_layer": mean(whole), "ld_clean": mean(clean), "ld_corrupted": mean(corr),
                 "ld_layer_heldout": mean(whole, held), "pairs": int(train.sum()),
                 "heldout_pairs": int(held.sum())}  # fmt: skip
         rows.append({**dict.fromkeys(COLUMNS), **base, "family": "layer", "kind": "layer", "ld": mean(whole),
-                     "restored": share(whole, corr, whole, train), "ld_heldout": base["ld_layer_heldout"]})  # fmt: skip
+                     "restored": None if why else 1.0, "ld_heldout": base["ld_layer_heldout"],
+                     "estimable": int(not why), "reason": why})  # fmt: skip
         for fam in fams:
             fit = fits[layer][(fam.name, 0)]
-            value = ld[f"fit:{fam.name}"][li]
-            runs = [ld[f"shuffled{k}:{fam.name}"][li] for k in range(1, len(shuffles_of(fits[layer], fam)) + 1)]
+            value, other = ld[f"fit:{fam.name}"][li], ld[f"other-fit:{fam.name}"][li]
+            n_shuffles = len(shuffles_of(fits[layer], fam))
+            runs = [ld[f"shuffled{k}:{fam.name}"][li] for k in range(1, n_shuffles + 1)]
+            others = [ld[f"other-shuffled{k}:{fam.name}"][li] for k in range(1, n_shuffles + 1)]
             shuffled = torch.stack(runs).mean(0) if runs else torch.full_like(value, math.nan)  # [pair]
-            each = [share(r, corr, whole, train) for r in runs]
+            cell_why = why or not_estimable(clean, corr, whole, other, train, min_effect)
+
+            each, each_held = ([None if why else restored_share(r, o, whole, which, clean, corr, min_effect)
+                                for r, o in zip(runs, others, strict=True)] for which in (train, held))  # fmt: skip
             spread = [x for x in each if x is not None]
             ablated, rand = ld[f"ablate:{fam.name}"][li], ld[f"random:{fam.name}"][li]
             rows.append({
                 **dict.fromkeys(COLUMNS), **base, "family": fam.name, "kind": fam.kind,
                 "periods": "-".join(map(str, fam.periods)), "dim": fam.dim, "rank": fit.rank, "r2": fit.r2,
                 "r2_shuffled": _mean([f.r2 for f in shuffles_of(fits[layer], fam)]), "ld": mean(value),
-                "ld_shuffled": mean(shuffled), "restored": share(value, corr, whole, train),
-                "restored_shuffled": share(shuffled, corr, whole, train),
+                "ld_other": mean(other), "ld_shuffled": mean(shuffled),
+                "restored": None if cell_why else restored_share(value, other, whole, train, clean, corr, min_effect),
+                "restored_shuffled": _mean_of(each),
                 "restored_shuffled_sd": float(torch.tensor(spread).std()) if len(spread) > 1 else None,
                 "ld_heldout": mean(value, held), "ld_shuffled_heldout": mean(shuffled, held),
-                "restored_heldout": share(value, corr, whole, held),
-                "restored_shuffled_heldout": share(shuffled, corr, whole, held),
+                "restored_heldout": None if why else restored_share(value, other, whole, held, clean, corr, min_effect),
+                "restored_shuffled_heldout": _mean_of(each_held),
                 "ld_ablated": mean(ablated), "ablation_lost": share(clean - ablated + corr, corr, clean, train),
                 "ld_random": mean(rand), "random_lost": share(clean - rand + corr, corr, clean, train),
+                "estimable": int(not cell_why), "reason": cell_why,
             })  # fmt: skip
     return rows
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.double().pow(2).mean().sqrt()) if x.numel() else 0.0
+
+
+MIN_LOGITS = 1e-3
+"""Clean and corrupted runs closer than this (RMS over pairs, in logits) leave nothing to restore."""
+
+
+def not_estimable(clean: torch.Tensor, corr: torch.Tensor, whole: torch.Tensor, base: torch.Tensor,
+                  which: torch.Tensor, min_effect: float) -> str | None:  # fmt: skip
+    """Why a restored share over the pairs `which` would mean nothing, or None. The clean and corrupted runs
+    must differ (RMS over pairs at least `MIN_LOGITS`), the whole-layer patch must move LD by at least
+    `min_effect` of that (RMS of whole - corrupted over pairs), and, for a fit (base: its patch of another
+    value), the whole layer must beat base along its own effect by `min_effect` (`restored_share`'s
+    denominator); else a ratio such as 4.5 is noise over a near-zero effect."""
+    if not bool(which.any()):
+        return "no pairs"
+    total = _rms((clean - corr)[which])
+    if total < MIN_LOGITS:
+        return f"clean and corrupted LD differ by {total:.2g} logits (RMS over pairs), under {MIN_LOGITS:g}"
+    effect = _rms((whole - corr)[which])
+    if effect < min_effect * total:
+        return (f"the whole-layer patch moves LD by {effect:.2g} (RMS over pairs), under min_effect {min_effect:g} "
+                f"of the clean-corrupted difference {total:.2g}")
+    if base is not corr and (gain := share(whole, base, whole, which, corr)) is not None and gain < min_effect:
+        return (f"the fit's patch of another value already gives {1 - gain:.0%} of the whole layer's effect, "
+                f"leaving under min_effect {min_effect:g} to restore")
+    return None
+
+
+def restored_share(value: torch.Tensor, base: torch.Tensor, whole: torch.Tensor, which: torch.Tensor,
+                   clean: torch.Tensor, corr: torch.Tensor, min_effect: float) -> float | None:  # fmt: skip
+    """share(value) / share(whole), both from `base` (the fit's patch of another value) and along the whole
+    layer's per-pair effect x = whole - corr: sum_i (value_i - base_i) x_i / sum_i (whole_i - base_i) x_i over
+    the pairs `which`; None where `not_estimable`. 1 for a fit whose patch is the clean activation, 0 in
+    expectation for one whose patch of the clean value is no better than of another (a wrong-order fit): its two
+    patches are exchangeable, and x shares no term with them. Measured from the corrupted run instead, any patch
+    that erases the corrupted value in its subspace would score about one half."""
+    if bool(value[which].isnan().any()) or not_estimable(clean, corr, whole, base, which, min_effect):
+        return None
+    top, bottom = share(value, base, whole, which, corr), share(whole, base, whole, which, corr)
+    return None if top is None or bottom is None else top / bottom
+
+
+def _mean_of(values: list[float | None]) -> float | None:
+    kept = [x for x in values if x is not None]
+    return sum(kept) / len(kept) if kept and len(kept) == len(values) else None
 
 
 COLUMNS = (
@@ -440,6 +530,7 @@ COLUMNS = (
     "r2",
     "r2_shuffled",
     "ld",
+    "ld_other",
     "ld_shuffled",
     "ld_layer",
     "ld_clean",
@@ -458,6 +549,8 @@ COLUMNS = (
     "random_lost",
     "pairs",
     "heldout_pairs",
+    "estimable",
+    "reason",
 )
 """The columns of numbers_ld.csv, in order (the whole layer's row leaves the fit columns empty)."""
 
@@ -471,13 +564,15 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def share(value: torch.Tensor, corr: torch.Tensor, whole: torch.Tensor, which: torch.Tensor) -> float | None:
-    """The share of the whole patch's per-pair effect that a variant reproduces: the least-squares slope
-    sum_i (value_i - corr_i)(whole_i - corr_i) / sum_i (whole_i - corr_i)^2 over the pairs `which` (the ratio
-    of the mean effects when every pair's effect is alike; defined whatever their signs). None when the whole
-    patch changes nothing."""
-    effect, full = (value - corr)[which].double(), (whole - corr)[which].double()
-    denominator = float((full**2).sum())
+def share(value: torch.Tensor, base: torch.Tensor, whole: torch.Tensor, which: torch.Tensor,
+          corr: torch.Tensor | None = None) -> float | None:
+    """The least-squares slope sum_i (value_i - base_i) x_i / sum_i x_i^2, x = whole - base (or whole - corr
+    when given) over the pairs `which`: the share of the whole patch's per-pair effect that a variant
+    reproduces (the ratio of mean effects when every pair's effect is alike; defined whatever their signs).
+    None when the whole patch changes nothing."""
+    x = (whole - (base if corr is None else corr))[which].double()
+    effect = (value - base)[which].double()
+    denominator = float((x**2).sum())
     if bool(effect.isnan().any()):
         return None
-    return float((effect * full).sum()) / denominator if denominator > 1e-12 else None
+    return float((effect * x).sum()) / denominator if denominator > 1e-12 else None

@@ -63,6 +63,12 @@ class NumbersConfig:
         metadata={"help": "PCA dimension the fits work in (default: the train values less one, K&T's 100 of 100)"},
     )
     shuffles: int = field(default=3, metadata={"help": "seeded permutations of the shuffled-order control"})
+    min_effect: float = field(
+        default=0.1,
+        metadata={"help": "a restored share is estimated only where the whole-layer patch moves LD by at least this "
+                  "share of the clean-vs-corrupted difference (RMS over pairs); else the cell is left empty with a "
+                  "reason"},
+    )
     heldout: float = field(default=0.2, metadata={"help": "share of the operand values held out of every fit"})
     filter_correct: bool = field(default=True, metadata={"help": "keep only prompts the model answers correctly"})
     batch_size: int = field(default=16, metadata={"help": "prompts per forward pass"})
@@ -97,6 +103,8 @@ class NumbersConfig:
             check_periods(self.periods, self.low or 0, self.high)
         if self.pca_dim is not None and self.pca_dim < 1:
             raise ConfigError(f"pca_dim must be at least 1 (got {self.pca_dim})")
+        if not 0 <= self.min_effect < 1:
+            raise ConfigError(f"min_effect is a share in [0, 1) (got {self.min_effect})")
         if not 0 <= self.heldout < 1:
             raise ConfigError(f"heldout is a share in [0, 1) (got {self.heldout})")
         if self.layers is not None and (

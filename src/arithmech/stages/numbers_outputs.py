@@ -1,7 +1,8 @@
 """The analyze-numbers stage's summaries and files: the chosen periods, the verdict per site, and the writer.
 
 Verdict (`verdicts`), per site (the control site apart)
-    The layer where the whole-layer patch restores the most LD; there, the families ranked by LD on the train
+    Among the layers whose whole-layer effect is estimable (numbers_ld.csv's estimable), the one where the
+    whole-layer patch restores the most LD; there, the families ranked by LD on the train
     values (the whole layer left out). The winner is the first; its margin is its LD less the runner-up's, and
     its order margin its LD less its own shuffled control's. A reading "wins" only where it beats its shuffled
     control by more than `ORDER_MARGIN` of the whole layer's restored LD: else the site shows no ordered
@@ -67,7 +68,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sites = list(dict.fromkeys(r["site"] for r in rows))
     for site in sites:
         mine = [r for r in rows if r["site"] == site]
-        whole = [r for r in mine if r["kind"] == "layer"]
+        whole = [r for r in mine if r["kind"] == "layer" and r.get("estimable", 1)]  # not estimable: no verdict
         if not whole:
             continue
         top = max(whole, key=lambda r: _num(r["ld"]))
