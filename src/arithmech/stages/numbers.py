@@ -68,6 +68,18 @@ from arithmech.stages.numbers_config import NumbersConfig, check_periods
 from arithmech.stages.numbers_outputs import best_periods, verdicts, write_numbers_outputs
 
 
+@dataclass(frozen=True)
+class PatchedPair:
+    """One clean prompt and its corrupted partner as patched at a site: what a check needs to redo its patches."""
+
+    prompt: int  # index of the clean prompt in the grid
+    value: int  # the clean operand value v (the site's operand)
+    partner: Partner  # the corrupted prompt (its operand v') and the tokens read
+    other: int  # the value u of every fit's patch of another value (the chance baseline)
+    position: int  # the token position patched
+    heldout: bool  # v is a held-out value
+
+
 @dataclass
 class NumbersResult:
     """What analyze-numbers computed, and where it wrote it."""
@@ -84,6 +96,8 @@ class NumbersResult:
     """site -> [value, layer, d_model] mean activation of the correct prompts (NaN where a value has none)."""
     fits: dict[tuple[str, int, str, int], Fit]
     """(site, layer, family, k) -> the fit (k = 0) or its k-th shuffled control (kept for the figures)."""
+    pairs: dict[str, list[PatchedPair]]
+    """site -> the pairs patched there, in the order of the LD tensors."""
     out_dir: Path
     metadata: dict[str, Any]
 
@@ -234,6 +248,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     rows: list[dict[str, Any]] = []
     fits_kept: dict[tuple[str, int, str, int], Fit] = {}
     site_counts: dict[str, Any] = {}
+    patched: dict[str, list[PatchedPair]] = {}
     gen = torch.Generator().manual_seed(cfg.seed)
     for site in all_sites:
         seen = ~torch.isnan(means[site.name][:, 0, 0])
@@ -263,6 +278,12 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
                          gen, cost, quiet, tqdm)  # fmt: skip
         is_held = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) in held
                                 for i, _ in pairs])  # fmt: skip
+        patched[site.name] = [
+            PatchedPair(i, (grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b), p,
+                        int(u) + grid.low, int(at), bool(h))
+            for (i, p), u, at, h in zip(pairs, ld["other"].tolist(), ld["position"].tolist(), is_held.tolist(),
+                                        strict=True)
+        ]  # fmt: skip
         site_counts[site.name] = {"pairs": len(pairs), "heldout_pairs": int(is_held.sum()), "pca_dim": pca_dim,
                                   "train_values": n_train, "control": site is control}  # fmt: skip
         rows += _site_rows(site, site is control, layers, site_fams, fits, ld, is_held, cfg.min_effect)
@@ -323,7 +344,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     result = NumbersResult(rows, best_periods(rows), verdicts(rows), [s.name for s in all_sites], layers,
-                           means, fits_kept, out, metadata)  # fmt: skip
+                           means, fits_kept, patched, out, metadata)  # fmt: skip
     write_numbers_outputs(result, handle.source.get("model", "?"), grid)
     return result
 
@@ -333,10 +354,12 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                 cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: _Cost, quiet: bool,
                 tqdm: Any) -> dict[str, torch.Tensor]:  # fmt: skip
     """LD of every variant of step 3: "clean", "corrupted" [pair]; "layer" [layer, pair]; ("fit" | "shuffled" |
-    "ablate" | "random", family) [layer, pair] keyed "kind:family"."""
+    "ablate" | "random", family) [layer, pair] keyed "kind:family"; and "other", "position" [pair] (long): the
+    value index of the patches of another value and the position patched."""
     n = len(pairs)
     out: dict[str, torch.Tensor] = {"clean": torch.empty(n), "corrupted": torch.empty(n),
-                                    "layer": torch.empty(len(layers), n)}  # fmt: skip
+                                    "layer": torch.empty(len(layers), n), "other": torch.empty(n, dtype=torch.long),
+                                    "position": torch.empty(n, dtype=torch.long)}  # fmt: skip
     for fam in fams:
         tags = ("fit", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1)))
         for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
@@ -368,6 +391,7 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                                   for i, _ in chunk])  # fmt: skip
             other = _other_values(value, torch.tensor([p.value - grid.low for _, p in chunk]),
                                   fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
+            out["other"][idx], out["position"][idx] = other, at
             on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
             on_clean: list[tuple[str, int, torch.Tensor]] = []
             for li, layer in enumerate(layers):

@@ -224,6 +224,65 @@ def test_planted_run_folder(planted: Any) -> None:
     assert meta["sites"] == ["a", "b|a"] and meta["forward_pass_equivalents"]["total"] > 0
 
 
+# -- the whole stage against plain hooks ------------------------------------------------------------------------
+def _hooked_ld(model: Any, ids: list[int], layer: int, pos: int, vector: torch.Tensor | None, good: int,
+               bad: int) -> tuple[float, torch.Tensor]:  # fmt: skip
+    """(LD at the last token, the residual entering `layer` at `pos` [d_model]) of a plain forward pass of one
+    prompt, with that residual set to `vector` when given."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        hidden = (args[0] if args else kwargs["hidden_states"]).clone()  # [1, pos, d_model]
+        seen["h"] = hidden[0, pos].clone()
+        if vector is not None:
+            hidden[0, pos] = vector
+        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+    handle = model.model.layers[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]  # [d_vocab]
+    finally:
+        handle.remove()
+    return float(logits[good] - logits[bad]), seen["h"]
+
+
+@torch.no_grad()
+def test_stage_restored_share_matches_plain_hooks(planted: Any) -> None:
+    """One cell (site a, layer 1, helix-5-10) redone from the fit's prediction and subspace with plain forward
+    hooks on the whole model: clean, corrupted, the whole layer patched, the fit's patch of the clean value
+    and of the other value u, each h + Q Q^T (f(.) - h) with h the corrupted run's; the share and every mean LD
+    the stage reports must match to 1e-5."""
+    model = _planted().model
+    site, layer, family = "a", 1, "helix-5-10"
+    fit, low = planted.fits[(site, layer, family, 0)], planted.metadata["range"]["low"]
+    lds: dict[str, list[float]] = {k: [] for k in ("clean", "corrupted", "layer", "fit", "other")}
+    held = []
+    for pair in planted.pairs[site]:
+        p = pair.partner
+        assert [i for i, (x, y) in enumerate(zip(p.clean_ids, p.ids, strict=True)) if x != y] == [pair.position]
+        clean_ld, h_clean = _hooked_ld(model, p.clean_ids, layer, pair.position, None, p.good, p.bad)
+        corr_ld, h = _hooked_ld(model, p.ids, layer, pair.position, None, p.good, p.bad)
+        lds["clean"].append(clean_ld)
+        lds["corrupted"].append(corr_ld)
+        lds["layer"].append(_hooked_ld(model, p.ids, layer, pair.position, h_clean, p.good, p.bad)[0])
+        for key, v in (("fit", pair.value), ("other", pair.other)):
+            patched = h + fit.q @ (fit.q.T @ (fit.pred[v - low] - h))  # [d_model]
+            lds[key].append(_hooked_ld(model, p.ids, layer, pair.position, patched, p.good, p.bad)[0])
+        held.append(pair.heldout)
+    assert count_hooks(model) == 0
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in lds.items()}
+    train = ~torch.tensor(held)
+    x = t["layer"] - t["corrupted"]
+    restored = float(((t["fit"] - t["other"]) * x)[train].sum() / ((t["layer"] - t["other"]) * x)[train].sum())
+    row = _row(planted, site, layer, family)
+    assert row["estimable"] == 1 and row["pairs"] == int(train.sum())
+    assert row["restored"] == pytest.approx(restored, abs=1e-5)
+    for column, key in (("ld", "fit"), ("ld_other", "other"), ("ld_layer", "layer"), ("ld_clean", "clean"),
+                        ("ld_corrupted", "corrupted")):  # fmt: skip
+        assert row[column] == pytest.approx(float(t[key][train].mean()), abs=1e-5), column
+    assert 0.2 < restored < 0.999  # a cell that is neither trivial nor empty (layer 1, not the embedding)
+
+
 # -- the planted per-digit circles (a digit-splitting tokenizer) ---------------------------------------------------
 DIGIT_CIRCLE_DIMS = [0, 1]  # the coordinates carrying [cos, sin](2 pi d / 10) of every digit token d
 
