@@ -1,12 +1,15 @@
 """The analyze-numbers stage's summaries and files: the chosen periods, the verdict per site, and the writer.
 
-Verdict (`verdicts`), per site (the control site apart)
-    Among the layers whose whole-layer effect is estimable (numbers_ld.csv's estimable), the one where the
-    whole-layer patch restores the most LD; there, the families ranked by LD on the train
-    values (the whole layer left out). The winner is the first; its margin is its LD less the runner-up's, and
-    its order margin its LD less its own shuffled control's. A reading "wins" only where it beats its shuffled
-    control by more than `ORDER_MARGIN` of the whole layer's restored LD: else the site shows no ordered
-    structure the patch can use.
+Verdict (`verdicts`), per site (the control site too)
+    At each layer whose whole-layer effect is estimable (numbers_ld.csv's estimable), the families ranked by
+    their restored share (the whole layer left out; a cell without a share last); the verdict's layer is the one
+    whose first family restores the largest share (as `best_periods` picks a helix's layer and the report's
+    table ranks cells). The winner is that family, the runner-up the next at the same layer; its order margin is
+    its share less its shuffled control's. A reading is "ordered" only where that margin exceeds both
+    `ORDER_MARGIN` and `ORDER_SPREADS` times the shuffled control's spread between permutations: else the site
+    shows no ordered structure the patch can use. Shares, not raw LDs, are ranked: LD is signed by the clean
+    and corrupted answers, and a run not filtered to correct prompts can have the clean LD below the corrupted
+    one, where the largest LD is the patch that restores least.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
 
 ORDER_MARGIN = 0.1
 """A family's restored share must beat its shuffled control's by this much to count as ordered structure."""
+ORDER_SPREADS = 2.0
+"""... and by this many of the shuffled control's standard deviations between permutations (when it has two)."""
 PARSIMONY = 0.05
 """The chosen helix restores at least the best helix's share less this (`chosen_helix`)."""
 
@@ -68,25 +73,29 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sites = list(dict.fromkeys(r["site"] for r in rows))
     for site in sites:
         mine = [r for r in rows if r["site"] == site]
-        whole = [r for r in mine if r["kind"] == "layer" and r.get("estimable", 1)]  # not estimable: no verdict
-        if not whole:
+        whole = {r["layer"]: r for r in mine if r["kind"] == "layer" and r.get("estimable", 1)}  # else no verdict
+        per_layer = {layer: sorted((r for r in mine if r["layer"] == layer and r["kind"] != "layer"),
+                                   key=lambda r: -_num(r["restored"])) for layer in whole}  # fmt: skip
+        per_layer = {layer: ranked for layer, ranked in per_layer.items() if ranked}
+        if not per_layer:
             continue
-        top = max(whole, key=lambda r: _num(r["ld"]))
-        layer = top["layer"]
-        ranked = sorted((r for r in mine if r["layer"] == layer and r["kind"] != "layer"), key=lambda r: -_num(r["ld"]))
-        if not ranked:
-            continue
+        layer = max(per_layer, key=lambda la: _num(per_layer[la][0]["restored"]))
+        top, ranked = whole[layer], per_layer[layer]
         win = ranked[0]
         second = ranked[1] if len(ranked) > 1 else None
         order = _num(win["restored"]) - _num(win["restored_shuffled"])
+        spread = _num(win.get("restored_shuffled_sd"))
+        ordered = order > ORDER_MARGIN and (not math.isfinite(spread) or order > ORDER_SPREADS * spread)
         out.append({
             "site": site, "control": bool(top["control"]), "layer": layer, "ld_layer": top["ld"],
             "ld_clean": top["ld_clean"], "ld_corrupted": top["ld_corrupted"], "winner": win["family"],
             "ld": win["ld"], "restored": win["restored"], "ld_shuffled": win["ld_shuffled"],
             "restored_shuffled": win["restored_shuffled"], "runner_up": second["family"] if second else None,
-            "ld_runner_up": second["ld"] if second else None, "ld_heldout": win.get("ld_heldout"),
+            "ld_runner_up": second["ld"] if second else None,
+            "restored_runner_up": second["restored"] if second else None, "ld_heldout": win.get("ld_heldout"),
+            "restored_heldout": win.get("restored_heldout"), "restored_shuffled_sd": win.get("restored_shuffled_sd"),
             "ablation_lost": win.get("ablation_lost"), "random_lost": win.get("random_lost"),
-            "ordered": bool(order > ORDER_MARGIN), "order_margin": order if math.isfinite(order) else None,
+            "ordered": ordered, "order_margin": order if math.isfinite(order) else None,
         })  # fmt: skip
     return out
 
@@ -100,15 +109,17 @@ def verdict_sentence(v: dict[str, Any]) -> str:
     def pct(x: Any) -> str:
         return "n/a" if x is None else f"{float(x):.0%}"
 
-    head = (f"{v['site']}: at layer {v['layer']} (whole layer LD {f(v['ld_layer'])}, corrupted "
-            f"{f(v['ld_corrupted'])}) {v['winner']} restores the most, LD {f(v['ld'])} "
-            f"({pct(v['restored'])} of the whole layer's)")  # fmt: skip
+    head = (f"{v['site']}: at layer {v['layer']} (whole layer LD {f(v['ld_layer'])}, clean {f(v['ld_clean'])}, "
+            f"corrupted {f(v['ld_corrupted'])}) {v['winner']} restores the most, {pct(v['restored'])} of the whole "
+            f"layer's effect (LD {f(v['ld'])})")  # fmt: skip
     if v["runner_up"] is not None:
-        head += f", ahead of {v['runner_up']} ({f(v['ld_runner_up'])})"
-    controls = (f"; shuffled control {f(v['ld_shuffled'])} ({pct(v['restored_shuffled'])}), held-out values "
-                f"{f(v['ld_heldout'])}, ablating its subspace loses {pct(v['ablation_lost'])} of the LD vs "
-                f"{pct(v['random_lost'])} for a random one")  # fmt: skip
-    tail = "" if v["ordered"] else "; it does not beat its shuffled control, so no ordered reading wins here"
+        head += f", ahead of {v['runner_up']} ({pct(v.get('restored_runner_up'))})"
+    sd = v.get("restored_shuffled_sd")
+    controls = (f"; shuffled control {pct(v['restored_shuffled'])}{'' if sd is None else f' (sd {pct(sd)})'}, "
+                f"held-out values {pct(v.get('restored_heldout'))}, ablating its subspace loses "
+                f"{pct(v['ablation_lost'])} of the LD vs {pct(v['random_lost'])} for a random one")  # fmt: skip
+    tail = "" if v["ordered"] else ("; it does not beat its shuffled control beyond the control's spread, so no "
+                                    "ordered reading wins here")  # fmt: skip
     return head + controls + tail + "."
 
 

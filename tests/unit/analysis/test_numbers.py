@@ -373,6 +373,30 @@ def test_a_too_small_whole_layer_effect_is_not_estimable() -> None:
     assert restored_share(other, other, whole, train, clean, corr, 0.1) == pytest.approx(0.0)
 
 
+def test_verdict_ranks_restored_shares_not_signed_lds() -> None:
+    """Measured on the planted digits at layers 0 and 1 with unfiltered prompts (clean LD -0.02 below corrupted
+    0.10): ranked by raw LD, the verdict took layer 1 (its whole-layer LD the larger) and named linear, whose
+    share was -0.08, the winner, over digit-circles restoring 1.0 at layer 0."""
+    from arithmech.stages.numbers_outputs import verdict_sentence, verdicts
+
+    def row(layer: int, family: str, ld: float, restored: float | None, shuffled: float | None = None,
+            sd: float | None = None) -> dict[str, Any]:  # fmt: skip
+        kind = "layer" if family == "layer" else family
+        return {"site": "a.units", "control": 0, "layer": layer, "family": family, "kind": kind, "ld": ld,
+                "ld_clean": -0.019, "ld_corrupted": 0.099, "restored": restored, "restored_shuffled": shuffled,
+                "restored_shuffled_sd": sd, "ld_shuffled": None, "estimable": 1}  # fmt: skip
+
+    rows = [row(0, "layer", -0.019, 1.0), row(0, "digit-circles", -0.019, 1.0, -0.04, 0.27),
+            row(0, "linear", 0.05, -0.06, 0.0, 0.1), row(1, "layer", -0.015, 1.0),
+            row(1, "linear", 0.065, -0.08, 0.01, 0.12), row(1, "digit-circles", 0.0, 0.86, 0.0, 0.18)]  # fmt: skip
+    (v,) = verdicts(rows)
+    assert (v["layer"], v["winner"], v["runner_up"]) == (0, "digit-circles", "linear") and v["ordered"], v
+    assert "digit-circles restores the most, 100% of the whole layer's effect" in verdict_sentence(v)
+    # a margin within twice the shuffled control's spread between permutations is not ordered structure
+    (v,) = verdicts([row(0, "layer", 1.0, 1.0), row(0, "helix-5-10", 0.3, 0.15, -0.1, 0.25)])
+    assert not v["ordered"] and "beyond the control's spread" in verdict_sentence(v)
+
+
 # -- bad input --------------------------------------------------------------------------------------------------
 def test_bad_input_is_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="period 100 is longer than the 40 operand values"):
