@@ -1,13 +1,15 @@
 """The analyze-numbers stage's summaries and files: the chosen periods, the verdict per site, and the writer.
 
 Verdict (`verdicts`), per site (the control site too)
-    At each layer whose whole-layer effect is estimable (numbers_ld.csv's estimable), the families ranked by
-    their restored share (the whole layer left out; a cell without a share last); the verdict's layer is the one
-    whose first family restores the largest share (as `best_periods` picks a helix's layer and the report's
-    table ranks cells). The winner is that family, the runner-up the next at the same layer; its order margin is
-    its share less its shuffled control's. A reading is "ordered" only where that margin exceeds both
-    `ORDER_MARGIN` and `ORDER_SPREADS` times the shuffled control's spread between permutations: else the site
-    shows no ordered structure the patch can use. Shares, not raw LDs, are ranked: LD is signed by the clean
+    At each layer whose whole-layer effect is estimable (numbers_ld.csv's estimable), the readings (every family
+    with a basis in the value: PCA left out) ranked by their restored share (a cell without a share last); the
+    verdict's layer is the one whose first reading restores the largest share (as `best_periods` picks a helix's
+    layer). The winner is that reading, the runner-up the next at the same layer, and beside them the PCA of
+    the winner's size (else the nearest) at that layer: the equal-size baseline, not a reading, since it patches
+    the clean value's own projection (no prediction, no order to shuffle). The order margin is the winner's
+    share less its shuffled control's; it is "ordered" only where that margin exceeds both `ORDER_MARGIN` and
+    `ORDER_SPREADS` times the shuffled control's spread between permutations: else the site shows no ordered
+    structure the patch can use. Shares, not raw LDs, are ranked: LD is signed by the clean
     and corrupted answers, and a run not filtered to correct prompts can have the clean LD below the corrupted
     one, where the largest LD is the patch that restores least.
 """
@@ -74,7 +76,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for site in sites:
         mine = [r for r in rows if r["site"] == site]
         whole = {r["layer"]: r for r in mine if r["kind"] == "layer" and r.get("estimable", 1)}  # else no verdict
-        per_layer = {layer: sorted((r for r in mine if r["layer"] == layer and r["kind"] != "layer"),
+        per_layer = {layer: sorted((r for r in mine if r["layer"] == layer and r["kind"] not in ("layer", "pca")),
                                    key=lambda r: -_num(r["restored"])) for layer in whole}  # fmt: skip
         per_layer = {layer: ranked for layer, ranked in per_layer.items() if ranked}
         if not per_layer:
@@ -83,9 +85,12 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         top, ranked = whole[layer], per_layer[layer]
         win = ranked[0]
         second = ranked[1] if len(ranked) > 1 else None
+        pcas = [r for r in mine if r["layer"] == layer and r["kind"] == "pca"]
+        pca = min(pcas, key=lambda r: (abs(int(r["dim"]) - int(win["dim"] or 0)), -int(r["dim"]))) if pcas else None
         order = _num(win["restored"]) - _num(win["restored_shuffled"])
         spread = _num(win.get("restored_shuffled_sd"))
-        ordered = order > ORDER_MARGIN and (not math.isfinite(spread) or order > ORDER_SPREADS * spread)
+        ordered = (win["restored_shuffled"] is not None and order > ORDER_MARGIN
+                   and (not math.isfinite(spread) or order > ORDER_SPREADS * spread))  # fmt: skip
         out.append({
             "site": site, "control": bool(top["control"]), "layer": layer, "ld_layer": top["ld"],
             "ld_clean": top["ld_clean"], "ld_corrupted": top["ld_corrupted"], "winner": win["family"],
@@ -95,6 +100,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "restored_runner_up": second["restored"] if second else None, "ld_heldout": win.get("ld_heldout"),
             "restored_heldout": win.get("restored_heldout"), "restored_shuffled_sd": win.get("restored_shuffled_sd"),
             "ablation_lost": win.get("ablation_lost"), "random_lost": win.get("random_lost"),
+            "pca": pca["family"] if pca else None, "restored_pca": pca["restored"] if pca else None,
+            "pca_same_size": bool(pca and int(pca["dim"]) == int(win["dim"] or 0)),
             "ordered": ordered, "order_margin": order if math.isfinite(order) else None,
         })  # fmt: skip
     return out
@@ -114,6 +121,9 @@ def verdict_sentence(v: dict[str, Any]) -> str:
             f"layer's effect (LD {f(v['ld'])})")  # fmt: skip
     if v["runner_up"] is not None:
         head += f", ahead of {v['runner_up']} ({pct(v.get('restored_runner_up'))})"
+    if v.get("pca") is not None:
+        size = "equal size" if v.get("pca_same_size") else "the nearest size"
+        head += f"; PCA of {size} ({v['pca']}, its own activation projected) {pct(v.get('restored_pca'))}"
     sd = v.get("restored_shuffled_sd")
     controls = (f"; shuffled control {pct(v['restored_shuffled'])}{'' if sd is None else f' (sd {pct(sd)})'}, "
                 f"held-out values {pct(v.get('restored_heldout'))}, ablating its subspace loses "

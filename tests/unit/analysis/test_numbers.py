@@ -384,7 +384,7 @@ def test_verdict_ranks_restored_shares_not_signed_lds() -> None:
         kind = "layer" if family == "layer" else family
         return {"site": "a.units", "control": 0, "layer": layer, "family": family, "kind": kind, "ld": ld,
                 "ld_clean": -0.019, "ld_corrupted": 0.099, "restored": restored, "restored_shuffled": shuffled,
-                "restored_shuffled_sd": sd, "ld_shuffled": None, "estimable": 1}  # fmt: skip
+                "restored_shuffled_sd": sd, "ld_shuffled": None, "estimable": 1, "dim": 2}  # fmt: skip
 
     rows = [row(0, "layer", -0.019, 1.0), row(0, "digit-circles", -0.019, 1.0, -0.04, 0.27),
             row(0, "linear", 0.05, -0.06, 0.0, 0.1), row(1, "layer", -0.015, 1.0),
@@ -395,6 +395,16 @@ def test_verdict_ranks_restored_shares_not_signed_lds() -> None:
     # a margin within twice the shuffled control's spread between permutations is not ordered structure
     (v,) = verdicts([row(0, "layer", 1.0, 1.0), row(0, "helix-5-10", 0.3, 0.15, -0.1, 0.25)])
     assert not v["ordered"] and "beyond the control's spread" in verdict_sentence(v)
+    # measured on the default model (a.tens, layer 8): pca-6 (88%, no shuffled control) was named the winner and
+    # "ordered"; PCA is the equal-size baseline beside the best reading, never the reading
+    rows = [row(8, "layer", 4.85, 1.0), {**row(8, "pca-6", 3.99, 0.88), "kind": "pca", "dim": 6},
+            {**row(8, "pca-4", 2.17, 0.68), "kind": "pca", "dim": 4},
+            {**row(8, "digit-circles", 1.48, 0.59, -0.01, 0.02), "dim": 4},
+            {**row(8, "helix-2-5-10", 1.0, 0.28, 0.03, 0.7), "kind": "helix", "dim": 6}]  # fmt: skip
+    (v,) = verdicts(rows)
+    assert (v["winner"], v["runner_up"], v["pca"], v["restored_pca"]) == ("digit-circles", "helix-2-5-10", "pca-4",
+                                                                          0.68) and v["ordered"], v  # fmt: skip
+    assert "PCA of equal size (pca-4, its own activation projected) 68%" in verdict_sentence(v)
 
 
 # -- bad input --------------------------------------------------------------------------------------------------
