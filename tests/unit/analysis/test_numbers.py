@@ -305,7 +305,7 @@ def _planted_digits(seed: int = 0) -> ModelHandle:
 
 @pytest.fixture(scope="module")
 def planted_digits(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    cfg = NumbersConfig(low=10, high=40, max_pairs=300, max_prompts=60, filter_correct=False, layers=(0,),
+    cfg = NumbersConfig(low=10, high=40, max_pairs=300, max_prompts=60, filter_correct=False, layers=(0, 1),
                         sites=("a.units",), families=("digit-circles", "digit-linear", "pca"), few_shot=1,
                         batch_size=60, shuffles=8)  # fmt: skip
     return analyze_numbers(_planted_digits(), cfg, tmp_path_factory.mktemp("digits"), quiet=True)
@@ -325,6 +325,10 @@ def test_planted_digit_circles_restore_the_whole_layer_and_beat_the_linear_digit
     # wrong order: measured -0.04 +- 0.27 per permutation (12 of them), so the mean of 8 stays within 0.3 of 0
     assert abs(circles["restored_shuffled"]) < 0.3, circles
     assert circles["ablation_lost"] > circles["random_lost"] + 0.2, circles
+    # the verdict names the planted reading where it restores all, not the largest signed LD (clean LD is below
+    # corrupted on this unfiltered random model) nor PCA, which ties at 1 here by projecting each value's own mean
+    verdict = next(v for v in planted_digits.verdicts if v["site"] == "a.units")
+    assert (verdict["layer"], verdict["winner"], verdict["ordered"]) == (0, "digit-circles", True), verdict
 
 
 # -- no structure: a random-init model --------------------------------------------------------------------------
