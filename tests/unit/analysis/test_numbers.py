@@ -411,6 +411,19 @@ def test_verdict_ranks_restored_shares_not_signed_lds() -> None:
     assert "PCA of equal size (pca-4, its own activation projected) 68%" in verdict_sentence(v)
 
 
+def test_guide_explains_every_column() -> None:
+    """docs/guides/explain.md's table of numbers_ld.csv names every column the stage writes, and no other."""
+    import re
+    from pathlib import Path
+
+    from arithmech.stages.numbers import COLUMNS
+
+    guide = (Path(__file__).parents[3] / "docs" / "guides" / "explain.md").read_text()
+    table = guide[guide.index("| column | what it holds |") :].split("\n\n")[0]
+    named = [name for line in table.splitlines()[2:] for name in re.findall(r"`([a-z_0-9]+)`", line.split("|")[1])]
+    assert sorted(named) == sorted(COLUMNS)
+
+
 # -- bad input --------------------------------------------------------------------------------------------------
 def test_bad_input_is_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="period 100 is longer than the 40 operand values"):
