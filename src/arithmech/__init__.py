@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "api": (
         "load_model", "identify", "knockout", "transfer", "analyze_attention", "analyze_mlp", "analyze_fourier",
-        "analyze_agreement", "analyze_heuristics", "mediate", "neurons", "circuit", "finetune", "evaluate", "run",
+        "analyze_agreement", "analyze_heuristics", "analyze_numbers",
+        "mediate", "neurons", "circuit", "finetune", "evaluate", "run",
         "write_report",
     ),
     "run_results": ("open_run", "Run"),

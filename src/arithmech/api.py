@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from arithmech.stages.knockout import KnockoutResult
     from arithmech.stages.mediate import MediateResult
     from arithmech.stages.neurons import NeuronsResult
+    from arithmech.stages.numbers import NumbersResult
     from arithmech.stages.transfer import TransferResult
 
 RunSource = str | Path | Any
@@ -122,7 +123,7 @@ def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: O
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
     """Run a stage that writes its own folder (default `runs/<stage>-<time>`), its settings checked first."""
     checked = _config(config, stage, settings, **injected)
-    out = _door("analyze_heuristics" if stage == "heuristics" else stage, model, out, quiet)
+    out = _door({"heuristics": "analyze_heuristics", "numbers": "analyze_numbers"}.get(stage, stage), model, out, quiet)
     cfg, out_dir = preflight.check(checked, out or _default_out(stage), stage)
     return _call(target, out_dir, model, cfg, out_dir, quiet=quiet)
 
@@ -236,6 +237,17 @@ def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = Fal
     Settings are the fields of `HeuristicsConfig`; `out` defaults to `runs/heuristics-<time>`.
     """
     return _standalone("heuristics", "heuristics_config:HeuristicsConfig", "heuristics:heuristics", model, out, quiet,
+                       settings)  # fmt: skip
+
+
+def analyze_numbers(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> NumbersResult:
+    """How the model represents the numbers it adds: linear, log, circles, helices (Kantamneni & Tegmark 2025),
+    PCA and polynomials of equal size and per-digit circles, each fitted at the operand tokens and judged by the
+    logit difference its patch restores, with held-out, shuffled-order, other-position and ablation controls.
+
+    Settings are the fields of `NumbersConfig`; `out` defaults to `runs/numbers-<time>`.
+    """
+    return _standalone("numbers", "numbers_config:NumbersConfig", "numbers:analyze_numbers", model, out, quiet,
                        settings)  # fmt: skip
 
 

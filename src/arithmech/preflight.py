@@ -55,6 +55,7 @@ FLAGS = {"from_run": "--from", "sources": "--from", "identify_run": "--identify"
          "templates_file": "--templates"}  # fmt: skip
 """CLI option of a setting whose name differs from --field-name."""
 SUBFOLDERS = {"analyze_attention": "attention", "analyze-mlp": "mlp", "analyze-fourier": "fourier",
+              "analyze-numbers": "numbers",
               "mediate": "mediation", "pipeline": "run"}  # fmt: skip
 """The folder name of a stage's results (its name in a run folder and the report), where it differs from the
 stage's name in metadata.json."""

@@ -206,6 +206,12 @@ class HeuristicsResults(StageResults):
     patterns = Table("patterns.csv")
 
 
+class NumbersResults(StageResults):
+    """numbers: how the operands are represented, each reading judged by patching (the helix and its rivals)."""
+
+    ld = Table("numbers_ld.csv")
+
+
 class CircuitResults(StageResults):
     """circuit: faithfulness of the top-k % edge circuits and the exact scores of sampled edges."""
 
@@ -268,6 +274,7 @@ class Run:
     agreement = _Stage(AgreementResults)
     neurons = _Stage(NeuronsResults)
     heuristics = _Stage(HeuristicsResults)
+    numbers = _Stage(NumbersResults)
     circuit = _Stage(CircuitResults)
     finetune = _Stage(FinetuneResults)
     evaluate = _Stage(EvaluateResults)

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 STAGE_FOLDERS: tuple[str, ...] = (
     "identify", "knockout", "transfer", "attention", "mlp", "fourier", "mediation", "agreement", "neurons",
-    "heuristics", "circuit", "finetune", "evaluate",
+    "heuristics", "numbers", "circuit", "finetune", "evaluate",
 )  # fmt: skip
 """The stages of `arithmech run` in run order: the subfolders of its run folder, which reports read without
 importing the pipeline (`pipeline.STAGES` runs them in this order; a test checks that they agree)."""

@@ -25,7 +25,7 @@ READS_IDENTIFY = {
     "circuit": {"identify_run": "/runs/x"},
 }  # fmt: skip
 """The stages known to read an identify run, with settings under which they do."""
-READS_NONE = {"identify", "mediate", "neurons", "heuristics", "evaluate"}
+READS_NONE = {"identify", "mediate", "neurons", "heuristics", "analyze-numbers", "evaluate"}
 """The stages known to read none."""
 NOT_STAGES = {"run", "report", "plan"}
 """Commands that run no single stage of their own (plan plans stages, running none)."""

@@ -1,6 +1,11 @@
-"""`arithmech analyze attention|mlp|fourier|agreement|heuristics`: what the key heads attend to, what the MLPs
-read and write, which frequencies over the number tokens each component writes, how far the methods agree, and
-which MLP neurons are heuristics."""
+"""`arithmech analyze attention|mlp|fourier|agreement|heuristics|numbers`: what the key heads attend to, what the
+MLPs read and write, which frequencies over the number tokens each component writes, how far the methods agree,
+which MLP neurons are heuristics, and how the operands are represented (helix, circles, line, digits).
+
+Usage:
+    arithmech analyze numbers --high 40 --layers 0,4,8 --sites a,last
+    arithmech analyze numbers --families helix,pca,digit-circles --max-prompts 16
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from arithmech.cli.config_options import config_command
 from arithmech.cli.options import QuietOpt, default_out, ints, model_options, setup_logging, split
 from arithmech.stages.fourier_config import FourierConfig
 from arithmech.stages.heuristics_config import HeuristicsConfig
+from arithmech.stages.numbers_config import NumbersConfig
 
 
 @analyze_app.command("attention")
@@ -212,4 +218,34 @@ def analyze_heuristics(
                    f"{s['base']:.0%} -> {ablated}")  # fmt: skip
     for op, why in result.metadata["skipped"].items():
         typer.echo(f"{op:15s} skipped: {why}")
+    typer.echo(f"results in {result.out_dir}")
+
+
+@analyze_app.command("numbers")
+@model_options
+@config_command(NumbersConfig)
+def analyze_numbers(
+    cfg: Any = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder; default runs/numbers-<time>.")] = None,
+    quiet: QuietOpt = False,
+    load: Any = None,
+) -> None:
+    """How the operands are represented (Kantamneni & Tegmark 2025): linear, log, circles, helices, PCA,
+    polynomial and per-digit circles fitted per layer at each operand token, each judged by the logit difference
+    its patch restores, with held-out, shuffled, other-position and ablation controls."""
+    setup_logging(quiet)
+
+    from arithmech import preflight
+    from arithmech.stages.numbers import analyze_numbers as run_numbers
+    from arithmech.stages.numbers_outputs import verdict_sentence
+
+    cfg, out_dir = preflight.check(cfg, out or default_out("numbers"), "analyze-numbers")
+    handle = load()
+    result = run_numbers(handle, cfg, out_dir, quiet=quiet)
+    span = result.metadata["range"]
+    reading = "per digit" if span["digit_split"] else "one token each"
+    typer.echo(f"operands {span['low']}..{span['high'] - 1} ({reading}), periods {span['periods']}; forward-pass "
+               f"equivalents {result.metadata['forward_pass_equivalents']['total']:.1f}")  # fmt: skip
+    for verdict in result.verdicts:
+        typer.echo(verdict_sentence(verdict))
     typer.echo(f"results in {result.out_dir}")

@@ -41,6 +41,7 @@ from arithmech.report.circuit_section import circuit_body
 from arithmech.report.fourier_section import fourier_body
 from arithmech.report.heuristics_section import heuristics_body
 from arithmech.report.knockout_section import knockout_body
+from arithmech.report.numbers_section import numbers_body
 from arithmech.report.page import Body, Section, Table, num, render_page
 from arithmech.report.run_folder import DONE, STALE, RunFolder, StageFolder, open_run
 from arithmech.report.sections import attention_body, identify_body, mlp_body, transfer_body
@@ -66,6 +67,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StageFolder], Body]], ...] = (
     ("agreement", "Method agreement", agreement_body),
     ("neurons", "Neurons: comparative neuron analysis and pruning", neurons_body),
     ("heuristics", "Heuristic neurons over the operand grid", heuristics_body),
+    ("numbers", "How the operands are represented (helix, circles, line, digits)", numbers_body),
     ("circuit", "Edge-level circuit, scored by faithfulness (MIB)", circuit_body),
     ("finetune", "Fine-tuning", finetune_body),
     ("evaluate", "Evaluation: base vs tuned", evaluate_body),

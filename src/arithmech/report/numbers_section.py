@@ -1,0 +1,54 @@
+"""Report section of the numbers stage (Kantamneni & Tegmark 2025 and rival readings): read numbers_ld.csv,
+numbers_periods.json and metadata.json of a finished folder and say in words which reading wins where; nothing is
+recomputed (the verdict sentences are written by the stage into metadata.json from the same table)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arithmech.report.page import Body, Figure, Table, num, pct, to_float
+from arithmech.report.run_folder import StageFolder
+
+
+def numbers_body(stage: StageFolder) -> Body:
+    meta: dict[str, Any] = stage.metadata
+    rows = stage.csv("numbers_ld.csv")
+    span = meta.get("range", {})
+    periods = stage.json("numbers_periods.json").get("sites", {})
+    reading = "one place per token (per-digit reading)" if span.get("digit_split") else "one token per operand"
+    text = [
+        f"Operands {span.get('low')}..{int(span.get('high', 0)) - 1}, {reading}; periods {span.get('periods')}. "
+        "Each family is fitted on 80% of the operand values in a PCA of the site's activations and judged by the "
+        "logit difference (LD) its patch restores in a run whose operand was changed, against the whole residual "
+        "patched; controls: the held-out values, the basis shuffled over the values, the fit at the other "
+        f"operand's token (site {meta.get('control_site')}) and ablating the fitted vs a random subspace. "
+        "The patch writes the fit's out-of-sample prediction of the clean value into its subspace (the rest from "
+        "the corrupted run), and its share is measured from the same fit's patch of another value, so a fit "
+        "with no order (the shuffled control) restores about 0. Where the whole-layer patch barely moves LD the "
+        "cell is not estimable: its shares are left empty, with the reason in the table "
+        f"({sum(1 for r in rows if r.get('estimable') == '0')} of {len(rows)} rows here).",
+        *meta.get("verdicts", []),
+    ]
+    for site, entry in periods.items():
+        best = entry.get("best")
+        if best:
+            text.append(f"{site}: the chosen helix is {best['family']} (periods {best['periods']}) at layer "
+                        f"{best['layer']}, restoring {pct(to_float(best['restored']))} vs "
+                        f"{pct(to_float(best['restored_shuffled']))} shuffled.")  # fmt: skip
+    text.append(f"Cost: {num(meta.get('forward_pass_equivalents', {}).get('total'))} forward passes of the prompt "
+                "set in all.")  # fmt: skip
+    top = sorted((r for r in rows if r["kind"] != "layer"), key=lambda r: -to_float(r["restored"] or "nan"))
+    table = Table(
+        "Best (site, layer, family) cells by restored share of the whole layer's LD, with their controls",
+        ("site", "layer", "family", "LD", "whole layer", "restored", "shuffled", "held-out", "ablation lost",
+         "random lost"),
+        [(r["site"], r["layer"], r["family"], num(to_float(r["ld"])), num(to_float(r["ld_layer"])),
+          pct(to_float(r["restored"])), pct(to_float(r["restored_shuffled"])), pct(to_float(r["restored_heldout"])),
+          pct(to_float(r["ablation_lost"])), pct(to_float(r["random_lost"]))) for r in top[:15]],
+    )  # fmt: skip
+    figures = [Figure(stage.folder / "numbers_ld.png", "LD per layer by reading (best family of each kind), the best "
+                      "helix's shuffled control dashed, the corrupted run grey")]  # fmt: skip
+    if stage.has("numbers_helix.png"):
+        figures.append(Figure(stage.folder / "numbers_helix.png", "operand means on the best helix's first circle, "
+                              "coloured by the operand, beside the same for the shuffled control"))  # fmt: skip
+    return Body(" ".join(text), figures, [table])
