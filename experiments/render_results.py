@@ -171,6 +171,10 @@ class Folder:
 
     __getitem__ = __getattr__
 
+    def __contains__(self, name: str) -> bool:
+        """`"arithmetic-sft" in results`: whether a study (file or folder) has been kept yet."""
+        return any((self._path / f"{name}{suffix}").exists() for suffix in ("", ".csv", ".json"))
+
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
@@ -266,7 +270,8 @@ def environment() -> jinja2.Environment:
 def render(page: Page, results: Path = RESULTS) -> str:
     """The page's rendered text (between its markers, without them)."""
     published = _read_json(results / "published.json") if (results / "published.json").is_file() else {}
-    return environment().get_template(page.template).render(results=Folder(results), published=published)
+    text = environment().get_template(page.template).render(results=Folder(results), published=published)
+    return text if page.markers is None else text.strip("\n") + "\n"
 
 
 def current(page: Page) -> str:
