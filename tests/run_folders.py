@@ -158,6 +158,7 @@ TEXT_COLUMNS = frozenset({
     "prompt_set",  # knockout: held_out, in_sample or unranked
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
+    "variable", "family", "periods", "reason",  # analyze numbers: numbers_ld.csv ("a", "helix-5-10", "5 10", why not)
 })  # fmt: skip
 """CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but
 are names); every other column holds numbers."""
@@ -174,6 +175,11 @@ MAY_BE_EMPTY = frozenset({
     "random_accuracy_std", "random_prob_std",  # knockout, transfer: a sample sd, undefined with one random draw
     "effect_std",  # effects.csv, effects_by_position.csv: a sample sd, undefined for one prompt
     "cpr_sd", "cpr_min", "cpr_max", "cmd_sd", "cmd_min", "cmd_max",  # cpr_cmd.csv: the random ranking's spread only
+    # numbers_ld.csv: the whole-layer row has no fit, PCA no shuffled control, a cell without held-out pairs no
+    # held-out LD, a cell not estimable (its reason column says why) no restored share
+    "dim", "rank", "r2", "r2_shuffled", "ld_other", "ld_shuffled", "restored", "restored_shuffled",
+    "restored_shuffled_sd", "ld_heldout", "ld_shuffled_heldout", "restored_heldout", "restored_shuffled_heldout",
+    "ld_layer_heldout", "ld_ablated", "ablation_lost", "ld_random", "random_lost",
 })  # fmt: skip
 """Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
 (an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not

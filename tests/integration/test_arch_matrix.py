@@ -71,6 +71,8 @@ def _settings(words: Path, train: Path) -> dict[str, Any]:
         "neurons": {**SMALL["neurons"], "importance_layers": [0, 1], "n_random": 2},
         "finetune": {**FINETUNE, "data": str(train)},
         "evaluate": {**SMALL["evaluate"], "benchmarks": ["adapters-svamp", "csqa", "general"]},
+        "numbers": {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1], "shuffles": 2,
+                    "few_shot": 1},
     }
 
 

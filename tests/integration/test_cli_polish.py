@@ -114,7 +114,7 @@ def test_every_help_shows_flags_as_flags_and_brackets_as_written(capsys) -> None
     from arithmech.cli import main
 
     commands = _commands()
-    assert len(commands) == 15  # analyze fourier and heuristics (issue #15) are the 13th and 14th, circuit the 15th
+    assert len(commands) == 17  # analyze fourier and heuristics (issue #15), circuit, plan (#33), analyze numbers (#35)
     bracketed = 0
     for argv, command in commands:
         assert main([*argv, "--help"]) == 0

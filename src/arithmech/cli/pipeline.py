@@ -41,9 +41,9 @@ def run(
     load: Any = None,
 ) -> None:
     """Run the stages into one run folder, in this order: identify, knockout, transfer, attention, mlp, fourier,
-    mediation, agreement, neurons, heuristics, circuit, finetune, evaluate. fourier, heuristics, circuit and
-    finetune run only when named (--stages or the config's stages); the others run unless --stages leaves them
-    out.
+    mediation, agreement, neurons, heuristics, numbers, circuit, finetune, evaluate. fourier, heuristics,
+    numbers, circuit and finetune run only when named (--stages or the config's stages); the others run unless
+    --stages leaves them out.
 
     A stage whose settings and inputs are unchanged since the last run into the same folder is not recomputed,
     so rerunning after an interruption resumes where it stopped.
