@@ -147,8 +147,10 @@ def speed_paragraph(full: Mapping[str, Mapping[str, Any]]) -> str:
         cost = f"what {every} cost is {NOT_MEASURED}"
     if "loop_prompt_passes" in patching:  # the loop ran the engine's length chunks
         low, high = sorted([patching["speedup"], patching["total_speedup"]])
-        cores = full["path_patching"]["machine"]["logical_cores"]
-        loop = f"they take {_times(low)}-{_times(high)}x less time on a {cores}-core CPU"
+        machine = full["path_patching"]["machine"]
+        n_threads = machine.get("torch_threads")
+        threads = f" ({n_threads} torch thread{'s' if n_threads != 1 else ''} on both sides)" if n_threads else ""
+        loop = f"they take {_times(low)}-{_times(high)}x less time on a {machine['logical_cores']}-core CPU{threads}"
     else:
         loop = f"their time ratio is {NOT_MEASURED}"
     repeats = f"the median of {peers['repeats']} interleaved repetitions" if peers else "the median of repetitions"
