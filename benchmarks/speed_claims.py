@@ -133,6 +133,12 @@ def peers_table(size: str, entry: Mapping[str, Any] | None, provenance: str = ""
     return "\n".join(lines)
 
 
+def torch_threads(machine: Mapping[str, Any]) -> str:
+    """`1 torch thread` from a machine fingerprint; empty for an entry recorded before the count was."""
+    n = machine.get("torch_threads")
+    return f"{n} torch thread{'s' if n != 1 else ''}" if n else ""
+
+
 def speed_paragraph(full: Mapping[str, Mapping[str, Any]]) -> str:
     """The README's speed paragraph from the full-size entries (benchmark name -> entry), unwrapped."""
     patching = full.get("path_patching", {}).get("metrics", {})
@@ -148,8 +154,7 @@ def speed_paragraph(full: Mapping[str, Mapping[str, Any]]) -> str:
     if "loop_prompt_passes" in patching:  # the loop ran the engine's length chunks
         low, high = sorted([patching["speedup"], patching["total_speedup"]])
         machine = full["path_patching"]["machine"]
-        n_threads = machine.get("torch_threads")
-        threads = f" ({n_threads} torch thread{'s' if n_threads != 1 else ''} on both sides)" if n_threads else ""
+        threads = f" ({torch_threads(machine)} on both sides)" if torch_threads(machine) else ""
         loop = f"they take {_times(low)}-{_times(high)}x less time on a {machine['logical_cores']}-core CPU{threads}"
     else:
         loop = f"their time ratio is {NOT_MEASURED}"
