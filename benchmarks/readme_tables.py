@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from compare import RESULTS, Results, load_results
-from speed_claims import NOT_MEASURED, PEERS, peers_table, speed_paragraph, wrap
+from speed_claims import NOT_MEASURED, PEERS, peers_table, speed_paragraph, torch_threads, wrap
 from suite import BENCHMARKS, SIZES, Size
 
 from arithmech.runs import atomic_write_text
@@ -213,8 +213,7 @@ def _ratio(value: float) -> str:
 def machine_text(machine: Mapping[str, Any]) -> str:
     """`AMD EPYC, 2 logical cores, 1 torch thread, torch 2.13.0+cpu, cpu` (plus the GPU's name on CUDA)."""
     gpu = f" ({machine['gpu']})" if machine.get("gpu") else ""
-    n = machine.get("torch_threads")
-    threads = f", {n} torch thread{'s' if n != 1 else ''}" if n else ""
+    threads = f", {torch_threads(machine)}" if torch_threads(machine) else ""
     cores = f"{machine['logical_cores']} logical cores{threads}"
     return f"{machine['cpu']}, {cores}, torch {machine['torch']}, {machine['device']}{gpu}"
 

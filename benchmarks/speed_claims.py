@@ -133,6 +133,12 @@ def peers_table(size: str, entry: Mapping[str, Any] | None, provenance: str = ""
     return "\n".join(lines)
 
 
+def torch_threads(machine: Mapping[str, Any]) -> str:
+    """`1 torch thread` from a machine fingerprint; empty for an entry recorded before the count was."""
+    n = machine.get("torch_threads")
+    return f"{n} torch thread{'s' if n != 1 else ''}" if n else ""
+
+
 def speed_paragraph(full: Mapping[str, Mapping[str, Any]]) -> str:
     """The README's speed paragraph from the full-size entries (benchmark name -> entry), unwrapped."""
     patching = full.get("path_patching", {}).get("metrics", {})
@@ -147,8 +153,9 @@ def speed_paragraph(full: Mapping[str, Mapping[str, Any]]) -> str:
         cost = f"what {every} cost is {NOT_MEASURED}"
     if "loop_prompt_passes" in patching:  # the loop ran the engine's length chunks
         low, high = sorted([patching["speedup"], patching["total_speedup"]])
-        cores = full["path_patching"]["machine"]["logical_cores"]
-        loop = f"they take {_times(low)}-{_times(high)}x less time on a {cores}-core CPU"
+        machine = full["path_patching"]["machine"]
+        threads = f" ({torch_threads(machine)} on both sides)" if torch_threads(machine) else ""
+        loop = f"they take {_times(low)}-{_times(high)}x less time on a {machine['logical_cores']}-core CPU{threads}"
     else:
         loop = f"their time ratio is {NOT_MEASURED}"
     repeats = f"the median of {peers['repeats']} interleaved repetitions" if peers else "the median of repetitions"
