@@ -59,6 +59,7 @@ Families (`families`), each at a stated dimension m
 Usage
     >>> fams = families(10, 100, digit_split=True)                        # [Family(...), ...]
     >>> fit = fit_family(means, values, train, fams[0], pca_dim=20)       # means [value, d_model] float64
+    >>> fits = fit_families(means, 10, 100, fams, train, 20, seed=0, site="a.units", shuffles=3)  # + controls
     >>> patched = fit_patch(h, fit, i)                                    # h + Q Q^T (f(v_i) - h)
 
 References: Kantamneni & Tegmark, ICML 2025, sec. 4.1-4.2 and Table 1; METHODS.md (number representations).
@@ -69,6 +70,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -263,6 +265,30 @@ def _leave_one_out(centred: torch.Tensor, z: torch.Tensor, resid: torch.Tensor) 
     loo = z - resid / free.clamp_min(1e-12)[:, None]
     others = -z / max(n - 1, 1)  # the others' mean (z is centred): the prediction where the others say nothing
     return torch.where((free > 1e-9)[:, None], loo, others)
+
+
+def fit_families(means: torch.Tensor, low: int, high: int, fams: Sequence[Family], train: torch.Tensor, pca_dim: int,
+                 seed: int, site: str, shuffles: int) -> dict[tuple[str, int], Fit]:  # fmt: skip
+    """Every family and its `shuffles` shuffled controls at one site and layer: (family name, k) -> the fit
+    (k = 0) or its k-th control (PCA has none: no order to shuffle). means [value, d_model] over low..high-1,
+    NaN rows for values without prompts (their recon and pred stay NaN); one PCA shared by all families; each
+    family's permutations seeded by (seed, site, family)."""
+    values = torch.arange(low, high)
+    seen = ~torch.isnan(means[:, 0])
+    m = means[seen]  # [seen value, d_model]
+    vals, tr = values[seen], train[seen]
+    pca = principal_directions(m, tr, pca_dim)
+    out: dict[tuple[str, int], Fit] = {}
+    for fam in fams:
+        perm_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{site}:{fam.name}".encode()))
+        perms = [torch.randperm(int(tr.sum()), generator=perm_gen) for _ in range(shuffles)]
+        for k in range(1 + (shuffles if fam.kind != "pca" else 0)):
+            fit = fit_family(m, vals, tr, fam, pca_dim, low, high, perms[k - 1] if k else None, pca)
+            full = torch.full((len(values), m.shape[1]), float("nan"), dtype=torch.float64)
+            pred = full.clone()
+            full[seen], pred[seen] = fit.recon, fit.pred
+            out[(fam.name, k)] = Fit(fit.family, fit.q, fit.mean, full, pred, fit.r2, fit.w)
+    return out
 
 
 def fit_patch(h: torch.Tensor, fit: Fit, value: torch.Tensor) -> torch.Tensor:

@@ -237,7 +237,7 @@ def analyze_numbers(
 
     from arithmech import preflight
     from arithmech.stages.numbers import analyze_numbers as run_numbers
-    from arithmech.stages.numbers_outputs import verdict_sentence
+    from arithmech.stages.numbers_verdict import verdict_sentence
 
     cfg, out_dir = preflight.check(cfg, out or default_out("numbers"), "analyze-numbers")
     handle = load()

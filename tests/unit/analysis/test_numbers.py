@@ -33,13 +33,14 @@ from arithmech.analysis.number_fits import (
     principal_directions,
     shown_periods,
 )
+from arithmech.analysis.restored_share import not_estimable, restored_share, share
 from arithmech.errors import ConfigError
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
 from arithmech.patching.subspace import base_run, patch_rows
-from arithmech.stages.numbers import analyze_numbers, not_estimable, restored_share, share
+from arithmech.stages.numbers import analyze_numbers
 from arithmech.stages.numbers_config import NumbersConfig
 
 from tiny_models import (
@@ -381,7 +382,7 @@ def test_verdict_ranks_restored_shares_not_signed_lds() -> None:
     """Measured on the planted digits at layers 0 and 1 with unfiltered prompts (clean LD -0.02 below corrupted
     0.10): ranked by raw LD, the verdict took layer 1 (its whole-layer LD the larger) and named linear, whose
     share was -0.08, the winner, over digit-circles restoring 1.0 at layer 0."""
-    from arithmech.stages.numbers_outputs import verdict_sentence, verdicts
+    from arithmech.stages.numbers_verdict import verdict_sentence, verdicts
 
     def row(layer: int, family: str, ld: float, restored: float | None, shuffled: float | None = None,
             sd: float | None = None) -> dict[str, Any]:  # fmt: skip
@@ -416,7 +417,7 @@ def test_guide_explains_every_column() -> None:
     import re
     from pathlib import Path
 
-    from arithmech.stages.numbers import COLUMNS
+    from arithmech.stages.numbers_table import COLUMNS
 
     guide = (Path(__file__).parents[3] / "docs" / "guides" / "explain.md").read_text()
     table = guide[guide.index("| column | what it holds |") :].split("\n\n")[0]

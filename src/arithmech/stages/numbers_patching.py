@@ -1,0 +1,122 @@
+"""The numbers stage's patching of one site: every variant of every family at every layer, as rows joining the
+clean or corrupted run (step 3 of `stages/numbers.py`).
+
+Per chunk of pairs, the clean and the corrupted prompts run once each (`patching/subspace.base_run`: the residual
+entering every layer and the keys/values of every position). Every variant is then a row that joins one of those
+runs at its layer at the site's position (`patching/subspace.patch_rows`), so the family x layer sweep costs the
+rows' token-layers only, never a forward pass per variant:
+    on the corrupted run  the whole layer (the clean residual); per family and each shuffled control k, its patch
+                          h + Q Q^T (f(v) - h) of the clean value v and its patch of another value u (the chance
+                          level its share is measured from)
+    on the clean run      per family, its subspace set to the mean over values (ablation) and a random subspace of
+                          the same rank set likewise
+LD = logit[clean answer token] - logit[corrupted answer token] at the read position.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from arithmech.analysis.number_fits import Family, Fit, fit_patch, random_subspace
+from arithmech.data.number_grid import NumberGrid, Partner, Site
+from arithmech.errors import DataError
+from arithmech.models.view import ModelView
+from arithmech.patching.subspace import base_run, logit_diff, patch_rows, row_cost
+from arithmech.stages.numbers_config import NumbersConfig
+from arithmech.stages.numbers_grid import TokenLayers, pad_ids
+
+
+def patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, pairs: list[tuple[int, Partner]],
+               layers: list[int], fams: list[Family], fits: dict[int, dict[tuple[str, int], Fit]],
+               cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: TokenLayers, quiet: bool,
+               tqdm: Any) -> dict[str, torch.Tensor]:  # fmt: skip
+    """LD of every variant of the module docstring: "clean", "corrupted" [pair]; "layer" [layer, pair];
+    ("fit" | "shuffled<k>" | "other-..." | "ablate" | "random", family) [layer, pair] keyed "kind:family"; and
+    "other", "position" [pair] (long): the value index of the patches of another value and the position
+    patched (pos None: the last site, every prompt's query end)."""
+    n = len(pairs)
+    out: dict[str, torch.Tensor] = {"clean": torch.empty(n), "corrupted": torch.empty(n),
+                                    "layer": torch.empty(len(layers), n), "other": torch.empty(n, dtype=torch.long),
+                                    "position": torch.empty(n, dtype=torch.long)}  # fmt: skip
+    for fam in fams:
+        tags = ("fit", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1)))
+        for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
+            out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
+    randoms = {(layer, fam.name): None for layer in layers for fam in fams}
+    with tqdm(total=n, desc=f"patch {site.name}", unit="prompt", disable=quiet) as bar:
+        for start in range(0, n, cfg.batch_size):
+            chunk = pairs[start : start + cfg.batch_size]
+            idx = torch.arange(start, start + len(chunk))
+            clean_ids, mask = pad_ids([p.clean_ids for _, p in chunk], pad)
+            corr_ids, _ = pad_ids([p.ids for _, p in chunk], pad)
+            read = mask.sum(1) - 1
+            good = torch.tensor([p.good for _, p in chunk])
+            bad = torch.tensor([p.bad for _, p in chunk])
+            clean, clean_final = base_run(view, clean_ids, mask)
+            corr, corr_final = base_run(view, corr_ids, mask)
+            cost.forward("bases", mask)
+            cost.forward("bases", mask)
+            rows_at = torch.arange(len(chunk))
+            out["clean"][idx] = logit_diff(view, clean_final[rows_at, read], good, bad).float().cpu()
+            out["corrupted"][idx] = logit_diff(view, corr_final[rows_at, read], good, bad).float().cpu()
+            at = pos if pos is not None else query_end(grid, [i for i, _ in chunk])
+            value = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
+                                  for i, _ in chunk])  # fmt: skip
+            other = other_values(value, torch.tensor([p.value - grid.low for _, p in chunk]),
+                                 fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
+            out["other"][idx], out["position"][idx] = other, at
+            on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
+            on_clean: list[tuple[str, int, torch.Tensor]] = []
+            for li, layer in enumerate(layers):
+                h_x = corr.resid[layer, :, at].double().cpu()  # [prompt, d_model]
+                h_c = clean.resid[layer, :, at].double().cpu()
+                on_corr.append(("layer", li, h_c))
+                for fam in fams:
+                    for k in range(1 + (cfg.shuffles if fam.kind != "pca" else 0)):
+                        fit = fits[layer][(fam.name, k)]
+                        tag = f"shuffled{k}" if k else "fit"
+                        on_corr.append((f"{tag}:{fam.name}", li, fit_patch(h_x, fit, value)))
+                        on_corr.append((f"other-{tag}:{fam.name}", li, fit_patch(h_x, fit, other)))
+                    fit = fits[layer][(fam.name, 0)]
+                    on_clean.append((f"ablate:{fam.name}", li, h_c - ((h_c - fit.mean) @ fit.q) @ fit.q.T))
+                    if randoms[(layer, fam.name)] is None:
+                        randoms[(layer, fam.name)] = random_subspace(h_c.shape[1], fit.rank, gen)
+                    q = randoms[(layer, fam.name)]
+                    on_clean.append((f"random:{fam.name}", li, h_c - ((h_c - fit.mean) @ q) @ q.T))
+            for base, variants in ((corr, on_corr), (clean, on_clean)):
+                if not variants:
+                    continue
+                k = len(chunk)
+                prompt = torch.arange(k).repeat(len(variants))
+                layer_of = torch.tensor([layers[li] for _, li, _ in variants]).repeat_interleave(k)
+                vectors = torch.cat([v for _, _, v in variants])  # [variant * prompt, d_model]
+                ld = patch_rows(view, base, at, prompt, layer_of, vectors, read, good, bad, cfg.max_rows)
+                cost.add("rows", row_cost(view.dims.n_layers, layer_of, int(mask.shape[1]) - at))
+                for v, (key, li, _) in enumerate(variants):
+                    target_t = out[key]
+                    target_t[li, idx] = ld[v * k : (v + 1) * k]
+            bar.update(len(chunk))
+    return out
+
+
+def query_end(grid: NumberGrid, prompts: list[int]) -> int:
+    """The position of the prompts' last query token (the last site), which must be the same for all."""
+    at_each = {len(grid.prompts[i].ids) - 1 for i in prompts}
+    if len(at_each) > 1:
+        raise DataError("the prompts' last tokens fall at different positions; use one template")
+    return next(iter(at_each))
+
+
+def other_values(value: torch.Tensor, corrupted: torch.Tensor, unseen: torch.Tensor,
+                 gen: torch.Generator) -> torch.Tensor:  # fmt: skip
+    """[prompt] for each prompt a seeded value (an index, as `value`) other than its clean and corrupted ones
+    among the seen values: the wrong value the fit's baseline patch writes."""
+    pool = (~unseen).nonzero().flatten()
+    out = []
+    for v, c in zip(value.tolist(), corrupted.tolist(), strict=True):
+        allowed = pool[(pool != v) & (pool != c)]
+        out.append(int(allowed[int(torch.randint(len(allowed), (1,), generator=gen))]) if len(allowed) else v)
+    return torch.tensor(out)
