@@ -4,6 +4,7 @@ recomputed (the verdict sentences are written by the stage into metadata.json fr
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from arithmech.report.page import Body, Figure, Table, num, pct, to_float
@@ -24,7 +25,9 @@ def numbers_body(stage: StageFolder) -> Body:
         f"operand's token (site {meta.get('control_site')}) and ablating the fitted vs a random subspace. "
         "The patch writes the fit's out-of-sample prediction of the clean value into its subspace (the rest from "
         "the corrupted run), and its share is measured from the same fit's patch of another value, so a fit "
-        "with no order (the shuffled control) restores about 0. Where the whole-layer patch barely moves LD the "
+        "with no order (the shuffled control) restores about 0. Readings are ranked by the share they restore on "
+        "the held-out values (a flexible family can fit its train values and fail on values it did not see), "
+        "with the train values' share beside it. Where the whole-layer patch barely moves LD the "
         "cell is not estimable: its shares are left empty, with the reason in the table "
         f"({sum(1 for r in rows if r.get('estimable') == '0')} of {len(rows)} rows here).",
         *meta.get("verdicts", []),
@@ -33,17 +36,23 @@ def numbers_body(stage: StageFolder) -> Body:
         best = entry.get("best")
         if best:
             text.append(f"{site}: the chosen helix is {best['family']} (periods {best['periods']}) at layer "
-                        f"{best['layer']}, restoring {pct(to_float(best['restored']))} vs "
+                        f"{best['layer']}, restoring {pct(to_float(best.get('restored_heldout')))} on held-out values "
+                        f"and {pct(to_float(best['restored']))} on train values vs "
                         f"{pct(to_float(best['restored_shuffled']))} shuffled.")  # fmt: skip
     text.append(f"Cost: {num(meta.get('forward_pass_equivalents', {}).get('total'))} forward passes of the prompt "
                 "set in all.")  # fmt: skip
-    top = sorted((r for r in rows if r["kind"] != "layer"), key=lambda r: -to_float(r["restored"] or "nan"))
+    held = any(r.get("restored_heldout") for r in rows)
+    key = "restored_heldout" if held else "restored"
+    shares = {id(r): to_float(r[key]) for r in rows}
+    top = sorted((r for r in rows if r["kind"] != "layer"),
+                 key=lambda r: -shares[id(r)] if not math.isnan(shares[id(r)]) else math.inf)  # empty cells last
     table = Table(
-        "Best (site, layer, family) cells by restored share of the whole layer's LD, with their controls",
-        ("site", "layer", "family", "LD", "whole layer", "restored", "shuffled", "held-out", "ablation lost",
-         "random lost"),
+        f"Best (site, layer, family) cells by restored share of the whole layer's LD on "
+        f"{'held-out' if held else 'train'} values, with their controls",
+        ("site", "layer", "family", "LD", "whole layer", "restored, held-out values", "restored, train values",
+         "shuffled", "ablation lost", "random lost"),
         [(r["site"], r["layer"], r["family"], num(to_float(r["ld"])), num(to_float(r["ld_layer"])),
-          pct(to_float(r["restored"])), pct(to_float(r["restored_shuffled"])), pct(to_float(r["restored_heldout"])),
+          pct(to_float(r["restored_heldout"])), pct(to_float(r["restored"])), pct(to_float(r["restored_shuffled"])),
           pct(to_float(r["ablation_lost"])), pct(to_float(r["random_lost"]))) for r in top[:15]],
     )  # fmt: skip
     figures = [Figure(stage.folder / "numbers_ld.png", "LD per layer by reading (best family of each kind), the best "
