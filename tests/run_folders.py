@@ -159,6 +159,7 @@ TEXT_COLUMNS = frozenset({
     "ablation", "selection",  # heuristics: ablation.csv; neurons.csv and patterns.csv per template family:
     "operand_template", "operand_family", "operand_direction", "result_template", "result_family", "result_direction",
     "variable", "family", "periods", "reason",  # analyze numbers: numbers_ld.csv ("a", "helix-5-10", "5 10", why not)
+    "classified_on",  # analyze numbers: numbers_clock_heads.csv ("heldout" or "train")
 })  # fmt: skip
 """CSV columns of names and text (a head "0.1", a neuron "1_37" and a digit token "7" parse as numbers, but
 are names); every other column holds numbers."""
@@ -180,6 +181,8 @@ MAY_BE_EMPTY = frozenset({
     "dim", "rank", "r2", "r2_shuffled", "ld_other", "ld_shuffled", "restored", "restored_shuffled",
     "restored_shuffled_sd", "ld_heldout", "ld_shuffled_heldout", "restored_heldout", "restored_shuffled_heldout",
     "ld_layer_heldout", "ld_ablated", "ablation_lost", "ld_random", "random_lost",
+    # numbers_clock_heads.csv: a head whose whole effect is too small (reason) has no shares
+    "c_ab", "c_sum", "c_joint", "c_ab_heldout", "c_sum_heldout", "c_joint_heldout", "head_share", "identify_effect",
 })  # fmt: skip
 """Numeric CSV columns whose cell may be empty: the quantity does not apply to that row, or is undefined there
 (an undefined number is written as an empty cell or a JSON null, never NaN: `runs.py`). JSON null means "not

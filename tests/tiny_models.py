@@ -425,8 +425,8 @@ def make_multidigit_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def save_multidigit_model_dir(arch: str, path: str | Path, seed: int = 0) -> Path:
-    """A tiny ``arch`` model with the multi-digit tokenizer's vocabulary, saved with it into ``path``."""
+def make_multidigit_model(arch: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A tiny ``arch`` model (float32, eval mode) with the multi-digit tokenizer's vocabulary, and that tokenizer."""
     tokenizer = make_multidigit_tokenizer()
     config = TINY_ARCHS[arch]()
     config.vocab_size = MULTIDIGIT_VOCAB_SIZE
@@ -434,6 +434,12 @@ def save_multidigit_model_dir(arch: str, path: str | Path, seed: int = 0) -> Pat
     with seeded_rng(seed):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         _reinit_(model)
+    return model.eval(), tokenizer
+
+
+def save_multidigit_model_dir(arch: str, path: str | Path, seed: int = 0) -> Path:
+    """A tiny ``arch`` model with the multi-digit tokenizer's vocabulary, saved with it into ``path``."""
+    model, tokenizer = make_multidigit_model(arch, seed)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(path)

@@ -118,7 +118,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("heuristics", "arithmech.stages.heuristics_config:HeuristicsConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.heuristics:heuristics", h, c, o, quiet=q), default_on=False),
     Stage("numbers", "arithmech.stages.numbers_config:NumbersConfig",
-          lambda h, c, o, r, q: _call("arithmech.stages.numbers:analyze_numbers", h, c, o, quiet=q), default_on=False),
+          lambda h, c, o, r, q: _call("arithmech.stages.numbers:analyze_numbers", h,
+                                      _with(c, identify_run=str(r / "identify")) if c.identify_run else c, o,
+                                      quiet=q),
+          default_on=False),
     Stage("circuit", "arithmech.stages.circuit_config:CircuitConfig",
           lambda h, c, o, r, q: _call("arithmech.stages.circuit:circuit", h,
                                       _with(c, identify_run=str(r / "identify")) if c.identify_run else c, o,
@@ -130,7 +133,8 @@ STAGES: tuple[Stage, ...] = (
           lambda h, c, o, r, q: _evaluate(h, c, o, r, q), reads=("finetune",)),
 )  # fmt: skip
 """Every stage in run order. finetune (the slow one), fourier, heuristics, numbers and circuit (optional analyses)
-are off unless named in `stages`. circuit reads identify's folder only with the path-patching ranking (`needs_of`)."""
+are off unless named in `stages`. circuit reads identify's folder only with the path-patching ranking, numbers only
+to classify the Clock's heads (identify_run set to anything: `needs_of`)."""
 
 PLANNED: tuple[str, ...] = ()
 """Stages a user may name that this version does not have yet."""

@@ -72,7 +72,7 @@ def _settings(words: Path, train: Path) -> dict[str, Any]:
         "finetune": {**FINETUNE, "data": str(train)},
         "evaluate": {**SMALL["evaluate"], "benchmarks": ["adapters-svamp", "csqa", "general"]},
         "numbers": {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1], "shuffles": 2,
-                    "few_shot": 1},
+                    "few_shot": 1, "identify_run": "identify", "head_top_k": 3},  # the pipeline fills identify_run
     }
 
 
@@ -146,7 +146,8 @@ def test_every_stage_records_the_identify_runs_it_read(arch_run: ArchRun) -> Non
         reads = getattr(importlib.import_module(module), name).reads_identify_run(metadata.get("config") or {})
         recorded = [run["fingerprint"] for run in metadata["identify_runs"]]
         assert recorded == ([fingerprint] if reads else []), (folder.name, recorded)
-        readers = ("knockout", "transfer", "attention", "mlp", "fourier", "agreement", "finetune")  # circuit: EAP-IG
+        readers = ("knockout", "transfer", "attention", "mlp", "fourier", "agreement", "finetune",
+                   "numbers")  # circuit: EAP-IG; numbers: the Clock's heads
         assert reads == (stage.name in readers), stage.name
 
 

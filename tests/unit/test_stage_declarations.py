@@ -22,10 +22,10 @@ from arithmech.runs import STAGE_FOLDERS
 READS_IDENTIFY = {
     "knockout": {"from_run": "/runs/x"}, "transfer": {}, "analyze_attention": {}, "analyze-mlp": {},
     "analyze-fourier": {}, "agreement": {}, "finetune": {"method": "precise", "from_run": "/runs/x"},
-    "circuit": {"identify_run": "/runs/x"},
+    "circuit": {"identify_run": "/runs/x"}, "analyze-numbers": {"identify_run": "/runs/x"},
 }  # fmt: skip
 """The stages known to read an identify run, with settings under which they do."""
-READS_NONE = {"identify", "mediate", "neurons", "heuristics", "analyze-numbers", "evaluate"}
+READS_NONE = {"identify", "mediate", "neurons", "heuristics", "evaluate"}
 """The stages known to read none."""
 NOT_STAGES = {"run", "report", "plan"}
 """Commands that run no single stage of their own (plan plans stages, running none)."""

@@ -93,15 +93,20 @@ class Family:
     kind: str
     periods: tuple[int, ...] = ()
     dim: int = 1
+    operands: tuple[str, ...] = ()
+    """The numbers it reads, each with its own columns ("a", "b", "a+b": the Clock, `analysis/clock_fits.py`);
+    empty: the one value v of the site."""
 
     @property
     def name(self) -> str:
-        """ "linear", "circle-10", "helix-2-5-10", "pca-7", "digit-circles", ..."""
+        """ "linear", "circle-10", "helix-2-5-10", "pca-7", "digit-circles", "helix-5-10(a,b,a+b)", ..."""
         if self.kind in ("circle", "helix"):
-            return f"{self.kind}-" + "-".join(str(t) for t in self.periods)
-        if self.kind in ("pca", "poly"):
-            return f"{self.kind}-{self.dim}"
-        return self.kind
+            base = f"{self.kind}-" + "-".join(str(t) for t in self.periods)
+        elif self.kind in ("pca", "poly"):
+            base = f"{self.kind}-{self.dim}"
+        else:
+            base = self.kind
+        return base + (f"({','.join(self.operands)})" if self.operands else "")
 
 
 def shown_periods(low: int, high: int, periods: Sequence[int] = PERIODS) -> tuple[int, ...]:
@@ -229,15 +234,29 @@ def fit_family(
     """The fit of the module docstring. means [value, d_model] (float64), values [value] the integers they
     belong to, train [value] bool; permutation [n_train]: the shuffled control's pi over the train values (in
     their order); pca: `principal_directions` already computed (else computed here)."""
+    b = None if family.kind == "pca" else basis(family, values, low, high)  # [value, m]
+    return fit_basis(means, b, train, family, pca_dim, permutation, pca)
+
+
+def fit_basis(
+    means: torch.Tensor,
+    b: torch.Tensor | None,
+    train: torch.Tensor,
+    family: Family,
+    pca_dim: int,
+    permutation: torch.Tensor | None = None,
+    pca: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Fit:
+    """`fit_family` for any rows: means [row, d_model] (float64; a value's mean, or one prompt's activation),
+    b [row, m] the family's basis at each row (None for PCA), train [row] bool; the rest as `fit_family`."""
     mu, p = pca if pca is not None else principal_directions(means, train, pca_dim)
-    x = means - mu  # [value, d_model]
-    if family.kind == "pca":
+    x = means - mu  # [row, d_model]
+    if b is None:
         q = p[:, : family.dim]
         z = x[train] @ p  # [train, k]
         kept = (z[:, : family.dim] ** 2).sum() / (z**2).sum().clamp_min(1e-30)
-        recon = mu + (x @ q) @ q.T  # [value, d_model]
+        recon = mu + (x @ q) @ q.T  # [row, d_model]
         return Fit(family, q, mu, recon, recon, float(kept))
-    b = basis(family, values, low, high)  # [value, m]
     if permutation is not None:
         idx = train.nonzero().flatten()
         b = b.clone()
@@ -246,7 +265,7 @@ def fit_family(
     z = x[train] @ p  # [train, k]
     coef = torch.linalg.pinv(b[train] - bbar) @ z  # [m, k]: least squares, the minimum-norm one if rank-deficient
     w = p @ coef.T  # [d_model, m]
-    recon = mu + (b - bbar) @ w.T  # [value, d_model]
+    recon = mu + (b - bbar) @ w.T  # [row, d_model]
     u, s, _ = torch.linalg.svd(w, full_matrices=False)
     q = u[:, s > _RANK_TOL * s.max()] if s.numel() and s.max() > 0 else w[:, :0]
     resid = z - (b[train] - bbar) @ coef  # [train, k]
@@ -269,25 +288,33 @@ def _leave_one_out(centred: torch.Tensor, z: torch.Tensor, resid: torch.Tensor) 
 
 def fit_families(means: torch.Tensor, low: int, high: int, fams: Sequence[Family], train: torch.Tensor, pca_dim: int,
                  seed: int, site: str, shuffles: int) -> dict[tuple[str, int], Fit]:  # fmt: skip
-    """Every family and its `shuffles` shuffled controls at one site and layer: (family name, k) -> the fit
-    (k = 0) or its k-th control (PCA has none: no order to shuffle). means [value, d_model] over low..high-1,
-    NaN rows for values without prompts (their recon and pred stay NaN); one PCA shared by all families; each
-    family's permutations seeded by (seed, site, family)."""
+    """Every family and its `shuffles` shuffled controls at one site and layer (`fit_rows`), means [value,
+    d_model] over low..high-1 with NaN rows for values without prompts (their recon and pred stay NaN)."""
     values = torch.arange(low, high)
     seen = ~torch.isnan(means[:, 0])
-    m = means[seen]  # [seen value, d_model]
-    vals, tr = values[seen], train[seen]
-    pca = principal_directions(m, tr, pca_dim)
+    bases = {f.name: None if f.kind == "pca" else basis(f, values[seen], low, high) for f in fams}
+    out = {}
+    for key, fit in fit_rows(means[seen], bases, fams, train[seen], pca_dim, seed, site, shuffles).items():
+        full = torch.full((len(values), means.shape[1]), float("nan"), dtype=torch.float64)
+        pred = full.clone()
+        full[seen], pred[seen] = fit.recon, fit.pred
+        out[key] = Fit(fit.family, fit.q, fit.mean, full, pred, fit.r2, fit.w)
+    return out
+
+
+def fit_rows(acts: torch.Tensor, bases: dict[str, torch.Tensor | None], fams: Sequence[Family], train: torch.Tensor,
+             pca_dim: int, seed: int, site: str, shuffles: int) -> dict[tuple[str, int], Fit]:  # fmt: skip
+    """(family name, k) -> the fit (k = 0) or its k-th shuffled control (PCA has none: no order to shuffle) of
+    acts [row, d_model], bases[name] [row, m] (None: PCA); one PCA shared by all families; each family's
+    permutations seeded by (seed, site, family)."""
+    pca = principal_directions(acts, train, pca_dim)
     out: dict[tuple[str, int], Fit] = {}
     for fam in fams:
         perm_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{site}:{fam.name}".encode()))
-        perms = [torch.randperm(int(tr.sum()), generator=perm_gen) for _ in range(shuffles)]
+        perms = [torch.randperm(int(train.sum()), generator=perm_gen) for _ in range(shuffles)]
         for k in range(1 + (shuffles if fam.kind != "pca" else 0)):
-            fit = fit_family(m, vals, tr, fam, pca_dim, low, high, perms[k - 1] if k else None, pca)
-            full = torch.full((len(values), m.shape[1]), float("nan"), dtype=torch.float64)
-            pred = full.clone()
-            full[seen], pred[seen] = fit.recon, fit.pred
-            out[(fam.name, k)] = Fit(fit.family, fit.q, fit.mean, full, pred, fit.r2, fit.w)
+            out[(fam.name, k)] = fit_basis(acts, bases[fam.name], train, fam, pca_dim, perms[k - 1] if k else None,
+                                           pca)  # fmt: skip
     return out
 
 

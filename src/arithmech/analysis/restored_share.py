@@ -51,7 +51,7 @@ def share(value: torch.Tensor, base: torch.Tensor, whole: torch.Tensor, which: t
 
 
 def not_estimable(clean: torch.Tensor, corr: torch.Tensor, whole: torch.Tensor, base: torch.Tensor,
-                  which: torch.Tensor, min_effect: float) -> str | None:  # fmt: skip
+                  which: torch.Tensor, min_effect: float, what: str = "layer") -> str | None:  # fmt: skip
     """Why a restored share over the pairs `which` would mean nothing, or None. The clean and corrupted runs
     must differ (RMS over pairs at least `MIN_LOGITS`), the whole patch must move LD by at least `min_effect` of
     that (RMS of whole - corrupted over pairs), and, for a reading (base: its patch of another value), the whole
@@ -64,10 +64,10 @@ def not_estimable(clean: torch.Tensor, corr: torch.Tensor, whole: torch.Tensor, 
         return f"clean and corrupted LD differ by {total:.2g} logits (RMS over pairs), under {MIN_LOGITS:g}"
     effect = _rms((whole - corr)[which])
     if effect < min_effect * total:
-        return (f"the whole-layer patch moves LD by {effect:.2g} (RMS over pairs), under min_effect {min_effect:g} "
+        return (f"the whole-{what} patch moves LD by {effect:.2g} (RMS over pairs), under min_effect {min_effect:g} "
                 f"of the clean-corrupted difference {total:.2g}")
     if base is not corr and (gain := share(whole, base, whole, which, corr)) is not None and gain < min_effect:
-        return (f"the fit's patch of another value already gives {1 - gain:.0%} of the whole layer's effect, "
+        return (f"the fit's patch of another value already gives {1 - gain:.0%} of the whole {what}'s effect, "
                 f"leaving under min_effect {min_effect:g} to restore")
     return None
 

@@ -5,6 +5,7 @@ which MLP neurons are heuristics, and how the operands are represented (helix, c
 Usage:
     arithmech analyze numbers --high 40 --layers 0,4,8 --sites a,last
     arithmech analyze numbers --families helix,pca,digit-circles --max-prompts 16
+    arithmech analyze numbers --sites clock --identify runs/add       # the Clock, identify's heads classified
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ def analyze_heuristics(
 
 @analyze_app.command("numbers")
 @model_options
-@config_command(NumbersConfig)
+@config_command(NumbersConfig, flags={"identify_run": ("--identify", "--from")})
 def analyze_numbers(
     cfg: Any = None,
     out: Annotated[Path | None, typer.Option(help="Output folder; default runs/numbers-<time>.")] = None,
@@ -232,7 +233,8 @@ def analyze_numbers(
 ) -> None:
     """How the operands are represented (Kantamneni & Tegmark 2025): linear, log, circles, helices, PCA,
     polynomial and per-digit circles fitted per layer at each operand token, each judged by the logit difference
-    its patch restores, with held-out, shuffled, other-position and ablation controls."""
+    its patch restores, with held-out, shuffled, other-position and ablation controls; and the Clock at the last
+    token (helix(a, b, a+b) against helix(a+b)), with an identify run's heads classified as a,b or a+b heads."""
     setup_logging(quiet)
 
     from arithmech import preflight
@@ -248,4 +250,8 @@ def analyze_numbers(
                f"equivalents {result.metadata['forward_pass_equivalents']['total']:.1f}")  # fmt: skip
     for verdict in result.verdicts:
         typer.echo(verdict_sentence(verdict))
+    if result.clock is not None:
+        for line in [*result.clock.metadata["verdicts"], result.clock.metadata.get("head_order")]:
+            if line:
+                typer.echo(line)
     typer.echo(f"results in {result.out_dir}")

@@ -157,6 +157,12 @@ def _after_block(
     """Residual after `layer` [..., batch, d_model] of END residuals x entering it, given the attention's part."""
     if not recompute_mlp:
         return x + attn + _mlp_resid_from_out(view, layer, ref.mlp_out[layer])
+    return block_output(view, layer, x, attn)
+
+
+def block_output(view: ModelView, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """Residual after `layer` [..., d_model] at one position, from the residual x entering it and what its
+    attention adds there (`ModelView.attn_resid`), the MLP recomputed (sequential or parallel block)."""
     if view.parallel_residual:
         return x + attn + view.mlp_resid(layer, x)
     mid = x + attn

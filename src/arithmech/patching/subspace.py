@@ -18,9 +18,14 @@ Cost
     then per row (L - l) layers on S - p positions: `row_cost` counts token-layers, and a forward pass of a
     prompt is L x S of them.
 
+A head's output
+    Setting one head's output at p (the Clock's head classification) changes only the residual entering l + 1
+    at p: `after_head` recomputes the rest of layer l there (its MLP) and the row joins at l + 1.
+
 Usage
     >>> base, final = base_run(view, ids, mask)                         # ids, mask [prompt, pos]
     >>> ld = patch_rows(view, base, pos, prompt, layer, vectors, read, good, bad)   # [row]
+    >>> x = after_head(view, l, resid_pre, attn_out, new_head_out - head_out)      # then patch_rows at l + 1
 
 References: Kantamneni & Tegmark, ICML 2025 (arXiv 2502.00873) sec. 4.2; `patching/mediation.py` (the same
 join-at-a-layer engine for component interventions).
@@ -38,6 +43,7 @@ from arithmech.models.from_layer import JoiningRows, run_from_layers
 from arithmech.models.hooks import hooks
 from arithmech.models.shared_prefix import full_cache, prefix_cache
 from arithmech.models.view import ModelView, cache_kwarg
+from arithmech.patching.path import block_output
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class BaseRun:
 
     ids: torch.Tensor  # [prompt, pos] long, right-padded
     mask: torch.Tensor  # [prompt, pos] long, 1 = real token
-    resid: torch.Tensor  # [layer, prompt, pos, d_model]: the residual entering each decoder layer
+    resid: torch.Tensor  # [layer + 1, prompt, pos, d_model]: entering each decoder layer, then the final norm
     cache: Any  # full_cache of the run
 
 
@@ -67,7 +73,7 @@ def base_run(view: ModelView, ids: torch.Tensor, mask: torch.Tensor) -> tuple[Ba
     with hooks(pre=modules):
         view.model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
                               **{cache_kwarg(view.model.base_model): cache})  # fmt: skip
-    resid = torch.stack([seen[layer] for layer in range(n_layers)])  # [layer, prompt, pos, d_model]
+    resid = torch.stack([seen[layer] for layer in range(n_layers + 1)])  # [layer + 1, prompt, pos, d_model]
     return BaseRun(ids, mask, resid, cache), seen[n_layers]
 
 
@@ -90,7 +96,8 @@ def patch_rows(
     max_rows: int = 256,
 ) -> torch.Tensor:
     """LD [row] of the base run with the residual entering layer[r] at position `pos` of prompt[r] set to
-    vectors[r] ([row, d_model]); read [prompt] the position read, good/bad [prompt] the two tokens."""
+    vectors[r] ([row, d_model]); layer n_layers is the final norm's input. read [prompt] the position read,
+    good/bad [prompt] the two tokens."""
     order = torch.argsort(layer, stable=True)
     out = torch.empty(len(layer), dtype=torch.float32)
     n_prompts = int(base.ids.shape[0])
@@ -105,6 +112,17 @@ def patch_rows(
         at = final[torch.arange(len(rows)), (read[p] - pos).to(final.device)]  # [row, d_model]
         out[rows] = logit_diff(view, at, good[p], bad[p]).float().cpu()
     return out
+
+
+def after_head(view: ModelView, layer: int, resid_pre: torch.Tensor, attn_out: torch.Tensor,
+               delta: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The residual entering layer + 1 [row, d_model] at one position when the output of one head of `layer` there
+    changes by delta [row, d_model] (its new output less its own), from the run's residual entering the layer
+    resid_pre and its attention output attn_out ([row, d_model], before any post-attention norm) at that
+    position: a head patch is a residual patch one layer up (`patch_rows` at layer + 1), since the positions
+    after it read the layer's keys and values, which the head's output does not change."""
+    attn = view.attn_resid(layer, attn_out + delta.to(attn_out.dtype))
+    return block_output(view, layer, resid_pre, attn)
 
 
 def row_cost(n_layers: int, layer: torch.Tensor, positions: int) -> int:

@@ -17,8 +17,13 @@ Steps (formulas: `analysis/number_fits.py`, `analysis/restored_share.py`, `patch
    is measured from), and the same for its shuffled controls, on the corrupted run; the fitted subspace ablated
    (to the mean over values) and a random subspace of the same rank on the clean run. LD = logit[clean answer
    token] - logit[corrupted answer token] at the read position.
-4. control "other position": the a-families fitted at b's (last) token, patched there with a changed.
+4. control "other position": the a-families fitted at b's (last) token, patched there with a changed (when a
+   site reads a at its own token).
 5. table and verdict (`numbers_table.py`, `numbers_verdict.py`), files (`numbers_outputs.py`).
+6. the Clock (site "clock", `numbers_clock.py`): helix(a+b), helix(a, b), helix(a, b, a+b) and PCA of equal size
+   fitted to each correct prompt's last-token residual and patched as in 3; with an identify run, its key heads
+   classified as a,b, a+b, mixed or unexplained heads by the share of their effect each helix explains
+   (`numbers_heads.py`).
 
 Writes, each atomically, metadata.json last:
     numbers_ld.csv        per site, layer and family: dim, rank, r2 (and shuffled), LD on train values (fit, its
@@ -27,11 +32,13 @@ Writes, each atomically, metadata.json last:
                           values, ablation LD and lost share (fitted vs random subspace), pairs, estimable and
                           the reason where not (too small a whole-layer effect: shares left empty)
     numbers_periods.json  per site and layer, the best helix by LD and its periods; per site the best layer
+    numbers_clock.csv     the Clock: numbers_ld.csv's columns for the site "clock" (variable "a,b")
+    numbers_clock_heads.csv  with an identify run: per head its c_ab, c_sum, c_joint (train, held out), class
     numbers_ld.png        LD per layer by family, one panel per site, shuffled control dashed (+ .svg)
     numbers_helix.png     the operand means on the best helix's first circle, coloured by the operand, beside
                           the same for its shuffled control (+ .svg)
     metadata.json         model, config, range, sites, values (train, held out), counts, forward-pass
-                          equivalents, timings, versions
+                          equivalents, the Clock's verdict and head order, timings, versions, the identify run
 """
 
 from __future__ import annotations
@@ -44,18 +51,22 @@ from typing import Any
 import torch
 
 from arithmech.analysis.number_fits import Fit, families, fit_families, heldout_split, select_families, shown_periods
-from arithmech.data.number_grid import Partner, Site, default_range, number_grid
+from arithmech.data.number_grid import NumberGrid, Partner, Site, default_range, number_grid
 from arithmech.data.templates import load_templates, select_templates
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
+from arithmech.models.sites import parse_components
 from arithmech.runs import git_sha, package_versions
-from arithmech.stages.numbers_config import NumbersConfig, check_periods
-from arithmech.stages.numbers_grid import TokenLayers, find_partners, grid_means
+from arithmech.stages.identify_run import IdentifyRun, read_identify_run
+from arithmech.stages.numbers_clock import clock_site, sum_indices
+from arithmech.stages.numbers_config import CLOCK, NumbersConfig, check_periods
+from arithmech.stages.numbers_grid import LastToken, TokenLayers, find_partners, grid_means
+from arithmech.stages.numbers_heads import classify_heads, order_sentence
 from arithmech.stages.numbers_outputs import write_numbers_outputs
-from arithmech.stages.numbers_patching import patch_site
+from arithmech.stages.numbers_patching import patch_site, value_indices
 from arithmech.stages.numbers_table import site_rows
-from arithmech.stages.numbers_verdict import best_periods, verdicts
+from arithmech.stages.numbers_verdict import best_periods, verdict_sentence, verdicts
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,23 @@ class NumbersResult:
     """site -> the pairs patched there, in the order of the LD tensors."""
     out_dir: Path
     metadata: dict[str, Any]
+    clock: ClockResult | None = None
+    """The Clock at the last token and its heads (None when the clock site is left out)."""
+
+
+@dataclass
+class ClockResult:
+    """The Clock's tables (`numbers_clock.py`, `numbers_heads.py`) and what metadata.json records of them."""
+
+    rows: list[dict[str, Any]]
+    """numbers_clock.csv: the last token's helix(a+b), helix(a, b), helix(a, b, a+b) and PCA per layer."""
+    verdicts: list[dict[str, Any]]
+    """The verdict of those rows (`numbers_verdict.verdicts`)."""
+    heads: list[dict[str, Any]]
+    """numbers_clock_heads.csv (empty without an identify run)."""
+    metadata: dict[str, Any]
+    identify_run: dict[str, Any] | None
+    """The record of the identify run read (`lineage.identify_record`), None without one."""
 
 
 def analyze_numbers(handle: ModelHandle, cfg: NumbersConfig, out_dir: str | Path, quiet: bool = False) -> NumbersResult:
@@ -111,17 +139,19 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     template = chosen[0]
     low, high = default_range(tokenizer, template, cfg.low, cfg.high)
     check_periods(cfg.periods, low, high)
+    run = read_identify_run(cfg.identify_run, handle) if cfg.identify_run is not None else None  # refused early
     start_time = time.perf_counter()
     grid = number_grid(tokenizer, template, low, high, cfg.few_shot, cfg.max_pairs, cfg.seed)
     check_fits_context(handle.model, max(len(p.ids) + len(p.answer) for p in grid.prompts))
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     sites = [s for s in grid.sites if cfg.sites is None or s.name in cfg.sites]
-    known = [s.name for s in grid.sites]
+    known = [*(s.name for s in grid.sites), CLOCK]
+    clock_on = cfg.sites is None or CLOCK in cfg.sites
     if cfg.sites is not None and (bad := [s for s in cfg.sites if s not in known]):
         raise ConfigError(f"site {bad[0]!r} is not one of this tokenizer's: {', '.join(known)}")
     b_site = next(s for s in reversed(grid.sites) if s.token == "b")
     control = Site(f"{b_site.name}|a", "a", None, "b")
-    all_sites = [*sites, control]
+    all_sites = [*sites, control] if any(s.token == "a" for s in sites) else sites  # a's control, where a is read
     positions = {s.name: grid.prompts[0].positions[s.name] for s in grid.sites if s.token != "last"}
     positions[control.name] = positions[b_site.name]
     fams = select_families(families(low, high, grid.digit_split, cfg.periods or shown_periods(low, high)),
@@ -131,7 +161,8 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         (len(g.periods) for g in control_fams if g.kind == "helix"), default=0)]  # fmt: skip
     cost = TokenLayers(dims.n_layers)
 
-    correct, means = grid_means(view, grid, layers, all_sites, positions, pad, cfg.batch_size, cost, cfg.filter_correct)
+    correct, means, last = grid_means(view, grid, layers, all_sites, positions, pad, cfg.batch_size, cost,
+                                      cfg.filter_correct, keep_last=clock_on)  # fmt: skip
     kept = correct.nonzero().flatten().tolist() if cfg.filter_correct else list(range(len(grid.prompts)))
     values = list(range(low, high))
     held = set(heldout_split(values, cfg.heldout, cfg.seed))
@@ -166,8 +197,9 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         for layer in layers:
             for (name, k), fit in fits[layer].items():
                 fits_kept[(site.name, layer, name, k)] = fit
-        ld = patch_site(view, grid, site, positions.get(site.name), pairs, layers, site_fams, fits, cfg, pad,
-                         gen, cost, quiet, tqdm)  # fmt: skip
+        unseen = fits[layers[0]][(site_fams[0].name, 0)].pred[:, 0].isnan()
+        ld = patch_site(view, grid, site.name, positions.get(site.name), pairs, layers, site_fams, fits, cfg, pad,
+                        gen, cost, quiet, tqdm, value_indices(grid, site, unseen, gen))  # fmt: skip
         is_held = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) in held
                                 for i, _ in pairs])  # fmt: skip
         patched[site.name] = [
@@ -179,6 +211,9 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         site_counts[site.name] = {"pairs": len(pairs), "heldout_pairs": int(is_held.sum()), "pca_dim": pca_dim,
                                   "train_values": n_train, "control": site is control}  # fmt: skip
         rows += site_rows(site, site is control, layers, site_fams, fits, ld, is_held, cfg.min_effect)
+    periods = tuple(cfg.periods or shown_periods(low, high))
+    clock = (_clock(handle, cfg, run, grid, layers, last, held, periods, pad, gen, cost, quiet, tqdm) if clock_on
+             else None)  # fmt: skip
     elapsed = time.perf_counter() - start_time
     mean_len = sum(len(p.ids) + len(p.answer) for p in grid.prompts) / len(grid.prompts)
     unit = dims.n_layers * mean_len * len(grid.prompts)  # token-layers of one forward pass of the prompt set
@@ -189,11 +224,10 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         "config": asdict(cfg),
         "seed": cfg.seed,
         "template": template.id,
-        "range": {"low": low, "high": high, "digit_split": grid.digit_split,
-                  "periods": list(cfg.periods or shown_periods(low, high))},  # fmt: skip
+        "range": {"low": low, "high": high, "digit_split": grid.digit_split, "periods": list(periods)},
         "layers": layers,
         "sites": [s.name for s in all_sites],
-        "control_site": control.name,
+        "control_site": control.name if control in all_sites else None,
         "families": [f.name for f in fams],
         "values": {"train": [v for v in values if v not in held], "heldout": sorted(held)},
         "counts": {"grid_prompts": len(grid.prompts), "valid_pairs": grid.valid, "correct": int(correct.sum()),
@@ -203,6 +237,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
             "total": sum(cost.parts.values()) / unit,
             "unit": "one forward pass of the grid's prompt set (with answers): n_layers x tokens",
         },
+        "token_layers": dict(cost.parts),
         "definitions": {
             "ld": "logit[clean answer token] - logit[corrupted answer token] at the read position (the first answer "
             "token where the two answers differ, the tokens before it given), mean over pairs whose clean value is "
@@ -228,14 +263,47 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
             "ablation_lost": "the same slope of (clean_i - ablated_i) on (clean_i - corrupted_i): the fitted subspace "
             "set to the mean over values on the clean run; random_lost: a random subspace of the same rank",
             "pca_heldout": "PCA's held-out LD projects the held-out value's own mean activation (not a prediction)",
+            "clock": "numbers_clock.csv: the same columns at the last token, each row of the fits one correct prompt "
+            "(a, b), held out when a is; families helix(a+b), helix(a,b), helix(a,b,a+b) (each operand's helix "
+            "columns side by side) and PCA of helix(a,b,a+b)'s size; partners change a (so a + b changes); the "
+            "patch of another value writes another prompt's prediction, one whose sum is neither the clean nor "
+            "the corrupted one (analysis/clock_fits.py)",
+            "clock_heads": "numbers_clock_heads.csv: c_ab, c_sum, c_joint the restored shares of the head's own "
+            "effect (its output at the last token patched from the clean run) by the helix(a,b), helix(a+b) and "
+            "helix(a,b,a+b) fits of its output (h + Q Q^T (f - h) in the head's output space, pushed through the "
+            "rest of its layer); class a+b where c_sum >= 0.5 and beats c_ab by 0.2, a,b the other way round, "
+            "mixed where c_joint >= 0.5 otherwise, else unexplained; classified on the held-out shares where "
+            "estimable (classified_on); head_share: the slope of (head - corrupted) on (clean - corrupted)",
         },
         "timings": {"numbers_s": elapsed},
         "versions": package_versions(),
-        "identify_runs": [],
+        "identify_runs": [clock.identify_run] if clock and clock.identify_run else [],
+        "clock": clock.metadata if clock else None,
         "git_sha": git_sha(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     result = NumbersResult(rows, best_periods(rows), verdicts(rows), [s.name for s in all_sites], layers,
-                           means, fits_kept, patched, out, metadata)  # fmt: skip
+                           means, fits_kept, patched, out, metadata, clock)  # fmt: skip
     write_numbers_outputs(result, handle.source.get("model", "?"), grid)
     return result
+
+
+def _clock(handle: ModelHandle, cfg: NumbersConfig, run: IdentifyRun | None, grid: NumberGrid, layers: list[int],
+           last: LastToken, held: set[int], periods: tuple[int, ...], pad: int, gen: torch.Generator,
+           cost: TokenLayers, quiet: bool, tqdm: Any) -> ClockResult:  # fmt: skip
+    """Step 6: the Clock at the last token and, with an identify run, its heads classified."""
+    table, counts, clock_rows, pairs = clock_site(handle.view, handle.tokenizer, grid, cfg, layers, last, held,
+                                                  periods, pad, gen, cost, quiet, tqdm)  # fmt: skip
+    found = verdicts(table)
+    heads: list[dict[str, Any]] = []
+    record, metadata = None, {"counts": counts, "verdicts": [verdict_sentence(v) for v in found]}
+    if run is not None:
+        key = run.key.get("key_heads") or []
+        chosen = (parse_components(",".join(key), handle.dims) if key else run.ranked("head")[: cfg.head_top_k])
+        chosen = sorted(chosen, key=lambda c: (c.layer, c.head))
+        heads = classify_heads(handle.view, grid, cfg, clock_rows, pairs, chosen, run.effects, periods, pad,
+                               sum_indices(grid, clock_rows, gen), cost, quiet, tqdm)  # fmt: skip
+        record = run.record
+        metadata |= {"heads_source": "key_heads" if key else f"top {cfg.head_top_k} heads by effect",
+                     "heads": [h.name for h in chosen], "head_order": order_sentence(heads)}  # fmt: skip
+    return ClockResult(table, found, heads, metadata, record)

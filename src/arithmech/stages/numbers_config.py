@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 from arithmech.data.templates import FORMATIONS, OPERATIONS
 from arithmech.errors import ConfigError
 
+CLOCK = "clock"
+"""The site name of the Clock (helix(a, b, a+b) at the last token; `stages/numbers_clock.py`)."""
 PERIOD_CHOICES: tuple[int, ...] = (2, 5, 10, 100)
 """Kantamneni & Tegmark's periods; the helices run over subsets of them."""
 
@@ -25,9 +27,9 @@ class NumbersConfig:
     """The "stage" of its runs' metadata.json."""
 
     @staticmethod
-    def reads_identify_run(_config: dict[str, Any]) -> bool:
-        """Whether a run with this "config" read an identify run: never: it generates its own prompts."""
-        return False
+    def reads_identify_run(config: dict[str, Any]) -> bool:
+        """Whether a run with this "config" read an identify run: only to classify its heads (identify_run)."""
+        return config.get("identify_run") is not None
 
     operation: str = field(default="addition", metadata={"help": "operation of the prompts"})
     formation: str = field(default="equation", metadata={"help": "formation of the one template (its first)"})
@@ -48,7 +50,17 @@ class NumbersConfig:
         default=None, metadata={"help": "layers whose input residual is read and patched (default all)"}
     )
     sites: tuple[str, ...] | None = field(
-        default=None, metadata={"help": "sites read, e.g. a, b, last or a.units (default all)"}
+        default=None,
+        metadata={"help": "sites read, e.g. a, b, last or a.units, and clock (helix(a, b, a+b) at the last token) "
+                  "(default all)"},
+    )
+    identify_run: str | None = field(
+        default=None,
+        metadata={"help": "identify run whose key heads the Clock classifies as a,b or a+b heads (c_ab, c_a+b); "
+                  "needs the clock site"},
+    )
+    head_top_k: int = field(
+        default=10, metadata={"help": "heads classified when the identify run names no key heads: its top by effect"}
     )
     families: tuple[str, ...] | None = field(
         default=None,
@@ -84,7 +96,9 @@ class NumbersConfig:
             raise ConfigError(f"operation must be addition or subtraction (got {self.operation!r})")
         if self.operation not in OPERATIONS or self.formation not in FORMATIONS:
             raise ConfigError(f"formation {self.formation!r} is not one of {', '.join(FORMATIONS)}")
-        for name in ("max_pairs", "max_prompts", "batch_size", "max_rows", "shuffles"):
+        if self.identify_run is not None and self.sites is not None and CLOCK not in self.sites:
+            raise ConfigError(f"identify_run classifies heads at the Clock's site; add {CLOCK} to sites")
+        for name in ("max_pairs", "max_prompts", "batch_size", "max_rows", "shuffles", "head_top_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.few_shot < 0:

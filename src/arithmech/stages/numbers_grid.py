@@ -31,6 +31,10 @@ def pad_ids(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor
     return ids, mask
 
 
+LastToken = dict[int, torch.Tensor]
+"""prompt index -> its last token's residual [layer, d_model] (float32)."""
+
+
 class TokenLayers:
     """Token-layers run by the stage, per part ("grid", "partners", "bases", "rows", ...), in the engine's units
     (`patching/subspace.row_cost`); a forward pass of a prompt is n_layers x its tokens."""
@@ -48,14 +52,15 @@ class TokenLayers:
 
 @torch.no_grad()
 def grid_means(view: ModelView, grid: NumberGrid, layers: list[int], sites: list[Site], positions: dict[str, int],
-               pad: int, batch_size: int, cost: TokenLayers,
-               only_correct: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+               pad: int, batch_size: int, cost: TokenLayers, only_correct: bool,
+               keep_last: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor], LastToken]:  # fmt: skip
     """(correct [prompt] bool, site -> means [value, layer, d_model] float64 over the prompts of each value, the
-    correct ones only when `only_correct`; NaN where a value has none)."""
+    correct ones only when `only_correct`, NaN where a value has none; with `keep_last`, prompt index -> its last
+    token's residual [layer, d_model] (float32) for those same prompts, the Clock's rows)."""
     n_values, d = grid.high - grid.low, view.dims.d_model
     sums = {s.name: torch.zeros(n_values, len(layers), d, dtype=torch.float64) for s in sites}
     counts = {s.name: torch.zeros(n_values, dtype=torch.float64) for s in sites}
-    correct = []
+    correct, last = [], LastToken()
     for start in range(0, len(grid.prompts), batch_size):
         chunk = grid.prompts[start : start + batch_size]
         ids, mask = pad_ids([p.ids + p.answer for p in chunk], pad)
@@ -69,13 +74,16 @@ def grid_means(view: ModelView, grid: NumberGrid, layers: list[int], sites: list
             correct.append(ok)
             if only_correct and not ok:
                 continue
+            if keep_last:
+                at = p.positions["last"]
+                last[start + i] = torch.stack([states[layer][i, at] for layer in layers]).float().cpu()
             for s in sites:
                 value = (p.a if s.operand == "a" else p.b) - grid.low
                 pos = positions[s.name] if s.token != "last" else p.positions["last"]
                 sums[s.name][value] += torch.stack([states[layer][i, pos] for layer in layers]).double().cpu()
                 counts[s.name][value] += 1
     means = {name: sums[name] / counts[name][:, None, None] for name in sums}  # NaN where a value has no prompt
-    return torch.tensor(correct), means
+    return torch.tensor(correct), means, last
 
 
 @torch.no_grad()

@@ -1,5 +1,6 @@
-"""The numbers stage's files: numbers_ld.csv, numbers_periods.json, the two figures, then metadata.json (with the
-verdict sentences of `numbers_verdict.py`), each written atomically."""
+"""The numbers stage's files: numbers_ld.csv, numbers_periods.json, the Clock's numbers_clock.csv and
+numbers_clock_heads.csv, the two figures, then metadata.json (with the verdict sentences of `numbers_verdict.py`),
+each written atomically."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from arithmech.runs import atomic_write_json, atomic_write_text, csv_text
+from arithmech.stages.numbers_table import COLUMNS
 from arithmech.stages.numbers_verdict import sort_key, verdict_sentence
 
 if TYPE_CHECKING:
@@ -22,9 +24,14 @@ def write_numbers_outputs(result: NumbersResult, model_name: str, grid: NumberGr
     out = result.out_dir
     out.mkdir(parents=True, exist_ok=True)
     (out / "metadata.json").unlink(missing_ok=True)
-    atomic_write_text(out / "numbers_ld.csv", csv_text(result.rows, float_format=".5g"))
+    atomic_write_text(out / "numbers_ld.csv", csv_text(result.rows, COLUMNS, float_format=".5g"))
     atomic_write_json(out / "numbers_periods.json", {"sites": result.periods, "verdicts": result.verdicts})
-    ld_by_family(result.rows, out / "numbers_ld.png", f"LD restored per layer by reading: {model_name}")
+    if result.clock is not None:
+        atomic_write_text(out / "numbers_clock.csv", csv_text(result.clock.rows, float_format=".5g"))
+        if result.clock.heads:
+            atomic_write_text(out / "numbers_clock_heads.csv", csv_text(result.clock.heads, float_format=".5g"))
+    if result.rows:  # else only the clock site was read
+        ld_by_family(result.rows, out / "numbers_ld.png", f"LD restored per layer by reading: {model_name}")
     best = _best_helix(result)
     if best is not None:
         site, layer, name = best

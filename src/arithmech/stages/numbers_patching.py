@@ -16,6 +16,8 @@ LD = logit[clean answer token] - logit[corrupted answer token] at the read posit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,19 +26,36 @@ from arithmech.analysis.number_fits import Family, Fit, fit_patch, random_subspa
 from arithmech.data.number_grid import NumberGrid, Partner, Site
 from arithmech.errors import DataError
 from arithmech.models.view import ModelView
-from arithmech.patching.subspace import base_run, logit_diff, patch_rows, row_cost
+from arithmech.patching.subspace import BaseRun, base_run, logit_diff, patch_rows, row_cost
 from arithmech.stages.numbers_config import NumbersConfig
 from arithmech.stages.numbers_grid import TokenLayers, pad_ids
 
+Indices = Callable[[list[tuple[int, Partner]]], tuple[torch.Tensor, torch.Tensor]]
+"""(the chunk's pairs) -> (clean, other) [pair] long: the row of each pair's clean value in the fits' predictions,
+and the row of the other value its chance-level patch writes."""
 
-def patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, pairs: list[tuple[int, Partner]],
+
+def value_indices(grid: NumberGrid, site: Site, unseen: torch.Tensor, gen: torch.Generator) -> Indices:
+    """`Indices` of a site that reads one operand's value: its value less low, and a seeded other value seen in
+    the fits (`other_values`); unseen [value] bool marks the values without prompts."""
+
+    def indices(chunk: list[tuple[int, Partner]]) -> tuple[torch.Tensor, torch.Tensor]:
+        value = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
+                              for i, _ in chunk])  # fmt: skip
+        corrupted = torch.tensor([p.value - grid.low for _, p in chunk])
+        return value, other_values(value, corrupted, unseen, gen)
+
+    return indices
+
+
+def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pairs: list[tuple[int, Partner]],
                layers: list[int], fams: list[Family], fits: dict[int, dict[tuple[str, int], Fit]],
-               cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: TokenLayers, quiet: bool,
-               tqdm: Any) -> dict[str, torch.Tensor]:  # fmt: skip
-    """LD of every variant of the module docstring: "clean", "corrupted" [pair]; "layer" [layer, pair];
-    ("fit" | "shuffled<k>" | "other-..." | "ablate" | "random", family) [layer, pair] keyed "kind:family"; and
-    "other", "position" [pair] (long): the value index of the patches of another value and the position
-    patched (pos None: the last site, every prompt's query end)."""
+               cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: TokenLayers, quiet: bool, tqdm: Any,
+               indices: Indices) -> dict[str, torch.Tensor]:  # fmt: skip
+    """LD of every variant of the module docstring at the site `name`: "clean", "corrupted" [pair]; "layer"
+    [layer, pair]; ("fit" | "shuffled<k>" | "other-..." | "ablate" | "random", family) [layer, pair] keyed
+    "kind:family"; and "other", "position" [pair] (long): the row of the patches of another value (`indices`)
+    and the position patched (pos None: the last site, every prompt's query end)."""
     n = len(pairs)
     out: dict[str, torch.Tensor] = {"clean": torch.empty(n), "corrupted": torch.empty(n),
                                     "layer": torch.empty(len(layers), n), "other": torch.empty(n, dtype=torch.long),
@@ -46,27 +65,13 @@ def patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, p
         for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
             out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
     randoms = {(layer, fam.name): None for layer in layers for fam in fams}
-    with tqdm(total=n, desc=f"patch {site.name}", unit="prompt", disable=quiet) as bar:
-        for start in range(0, n, cfg.batch_size):
-            chunk = pairs[start : start + cfg.batch_size]
-            idx = torch.arange(start, start + len(chunk))
-            clean_ids, mask = pad_ids([p.clean_ids for _, p in chunk], pad)
-            corr_ids, _ = pad_ids([p.ids for _, p in chunk], pad)
-            read = mask.sum(1) - 1
-            good = torch.tensor([p.good for _, p in chunk])
-            bad = torch.tensor([p.bad for _, p in chunk])
-            clean, clean_final = base_run(view, clean_ids, mask)
-            corr, corr_final = base_run(view, corr_ids, mask)
-            cost.forward("bases", mask)
-            cost.forward("bases", mask)
-            rows_at = torch.arange(len(chunk))
-            out["clean"][idx] = logit_diff(view, clean_final[rows_at, read], good, bad).float().cpu()
-            out["corrupted"][idx] = logit_diff(view, corr_final[rows_at, read], good, bad).float().cpu()
+    with tqdm(total=n, desc=f"patch {name}", unit="prompt", disable=quiet) as bar:
+        for part in pair_chunks(view, pairs, cfg.batch_size, pad, cost, "bases"):
+            chunk, idx, mask, read, good, bad = part.pairs, part.idx, part.mask, part.read, part.good, part.bad
+            clean, corr = part.clean, part.corr
+            out["clean"][idx], out["corrupted"][idx] = part.ld_clean, part.ld_corr
             at = pos if pos is not None else query_end(grid, [i for i, _ in chunk])
-            value = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
-                                  for i, _ in chunk])  # fmt: skip
-            other = other_values(value, torch.tensor([p.value - grid.low for _, p in chunk]),
-                                 fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
+            value, other = indices(chunk)
             out["other"][idx], out["position"][idx] = other, at
             on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
             on_clean: list[tuple[str, int, torch.Tensor]] = []
@@ -100,6 +105,42 @@ def patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, p
                     target_t[li, idx] = ld[v * k : (v + 1) * k]
             bar.update(len(chunk))
     return out
+
+
+@dataclass(frozen=True)
+class PairChunk:
+    """One batch of clean/corrupted pairs with both runs done: what every row patched on them starts from."""
+
+    pairs: list[tuple[int, Partner]]
+    idx: torch.Tensor  # [pair] their places in the whole list of pairs
+    mask: torch.Tensor  # [pair, pos] of both (the partners have the clean prompt's length)
+    read: torch.Tensor  # [pair] the position read
+    good: torch.Tensor  # [pair] the clean answer's token there
+    bad: torch.Tensor  # [pair] the corrupted answer's token there
+    clean: BaseRun
+    corr: BaseRun
+    ld_clean: torch.Tensor  # [pair] LD of the clean run
+    ld_corr: torch.Tensor  # [pair] LD of the corrupted run
+
+
+def pair_chunks(view: ModelView, pairs: list[tuple[int, Partner]], batch_size: int, pad: int, cost: TokenLayers,
+                part: str) -> Iterator[PairChunk]:  # fmt: skip
+    """The pairs `batch_size` at a time, each batch's clean and corrupted prompts run once (`base_run`, counted
+    as `part`)."""
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        clean_ids, mask = pad_ids([p.clean_ids for _, p in chunk], pad)
+        corr_ids, _ = pad_ids([p.ids for _, p in chunk], pad)
+        read = mask.sum(1) - 1
+        good, bad = torch.tensor([p.good for _, p in chunk]), torch.tensor([p.bad for _, p in chunk])
+        clean, clean_final = base_run(view, clean_ids, mask)
+        corr, corr_final = base_run(view, corr_ids, mask)
+        cost.forward(part, mask)
+        cost.forward(part, mask)
+        rows = torch.arange(len(chunk))
+        yield PairChunk(chunk, torch.arange(start, start + len(chunk)), mask, read, good, bad, clean, corr,
+                        logit_diff(view, clean_final[rows, read], good, bad).float().cpu(),
+                        logit_diff(view, corr_final[rows, read], good, bad).float().cpu())  # fmt: skip
 
 
 def query_end(grid: NumberGrid, prompts: list[int]) -> int:

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from arithmech.analysis.number_fits import (
     Family,
@@ -43,15 +42,7 @@ from arithmech.patching.subspace import base_run, patch_rows
 from arithmech.stages.numbers import analyze_numbers
 from arithmech.stages.numbers_config import NumbersConfig
 
-from tiny_models import (
-    MULTIDIGIT_VOCAB_SIZE,
-    TINY_ARCHS,
-    _reinit_,
-    make_multidigit_tokenizer,
-    make_tiny_model,
-    make_tiny_tokenizer,
-    seeded_rng,
-)
+from tiny_models import make_multidigit_model, make_tiny_model, make_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,13 +52,7 @@ NOISE_NORM = 4.0
 
 
 def _multidigit_model(seed: int = 0) -> Any:
-    tok = make_multidigit_tokenizer()
-    config = TINY_ARCHS["llama"]()
-    config.vocab_size = MULTIDIGIT_VOCAB_SIZE
-    config.pad_token_id, config.eos_token_id = tok.pad_token_id, tok.eos_token_id
-    with seeded_rng(seed):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        _reinit_(model)
+    model, tok = make_multidigit_model("llama", seed)
     return model.double().eval(), tok
 
 
