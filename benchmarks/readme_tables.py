@@ -181,6 +181,13 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         lambda m: f"max \\|oracle - loop\\| {m['max_abs_diff']:.1e}; {m['oracle_passes_per_edge']:.2f} plain forward "
         f"passes of the batch per edge (counted; cost model {m['model_passes_per_edge']:.2f})",
     ),
+    "numbers_sweep": Shown(
+        "analyze numbers, the family x layer sweep: every variant a row joining the cached clean and corrupted runs "
+        "at its layer vs one patched forward pass per variant (sampled, scaled)",
+        "stage_s", "naive_s", "s",
+        lambda m: f"max \\|stage - plain hooks\\| {m['max_abs_diff']:.1e} (mean LD of checked cells); the sweep "
+        f"{m['sweep_passes']:.2f} forward passes of the pairs vs {m['naive_passes']:.1f} (counted)",
+    ),
     "gpu_scan": Shown(
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
         "component (sampled, scaled)",

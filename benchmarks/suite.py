@@ -207,6 +207,18 @@ BENCHMARKS = (
         full_args=("--prompts", "8", "--receivers", "6", "--senders", "8"),
     ),  # fmt: skip
     Benchmark(
+        "numbers_sweep",
+        ("--max-prompts", "8", "--max-pairs", "120", "--layers", "0,8,16", "--sites", "a.units", "--shuffles", "2",
+         "--check-cells", "2"),
+        {
+            "sweep_passes": PASSES, "naive_passes": RECORDED, "work_ratio": RATIO, "stage_passes": PASSES,
+            "stage_s": SECONDS, "naive_s": SECONDS, "speedup": RATIO, "max_abs_diff": at_most(1e-4), "pairs": COUNT,
+            "variants": COUNT,
+        },
+        full_args=("--max-prompts", "16", "--max-pairs", "240", "--layers", "0,8,16,24", "--sites", "a.tens,a.units",
+                   "--shuffles", "3", "--check-cells", "2"),
+    ),  # fmt: skip
+    Benchmark(
         "gpu_scan",
         ("--prompts", "128", "--layers", "16"),
         {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB,
