@@ -12,10 +12,12 @@ results from the same machine (CPU model, logical cores, torch version, device).
     python benchmarks/compare.py --update               # accept these results: make bench-update, then commit
     python benchmarks/compare.py --full --update        # the docs' full sizes, about 15 min: make bench-full-update
     python benchmarks/compare.py --device cuda          # the same on a GPU, plus gpu_scan.py and gpu_finetune.py
+    python benchmarks/compare.py --full --only plan_skeletons,skeleton_numerics --update   # on demand only (hours)
 
 results.json holds the last accepted entry of each benchmark at each size, with its command, machine, date and
 git sha; the Performance tables of docs/performance.md and the README's speed paragraph are rendered from it
-(`readme_tables.py --write`, which the make targets run after --update).
+(`readme_tables.py --write`, which the make targets run after --update), and the skeletons' tables of
+docs/guides/scale.md too (`scale_tables.py --write`).
 """
 
 from __future__ import annotations
@@ -228,6 +230,8 @@ def _cell(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return f"{len(value)} rows"
     return str(value)
 
 
@@ -267,10 +271,10 @@ def failure_sentence(rows: Sequence[Row], results: Path, tolerance_pct: float) -
 
 def select(only: str | None, device: str) -> list[Benchmark]:
     """The benchmarks to run: those named by --only, else all that the device can run and whose optional
-    extra is installed (the others are named, with how to install it)."""
+    extra is installed (the others are named, with how to install it), but those run on demand only."""
     by_name = {b.name: b for b in BENCHMARKS}
     if only is None:
-        runnable = [b for b in BENCHMARKS if device.startswith("cuda") or not b.needs_cuda]
+        runnable = [b for b in BENCHMARKS if (device.startswith("cuda") or not b.needs_cuda) and not b.on_demand]
         for bench in runnable:
             if bench.missing():
                 print(f"{bench.name} left out: {', '.join(bench.missing())} not installed ({bench.install})")

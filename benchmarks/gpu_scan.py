@@ -4,8 +4,12 @@ Times the fast engine on all 1,056 heads and MLPs for 256 random prompt pairs, a
 pass for scale; then checks the scan against that loop (`tests/reference_patching.py`) on a few components (head
 0.0, the four timed heads, the middle layer's MLP) over the first batch of prompts, as the CPU benchmarks do:
 max |fast - loop| of the relative change, next to the largest |effect| there (so a check that passes because every
-effect is ~0 shows as such). Needs a CUDA GPU with ~20 GB free. Prints seconds, prompts/second and peak memory.
-The shape options run it small on a CPU (tests/unit/test_bench_gpu_scan.py).
+effect is ~0 shows as such). Needs a CUDA GPU with ~20 GB free. Prints seconds, prompts/second and peak memory,
+and beside them `arithmech plan`'s for the same scan (plan_check.py: the same shape, config and prompt length; memory
+planned above the weights against the allocator's peak above them, time estimated for the GPU's device profile
+against the timed scan), so the first run on a GPU says how good the plan is. The model runs eager attention, as
+arithmech loads every model (models/load.py), which the plan assumes. The shape options run it small on a CPU
+(tests/unit/test_bench_gpu_scan.py).
 
     python benchmarks/gpu_scan.py [--prompts 256] [--tokens 48] [--batch-size 64] [--layers 32]
         [--device cuda] [--dtype float16] [--hidden 4096] [--heads 32] [--intermediate 11008] [--vocab 32000]
@@ -23,6 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from measured_peak import measure  # noqa: E402
+from plan_check import planned_activations, profile_for, profile_label, side_by_side  # noqa: E402
 from record import record  # noqa: E402
 
 from arithmech.models.archs import spec_for_model_type  # noqa: E402
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     start = time.perf_counter()
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(
-            config, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+            config, dtype=getattr(torch, args.dtype), attn_implementation="eager"
         ).eval()
     print(f"built random-init model in {time.perf_counter() - start:.1f} s; "
           f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters")
@@ -79,18 +85,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if cuda:
             torch.cuda.synchronize()
 
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
     path_patch(view, batch.select(slice(0, 8)), "path", batch_size=8)  # warm-up
     sync()
-    start = time.perf_counter()
-    result = path_patch(view, batch, "path", batch_size=args.batch_size)
-    sync()
-    fast_s = time.perf_counter() - start
+    result, measured = measure(lambda: path_patch(view, batch, "path", batch_size=args.batch_size), model, args.device)
+    fast_s = measured.seconds
     n_components = len(result.components)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak = (weights + measured.tensor_bytes) / 2**30
     print(f"fast scan: {n_components} components x {args.prompts} prompts in {fast_s:.2f} s "
           f"({args.prompts / fast_s:.1f} prompts/s), peak memory {peak:.1f} GiB")
+    plan, profile = scan_plan(config, args)
+    planned = planned_activations(plan)
+    estimated = plan.seconds.get("single")
+    print(f"plan of this scan: {side_by_side(planned, measured.tensor_bytes, estimated, fast_s, profile)}")
 
     first = slice(0, min(args.batch_size, args.prompts))
     reference = ReferencePatcher(view, batch.select(first))
@@ -111,10 +118,26 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
           f"(largest |effect| there {scale:.2e})")
     metrics = {
         "speedup": loop_s / fast_s, "fast_s": fast_s, "prompts_per_s": args.prompts / fast_s, "peak_memory_gib": peak,
-        "max_abs_diff": diff, "max_abs_effect": scale,
+        "max_abs_diff": diff, "max_abs_effect": scale, "planned_gib": planned / 2**30,
+        "measured_gib": measured.tensor_bytes / 2**30, "estimated_s": estimated or 0.0,
     }  # fmt: skip
     record("gpu_scan", args, metrics)
     return metrics
+
+
+def scan_plan(config: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    """`plan_stage`'s plan of the timed scan (identify's exact path scan of these prompts in these chunks) and how
+    its time estimate's device is named."""
+    from arithmech.plan.devices import device_profile
+    from arithmech.plan.planner import PlanOptions, plan_stage
+    from arithmech.plan.shape_sources import shape_from_config
+    from arithmech.stages.identify_config import IdentifyConfig
+
+    shape = shape_from_config(config.to_dict(), "gpu_scan", "benchmarks/gpu_scan.py")
+    cfg = IdentifyConfig(max_prompts=args.prompts, batch_size=args.batch_size, variant="path", method="exact")
+    profile = profile_for(args.device)
+    options = PlanOptions(args.dtype, device_profile(profile), prompt_tokens=args.tokens)
+    return plan_stage(shape, "identify", cfg, options), profile_label(profile, args.device)
 
 
 def agreement(result: PatchResult, loop: dict[Component, Any], prompts: slice) -> tuple[float, float]:

@@ -95,6 +95,16 @@ def _loop(what: str) -> Callable[[Metrics], str]:
     return describe
 
 
+def _planned(m: Metrics, prefix: str) -> str:
+    """`; precise: planned 1.20 GiB above the weights, measured 1.10 GiB` where the entry holds the plan beside its
+    measurement (plan_check.py); nothing for an entry recorded before it."""
+    if f"{prefix}planned_gib" not in m:
+        return ""
+    who = f"{prefix.rstrip('_')}: " if prefix else ""
+    planned, measured = m[f"{prefix}planned_gib"], m[f"{prefix}measured_gib"]
+    return f"; {who}planned {planned:.2f} GiB above the weights, measured {measured:.2f} GiB"
+
+
 def _knockout_check(m: Metrics) -> str:
     """Entries recorded before the per-prompt probabilities were compared checked the accuracies only."""
     if "max_prob_diff" not in m:
@@ -103,6 +113,8 @@ def _knockout_check(m: Metrics) -> str:
     return f"{same}, max \\|P(answer) difference\\| {m['max_prob_diff']:.1e}"
 
 
+ELSEWHERE = {"plan_skeletons": "docs/guides/scale.md", "skeleton_numerics": "docs/guides/scale.md"}
+"""Benchmarks whose tables another page renders (scale_tables.py), left out of the Performance tables."""
 SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
     "path_patching": (
         Shown(
@@ -192,12 +204,13 @@ SHOWN: dict[str, Shown | tuple[Shown, ...]] = {
         "path patching on a random-init LLaMA2-7B-shaped model (fp16): fast engine vs one forward pass per "
         "component (sampled, scaled)",
         "fast_s", None, "s", lambda m: f"{m['prompts_per_s']:.0f} prompts/s, peak {m['peak_memory_gib']:.1f} GiB"
-        + (f", max \\|fast - loop\\| {m['max_abs_diff']:.1e}" if "max_abs_diff" in m else ""),
+        + (f", max \\|fast - loop\\| {m['max_abs_diff']:.1e}" if "max_abs_diff" in m else "") + _planned(m, ""),
     ),
     "gpu_finetune": Shown(
         "precise SFT (32 heads) vs full SFT on a random-init LLaMA2-7B-shaped model (bf16): seconds per step",
         "precise_s_per_step", "full_s_per_step", "s/step",
-        lambda m: f"peak memory {m['precise_peak_gib']:.1f} vs {m['full_peak_gib']:.1f} GiB",
+        lambda m: f"peak memory {m['precise_peak_gib']:.1f} vs {m['full_peak_gib']:.1f} GiB"
+        + _planned(m, "precise_") + _planned(m, "full_"),
     ),
 }  # fmt: skip
 
@@ -244,7 +257,7 @@ def rows_of(name: str) -> tuple[Shown, ...]:
 
 def table(size: Size, entries: Mapping[str, Mapping[str, Any]]) -> str:
     """The caption and table of one size, benchmarks in suite order (peers apart: `peers_table`)."""
-    entries = {name: entry for name, entry in entries.items() if name != PEERS}
+    entries = {name: entry for name, entry in entries.items() if name != PEERS and name not in ELSEWHERE}
     if not entries:
         return f"{CAPTIONS[size]}: nothing recorded yet."
     unknown = [name for name in entries if name not in SHOWN]

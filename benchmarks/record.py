@@ -11,13 +11,15 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 RECORD_ENV = "ARITHMECH_BENCH_RECORD"
 
 
-def record(benchmark: str, args: argparse.Namespace, metrics: Mapping[str, float | bool]) -> None:
-    """Append `metrics` and the script's arguments to the record file, if one is named; the arguments say
-    which measurements are comparable (a speedup on 16 prompts is not one on 64)."""
+def record(benchmark: str, args: argparse.Namespace, metrics: Mapping[str, Any]) -> None:
+    """Append `metrics` (numbers, flags; a table's rows as a list) and the script's arguments to the record file,
+    if one is named; the arguments say which measurements are comparable (a speedup on 16 prompts is not one on
+    64)."""
     path = os.environ.get(RECORD_ENV)
     if not path:
         return

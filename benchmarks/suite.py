@@ -63,6 +63,11 @@ AGREE = Check("must be true", lambda value: value is True)
 COUNT = Check("must be a positive whole number", lambda value: isinstance(value, int) and value > 0)
 RECORDED = Check("must be a positive number", lambda value: isinstance(value, (int, float)) and value > 0)
 """A number recorded to describe a run (prompt lengths, the spread of repeated timings), not compared."""
+TALLY = Check("must be a whole number, 0 or more", lambda value: isinstance(value, int) and value >= 0)
+NONE = Check("must be 0", lambda value: value == 0)
+ROWS = Check("must be a list of rows", lambda value: isinstance(value, list))
+"""Every measurement of a benchmark that records a table (rendered elsewhere: `readme_tables.ELSEWHERE`)."""
+TEXT = Check("must be text", lambda value: isinstance(value, str) and bool(value))
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class Benchmark:
     """Modules of an optional extra the script compares with; without them `compare.py` leaves it out."""
     install: str = ""
     """How to install `requires`."""
+    on_demand: bool = False
+    """Run only when named (`compare.py --only NAME`): its full size takes hours on a CPU."""
 
     def missing(self) -> list[str]:
         """The modules of `requires` that cannot be imported here."""
@@ -219,10 +226,32 @@ BENCHMARKS = (
                    "--shuffles", "3", "--check-cells", "2"),
     ),  # fmt: skip
     Benchmark(
+        "plan_skeletons",
+        ("--quick",),
+        {
+            "runs_measured": COUNT, "runs_failed": NONE, "runs_skipped": TALLY, "runs_within_tolerance": TALLY,
+            "planned_over_measured_min": RECORDED, "planned_over_measured_max": RECORDED,
+            "memory_measured_as": TEXT, "rows": ROWS, "growth": ROWS,
+        },
+        full_args=("--resume", "runs/bench/plan_skeletons-full.jsonl"),
+        on_demand=True,
+    ),  # fmt: skip
+    Benchmark(
+        "skeleton_numerics",
+        ("--quick",),
+        {
+            "rows_measured": COUNT, "nonfinite": TALLY, "max_rel_diff_bfloat16": RECORDED,
+            "max_rel_diff_float16": RECORDED, "min_top_agreement": RECORDED, "rows": ROWS,
+        },
+        full_args=(),
+        on_demand=True,
+    ),  # fmt: skip
+    Benchmark(
         "gpu_scan",
         ("--prompts", "128", "--layers", "16"),
         {"speedup": RATIO, "fast_s": SECONDS, "prompts_per_s": PER_SECOND, "peak_memory_gib": GIB,
-         "max_abs_diff": at_most(1e-2)},  # fp16: rounding of the relative change, not calibrated on a GPU yet
+         "max_abs_diff": at_most(1e-2),  # fp16: rounding of the relative change, not calibrated on a GPU yet
+         "planned_gib": RECORDED, "measured_gib": GIB, "estimated_s": RECORDED},  # the plan beside
         full_args=("--prompts", "256", "--layers", "32"),
         needs_cuda=True,
     ),
@@ -231,7 +260,9 @@ BENCHMARKS = (
         ("--steps", "2", "--layers", "16"),
         {
             "speedup": RATIO, "memory_ratio": RATIO, "precise_s_per_step": SECONDS, "full_s_per_step": SECONDS,
-            "precise_peak_gib": GIB, "full_peak_gib": GIB,
+            "precise_peak_gib": GIB, "full_peak_gib": GIB, "precise_planned_gib": RECORDED,
+            "full_planned_gib": RECORDED, "precise_measured_gib": GIB, "full_measured_gib": GIB,
+            "precise_estimated_s_per_step": RECORDED, "full_estimated_s_per_step": RECORDED,
         },
         full_args=("--steps", "3", "--layers", "32"),
         needs_cuda=True,

@@ -380,7 +380,9 @@ def test_readme_paragraph_states_the_medians_and_that_the_comparison_is_algorith
 
 
 def test_every_benchmark_of_the_suite_has_a_readme_row() -> None:
-    assert set(readme_tables.SHOWN) | {readme_tables.PEERS} == {b.name for b in suite.BENCHMARKS}
+    assert set(readme_tables.SHOWN) | {readme_tables.PEERS} | set(readme_tables.ELSEWHERE) == {
+        b.name for b in suite.BENCHMARKS
+    }
 
 
 def test_benchmarks_of_a_missing_extra_are_left_out(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -434,3 +436,31 @@ def test_performance_page_tables_are_what_results_json_renders() -> None:
     assert readme_tables.main(["--check"]) == 0, (
         "run `python benchmarks/readme_tables.py --write` and commit docs/performance.md and README.md"
     )
+
+
+def test_on_demand_benchmarks_run_only_when_named() -> None:
+    """The skeletons take hours at full size: `make bench` leaves them out, `--only` runs them."""
+    default = [b.name for b in compare.select(None, "cpu")]
+    assert "plan_skeletons" not in default and "skeleton_numerics" not in default and "knockout" in default
+    assert [b.name for b in compare.select("plan_skeletons", "cpu")] == ["plan_skeletons"]
+
+
+def test_a_recorded_table_shows_as_its_row_count() -> None:
+    bench = next(b for b in suite.BENCHMARKS if b.name == "plan_skeletons")
+    row = compare.compare_metric(bench, "rows", [{"stage": "knockout"}] * 3, None, {"args": {}}, {}, 0.3)
+    assert row.verdict == "ok (must be a list of rows)"
+    assert compare.format_table([row]).splitlines()[1].split()[3] == "3"
+
+
+def test_a_gpu_row_shows_the_plan_beside_the_measurement() -> None:
+    """gpu_scan.py and gpu_finetune.py record the plan of what they timed; their rows show it, older entries not."""
+    scan = {"fast_s": 2.0, "speedup": 50.0, "prompts_per_s": 128.0, "peak_memory_gib": 14.2, "max_abs_diff": 1e-3,
+            "planned_gib": 1.2, "measured_gib": 1.1, "estimated_s": 1.5}  # fmt: skip
+    tune = {"precise_s_per_step": 1.0, "full_s_per_step": 3.0, "speedup": 3.0, "precise_peak_gib": 20.0,
+            "full_peak_gib": 90.0, "precise_planned_gib": 6.5, "precise_measured_gib": 6.0, "full_planned_gib": 77.0,
+            "full_measured_gib": 76.0}  # fmt: skip
+    section = readme_tables.table("full", {"gpu_scan": stamped(scan), "gpu_finetune": stamped(tune)})
+    assert "; planned 1.20 GiB above the weights, measured 1.10 GiB |" in section
+    assert "; precise: planned 6.50 GiB above the weights, measured 6.00 GiB; full: planned 77.00 GiB" in section
+    older = {k: v for k, v in scan.items() if k not in ("planned_gib", "measured_gib", "estimated_s")}
+    assert "planned" not in readme_tables.table("full", {"gpu_scan": stamped(older)}).split("|")[-2]

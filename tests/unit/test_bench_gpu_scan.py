@@ -1,5 +1,6 @@
 """benchmarks/gpu_scan.py checks its scan against the per-component loop, as the CPU benchmarks do: run here on a
-CPU at a tiny shape in float32, where the two must agree to float rounding; a wrong engine is caught."""
+CPU at a tiny shape in float32, where the two must agree to float rounding; a wrong engine is caught. It prints the
+plan of the same scan beside what it measured."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ def test_the_scan_agrees_with_the_loop_on_a_cpu(capsys: pytest.CaptureFixture[st
     metrics = gpu_scan.main(TINY)
     assert metrics["max_abs_diff"] <= 1e-5
     assert metrics["max_abs_effect"] > 1e-3  # the effects compared are not all ~0: the check has power
-    assert "max |fast - loop| on 6 components x 4 prompts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "max |fast - loop| on 6 components x 4 prompts" in out
+    # the plan of the same scan beside the measurement (issue 33): memory planned, time estimated, never swapped
+    assert "plan of this scan: memory above the weights: planned " in out and ", measured " in out
+    assert "time: estimated ~" in out and "(this machine (measured profile)), measured " in out
+    assert metrics["planned_gib"] > 0 and metrics["measured_gib"] > 0 and metrics["estimated_s"] > 0
 
 
 def test_a_wrong_engine_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,11 +82,13 @@ def edge_scores(
 
 @torch.no_grad()
 def sender_differences(view: ModelView, clean: SenderOutputs, cf: SenderOutputs) -> torch.Tensor:
-    """[sender, batch * pos * d_model] float32: out_s(clean) - out_s(cf), in sender order."""
-    rows = [(clean.embed - cf.embed)[None]]
+    """[sender, batch * pos * d_model] float32: out_s(clean) - out_s(cf), in sender order. The residual-sized
+    outputs (embedding, MLPs) are subtracted in float32: two float16 outputs within its range can differ by more
+    than its largest number (65,504), which the model's own forward never computes (benchmarks/skeleton_numerics.py)."""
+    rows = [(clean.embed.float() - cf.embed.float())[None]]
     for layer in range(view.dims.n_layers):
         heads = head_outputs(view, layer, clean.z[layer] - cf.z[layer]).permute(2, 0, 1, 3)  # [head, batch, pos, d]
-        rows += [heads, (clean.mlp_out[layer] - cf.mlp_out[layer])[None]]
+        rows += [heads, (clean.mlp_out[layer].float() - cf.mlp_out[layer].float())[None]]
     return torch.cat([r.float().flatten(1) for r in rows])
 
 

@@ -155,13 +155,14 @@ def _role_tensors(view: ModelView, outputs: list[torch.Tensor]) -> dict[str, tor
 
 
 def interpolated_embedding(view: ModelView, cf_ids: torch.Tensor, alpha: float) -> tuple[nn.Module, PostHook]:
-    """A post-hook on the token embedding: e(cf) + alpha (e(clean) - e(cf))."""
+    """A post-hook on the token embedding: e(cf) + alpha (e(clean) - e(cf)), computed in float32 (the difference of
+    two float16 embeddings can overflow where neither does; the point between them cannot) and cast back."""
     module = view.model.get_input_embeddings()
 
     def fn(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            cf_embed = module.forward(cf_ids.to(output.device))
-        return cf_embed + alpha * (output - cf_embed)
+            cf_embed = module.forward(cf_ids.to(output.device)).float()
+        return (cf_embed + alpha * (output.float() - cf_embed)).to(output.dtype)
 
     return module, fn
 

@@ -134,7 +134,7 @@ def _attribute_chunk(
     ref = end_gradients(view, chunk, variant)
     dz = (cf.z - ref.z).float() * ref.z_grad.float()  # [layer, batch, head * d_head]
     heads = view.split_heads(dz).sum(-1)  # [layer, batch, head]
-    mlps = ((cf.mlp_out - ref.mlp_out).float() * ref.mlp_grad.float()).sum(-1)  # [layer, batch]
+    mlps = ((cf.mlp_out.float() - ref.mlp_out.float()) * ref.mlp_grad.float()).sum(-1)  # [layer, batch]
     per_layer = torch.cat([heads, mlps[..., None]], dim=-1)  # [layer, batch, head + 1]
     per_prompt = per_layer.permute(0, 2, 1).reshape(dims.n_layers * (dims.n_heads + 1), -1)  # [comp, batch]
     return per_prompt / ref.ref_logit.abs(), ref.ref_logit, end_logits(view, cf, answers)

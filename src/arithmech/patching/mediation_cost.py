@@ -43,13 +43,13 @@ def neuron_cost(
     n_layers: int, layer: int, neurons: int, pairs: Sequence[tuple[int, int]], max_rows: int
 ) -> tuple[int, int]:
     """(token-layers, rows unembedded) of `neuron_effects` on `neurons` neurons of `layer`."""
+    blocks = [min(max_rows, neurons - start) for start in range(0, neurons, max_rows)]
+    per_pair = sum(joined_token_layers(n_layers, [layer] * block, 1) for block in blocks)  # the same for every pair
     token_layers = rows = 0
     for n, first in pairs:
         token_layers += 2 * n * n_layers
         rows += 2
         if first < n:
-            for start in range(0, neurons, max_rows):
-                block = min(max_rows, neurons - start)
-                token_layers += joined_token_layers(n_layers, [layer] * block, 1)
-                rows += block
+            token_layers += per_pair
+            rows += neurons
     return token_layers, rows

@@ -1,0 +1,129 @@
+"""The skeleton benchmarks (issue 33, items 3 and 4) at --quick widths: every stage run measured and planned, a run
+planned above the memory at hand skipped, finished runs resumed, and 16-bit numerics against float32."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCH_DIR) not in sys.path:  # the benchmark scripts are not a package; they import each other by name
+    sys.path.insert(0, str(BENCH_DIR))
+
+import measured_peak  # noqa: E402
+import plan_skeletons  # noqa: E402
+import skeleton_numerics  # noqa: E402
+from skeleton_stages import RUNS  # noqa: E402
+from skeletons import SKELETON_PRESETS, build_skeleton, skeleton_shape  # noqa: E402
+
+from arithmech.plan.presets import PRESETS  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+QUICK = ["--quick", "--presets", "llama3.1-8b", "--dtypes", "float32"]
+
+
+@pytest.fixture(autouse=True)
+def _no_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ARITHMECH_BENCH_RECORD", raising=False)
+
+
+@pytest.mark.parametrize("preset", SKELETON_PRESETS)
+def test_a_quick_skeleton_keeps_its_presets_proportions(preset: str) -> None:
+    full, quick = PRESETS[preset], skeleton_shape(preset, 2, quick=True)
+    assert quick.group_size == full.group_size and quick.tied_embeddings == full.tied_embeddings
+    assert quick.n_heads * quick.d_head / quick.d_model == pytest.approx(full.n_heads * full.d_head / full.d_model, 0.1)
+    model = build_skeleton(quick, "float32")
+    assert sum(p.numel() for p in model.parameters()) == quick.n_params  # the plan counts what is built
+    assert skeleton_shape(preset, 4).d_vocab == full.d_vocab and skeleton_shape(preset, 4).n_layers == 4
+
+
+def test_every_stage_run_is_measured_beside_its_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = plan_skeletons.main([*QUICK, "--layers", "2,3", "--stages", "identify-total,circuit,finetune-full"])
+    rows = metrics["rows"]
+    # finetune reads identify-path's folder, so that run joins the selection
+    assert [r["stage"] for r in rows[:4]] == ["identify-path", "identify-total", "circuit", "finetune-full"]
+    assert metrics["runs_measured"] == 8 and metrics["runs_failed"] == 0 and metrics["runs_skipped"] == 0
+    for row in rows:
+        assert row["planned_bytes"] > 0 and row["measured_bytes"] > 0 and row["rss_bytes"] is not None
+        assert row["tokens"] > 0 and row["seconds"] > 0 and row["estimated_s"] > 0
+    assert len(metrics["growth"]) == 4 and {g["layers"][0] for g in metrics["growth"]} == {2}
+    full_sft = [g for g in metrics["growth"] if g["stage"] == "finetune-full"][0]
+    assert full_sft["measured_per_layer"] > 0 and full_sft["planned_per_layer"] > 0  # gradients and moments grow
+    out = capsys.readouterr().out
+    assert "planned" in out and "measured" in out and "runs measured" in out
+
+
+def test_a_run_planned_above_the_budget_is_skipped_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a skipped run must not start")
+
+    monkeypatch.setattr(plan_skeletons, "measure", never)
+    metrics = plan_skeletons.main([*QUICK, "--layers", "2", "--stages", "identify-path", "--max-memory", "64KiB"])
+    (row,) = metrics["rows"]
+    assert row["status"] == "skipped" and "is above the 64.0 KiB at hand" in row["note"]
+    assert metrics["runs_measured"] == 0 and metrics["runs_skipped"] == 1
+
+
+def test_finished_runs_are_resumed_at_the_same_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    progress = tmp_path / "runs" / "progress.jsonl"
+    args = [*QUICK, "--layers", "2", "--stages", "identify-path", "--resume", str(progress)]
+    first = plan_skeletons.main(args)
+    assert len(progress.read_text().splitlines()) == 1
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a finished run must not run again")
+
+    monkeypatch.setattr(plan_skeletons, "measure", never)
+    assert plan_skeletons.main(args)["rows"] == first["rows"]
+    line = json.loads(progress.read_text())
+    progress.write_text(json.dumps({**line, "git_sha": "another commit"}) + "\n")
+    monkeypatch.undo()
+    monkeypatch.delenv("ARITHMECH_BENCH_RECORD", raising=False)
+    assert plan_skeletons.main(args)["runs_measured"] == 1  # measured again, and kept
+    assert len(progress.read_text().splitlines()) == 2
+
+
+def test_plan_only_builds_no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_skeletons, "build_skeleton", lambda *a, **k: pytest.fail("no model in --plan-only"))
+    metrics = plan_skeletons.main(["--plan-only", "--presets", "gemma2-9b", "--layers", "2", "--dtypes", "bfloat16"])
+    assert [r["stage"] for r in metrics["rows"]] == [run.key for run in RUNS]
+    assert all(r["status"] == "planned" and r["planned_peak_bytes"] > r["weights_bytes"] for r in metrics["rows"])
+
+
+def test_measure_counts_tensors_above_the_start_and_the_widest_input() -> None:
+    model = build_skeleton(skeleton_shape("mistral-7b", 2, quick=True), "float32")
+
+    def call() -> torch.Tensor:
+        kept = torch.ones(2**20)  # 4 MiB, alive through the forward pass
+        model(input_ids=torch.ones(3, 17, dtype=torch.long))
+        return kept
+
+    _, measured = measured_peak.measure(call, model)
+    assert measured.tensor_bytes >= 4 * 2**20 and measured.widest_tokens == 17 and measured.seconds > 0
+    assert "allocator" in measured.how
+
+
+def test_half_precision_against_float32_on_the_same_weights() -> None:
+    metrics = skeleton_numerics.main(["--quick", "--presets", "qwen2.5-7b", "--layers", "2", "--prompts", "4"])
+    assert [(r["dtype"], r["method"]) for r in metrics["rows"]] == [
+        ("bfloat16", "identify"), ("bfloat16", "eap-ig"), ("float16", "identify"), ("float16", "eap-ig")
+    ]  # fmt: skip
+    assert metrics["nonfinite"] == 0 and metrics["min_top_agreement"] >= 0.9
+    for row in metrics["rows"]:
+        assert 0 < row["max_rel_diff"] < 0.2 and row["spearman"] > 0.95 and row["float16_headroom"] > 100
+
+
+def test_numerics_measures_name_overflow_and_rank_changes() -> None:
+    reference = torch.arange(40, dtype=torch.float32)
+    same = skeleton_numerics.compare(reference.clone(), reference)
+    assert same == {"max_rel_diff": 0.0, "spearman": pytest.approx(1.0), "top_agreement": 1.0, "nonfinite": 0}
+    broken = reference.clone()
+    broken[39] = float("inf")
+    found = skeleton_numerics.compare(broken, reference)
+    assert found["nonfinite"] == 1 and found["max_rel_diff"] == float("inf")
+    reversed_ = skeleton_numerics.compare(reference.flip(0), reference)
+    assert reversed_["spearman"] == pytest.approx(-1.0) and reversed_["top_agreement"] == 24 / 32
