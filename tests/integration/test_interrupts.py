@@ -43,6 +43,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
                 "lora_rank": 2},
     "heuristics": {"operations": ["addition"], "filter_correct": False, "few_shot": 1, "max_pairs": 8, "layers": [1],
                    "ks": [1], "n_random": 1, "top_neurons": 2, "batch_size": 4},
+    "numbers": {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1], "shuffles": 2,
+                "few_shot": 1, "identify_run": "identify", "head_top_k": 2},
     "circuit": {"keep_incorrect": True, "n_prompts": 2, "percents": [1, 10, 100], "batch_size": 2, "steps": 2,
                 "evaluate": True, "compare_methods": ["path-patching", "random"]},
     "finetune": {"top_k": 2, "batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "target": "answer",

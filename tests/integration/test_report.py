@@ -26,7 +26,7 @@ from arithmech.report.style import styled
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 STAGES = ("identify", "knockout", "transfer", "attention", "mlp", "fourier", "mediation", "agreement", "neurons",
-          "heuristics", "circuit", "finetune", "evaluate")  # fmt: skip
+          "heuristics", "numbers", "circuit", "finetune", "evaluate")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,8 @@ def run_dir(tiny_model_dir, tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "lora_steps": 2, "lora_rank": 2},
         "heuristics": {"operations": ["addition", "subtraction"], "filter_correct": False, "few_shot": 1,
                        "max_pairs": 12, "layers": [1, 2], "ks": [1, 2], "n_random": 1, "top_neurons": 2},
+        "numbers": {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1], "shuffles": 2,
+                    "few_shot": 1, "head_top_k": 2},
         "circuit": {"keep_incorrect": True, "n_prompts": 2, "percents": [1, 10, 100], "batch_size": 2, "steps": 2,
                     "evaluate": True, "compare_methods": ["path-patching", "random"]},
         "finetune": {"top_k": 2, "data": str(root / "train.jsonl"), "batch_size": 4, "micro_batch_size": 4,
@@ -112,8 +114,8 @@ def test_every_stage_has_its_section_and_figures(run_dir: Path) -> None:
     page = _Page(text)
     assert page.status == dict.fromkeys(STAGES, "done")
     expected = _figures_on_disk(run_dir)
-    assert len(expected) == 18  # identify, knockout, transfer, agreement, circuit 1 each; attention, mlp, fourier,
-    # mediation, neurons 2; heuristics 3
+    assert len(expected) == 20  # identify, knockout, transfer, agreement, circuit 1 each; attention, mlp, fourier,
+    # mediation, neurons, numbers 2; heuristics 3
     assert set(page.images) == set(expected)
     for ident, png in expected.items():  # the embedded image is the stage's own file, byte for byte
         assert base64.b64decode(page.images[ident].removeprefix("data:image/png;base64,")) == png.read_bytes()
