@@ -364,7 +364,13 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
         tags = ("fit", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1)))
         for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
             out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
-    randoms = {(layer, fam.name): None for layer in layers for fam in fams}
+    values = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
+                           for i, _ in pairs])  # fmt: skip
+    others = _other_values(values, torch.tensor([p.value - grid.low for _, p in pairs]),
+                           fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
+    # every draw before the passes, so that none depends on how the pairs are batched
+    randoms = {(layer, fam.name): random_subspace(view.dims.d_model, fits[layer][(fam.name, 0)].rank, gen)
+               for layer in layers for fam in fams}  # fmt: skip
     with tqdm(total=n, desc=f"patch {site.name}", unit="prompt", disable=quiet) as bar:
         for start in range(0, n, cfg.batch_size):
             chunk = pairs[start : start + cfg.batch_size]
@@ -387,10 +393,7 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                 if len(set(at_each.tolist())) > 1:
                     raise DataError("the prompts' last tokens fall at different positions; use one template")
                 at = int(at_each[0])
-            value = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) - grid.low
-                                  for i, _ in chunk])  # fmt: skip
-            other = _other_values(value, torch.tensor([p.value - grid.low for _, p in chunk]),
-                                  fits[layers[0]][(fams[0].name, 0)].pred[:, 0].isnan(), gen)  # fmt: skip
+            value, other = values[idx], others[idx]
             out["other"][idx], out["position"][idx] = other, at
             on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
             on_clean: list[tuple[str, int, torch.Tensor]] = []
@@ -406,8 +409,6 @@ def _patch_site(view: ModelView, grid: NumberGrid, site: Site, pos: int | None, 
                         on_corr.append((f"other-{tag}:{fam.name}", li, fit_patch(h_x, fit, other)))
                     fit = fits[layer][(fam.name, 0)]
                     on_clean.append((f"ablate:{fam.name}", li, h_c - ((h_c - fit.mean) @ fit.q) @ fit.q.T))
-                    if randoms[(layer, fam.name)] is None:
-                        randoms[(layer, fam.name)] = random_subspace(h_c.shape[1], fit.rank, gen)
                     q = randoms[(layer, fam.name)]
                     on_clean.append((f"random:{fam.name}", li, h_c - ((h_c - fit.mean) @ q) @ q.T))
             for base, variants in ((corr, on_corr), (clean, on_clean)):
