@@ -10,7 +10,8 @@ A first, fault-free run counts the events, so a test can choose N as "half way" 
 (CSV rows as wide as their header, JSON, JSONL, PNG up to its IEND chunk, SVG as XML, torch and safetensors
 files load). `results(folder)` is what must be identical between two runs: every CSV, JSON and JSONL file
 parsed, with the keys that record when or how long (or whether a stage resumed) left out, and the bytes of
-tensor files. `nonfinite(folder)` lists every number in a CSV or JSON(L) file that is NaN, infinite, or a cell
+tensor files; `assert_close_results` the same within a tolerance (a run whose work was cut into other batches).
+`nonfinite(folder)` lists every number in a CSV or JSON(L) file that is NaN, infinite, or a cell
 of a numeric column that is empty or not a number, apart from the documented exceptions below.
 """
 
@@ -32,9 +33,10 @@ from torch import nn
 
 VOLATILE = frozenset({
     "timings", "created", "seconds", "finished", "resumed", "reused", "resumed_from_step", "samples_per_second",
-    "train_seconds", "peak_memory",
+    "train_seconds", "peak_memory", "memory_budget",
 })  # fmt: skip
-"""Keys (JSON) and columns (CSV) that say when, how fast, or whether reused: they may differ between runs."""
+"""Keys (JSON) and columns (CSV) that say when, how fast, or whether reused, or how much memory was free (the
+default budget, metadata.json's memory_budget): they may differ between runs."""
 
 _PNG_END = b"IEND\xaeB`\x82"
 
@@ -145,6 +147,47 @@ def assert_same_results(got: Path, expected: Path) -> None:
     assert sorted(a) == sorted(b)
     for name in b:
         assert a[name] == b[name], name
+
+
+def assert_close_results(got: Path, expected: Path, tol: float, skip: tuple[str, ...] = ("metadata.json",)) -> None:
+    """The two folders hold the same files, and every number (CSV cell, JSON value, tensor entry) of one is within
+    `tol` of the other's, absolutely or relative to its size; text is equal. Files named in `skip` are left out."""
+    a, b = results(got), results(expected)
+    assert sorted(a) == sorted(b)
+    for name in b:
+        if Path(name).name in skip:
+            continue
+        if name.endswith((".safetensors", ".pt")):
+            x, y = _parse(got / name), _parse(expected / name)
+            assert sorted(x) == sorted(y), name
+            for key in y:
+                assert torch.allclose(x[key], y[key], rtol=tol, atol=tol), f"{name}: {key}"
+        else:
+            _assert_close(a[name], b[name], tol, name)
+
+
+def _assert_close(x: Any, y: Any, tol: float, where: str) -> None:
+    if isinstance(x, dict) and isinstance(y, dict):
+        assert sorted(x) == sorted(y), where
+        for key in y:
+            _assert_close(x[key], y[key], tol, f"{where}: {key}")
+    elif isinstance(x, list) and isinstance(y, list):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            _assert_close(u, v, tol, f"{where}[{i}]")
+    elif x != y:
+        u, v = _number(x), _number(y)
+        assert u is not None and v is not None, f"{where}: {x!r} != {y!r}"
+        assert abs(u - v) <= tol * max(1.0, abs(v)), f"{where}: {x!r} != {y!r}"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 TEXT_COLUMNS = frozenset({

@@ -14,6 +14,10 @@ the command's options, with _ for -), checked with the same one-sentence errors 
 returns the stage's typed result after writing the run folder `out`. Its other arguments are checked at the door
 too (`arguments.py`): a model name where a loaded model belongs, or an `out` that is no path, is one sentence.
 torch is imported only when a stage runs, so `import arithmech` stays fast.
+
+Every stage function also takes `max_memory` ("24GB", or bytes), as the commands' --max-memory: the stage lowers
+its batch and chunk sizes until its planned peak fits (plan/budget.py), or refuses in one sentence before any work;
+by default the budget is what the model's device has free, its loaded weights counted in.
 """
 
 from __future__ import annotations
@@ -93,12 +97,19 @@ def _config(config: str, stage: str, settings: dict[str, Any], **injected: Any) 
     return cls(**typed_settings(cls, settings, stage), **injected)
 
 
-def _call(target: str, out_dir: Path, *args: Any, **kwargs: Any) -> Any:
-    """The stage function `target` writing into `out_dir`, which `preflight.check` locked: released however the
-    stage ends (an exception, Ctrl-C), so a failed call leaves neither a lock file nor a folder made only for it."""
+def _call(target: str, out_dir: Path, model: ModelHandle, cfg: Any, *args: Any, max_memory: Any = None,
+          **kwargs: Any) -> Any:  # fmt: skip
+    """The stage function `target` on `cfg` with its sizes fitted to `max_memory` (plan/budget.py), writing into
+    `out_dir`, which `preflight.check` locked: released however the stage ends (an exception, Ctrl-C), so a failed
+    call leaves neither a lock file nor a folder made only for it."""
+    from arithmech.plan.budget import fit_or_keep, of_loaded
+
     module, name = target.split(":")
     try:
-        return getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(*args, **kwargs)
+        fit = fit_or_keep(of_loaded(model, arguments.size(max_memory, "max_memory")), cfg)
+        result = getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(model, fit.cfg, *args, **kwargs)
+        fit.record(out_dir)
+        return result
     finally:
         run_lock.release(out_dir)
 
@@ -122,10 +133,11 @@ def _door(function: str, model: Any, out: Out, quiet: Any) -> Path | None:
 def _standalone(stage: str, config: str, target: str, model: ModelHandle, out: Out, quiet: bool,
                 settings: dict[str, Any], **injected: Any) -> Any:  # fmt: skip
     """Run a stage that writes its own folder (default `runs/<stage>-<time>`), its settings checked first."""
+    max_memory = settings.pop("max_memory", None)
     checked = _config(config, stage, settings, **injected)
     out = _door({"heuristics": "analyze_heuristics", "numbers": "analyze_numbers"}.get(stage, stage), model, out, quiet)
     cfg, out_dir = preflight.check(checked, out or _default_out(stage), stage)
-    return _call(target, out_dir, model, cfg, out_dir, quiet=quiet)
+    return _call(target, out_dir, model, cfg, out_dir, quiet=quiet, max_memory=max_memory)
 
 
 def identify(model: ModelHandle, *, out: Out = None, quiet: bool = False, **settings: Any) -> IdentifyResult:
@@ -173,13 +185,14 @@ def _analysis(
     quiet: bool, settings: dict[str, Any], one_answer_token: bool = True,
 ) -> Any:  # fmt: skip
     """An analysis of an identify run's prompts, written to `out` (default `<from_run>/<stage>`)."""
+    max_memory = settings.pop("max_memory", None)
     cfg = _config(config, stage, settings)
     out = _door(f"analyze_{stage}", model, out, quiet)
     folder = _folder(from_run)
     command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
     run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
                                                one_answer_token=one_answer_token)  # fmt: skip
-    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet)
+    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet, max_memory=max_memory)
 
 
 def analyze_attention(
@@ -224,10 +237,11 @@ def analyze_agreement(
     `<from_run>/agreement`.
     """
     folder = _folder(from_run)
+    max_memory = settings.pop("max_memory", None)
     checked = _config("agreement_config:AgreementConfig", "agreement", settings, from_run=folder)
     out = _door("analyze_agreement", model, out, quiet)
     cfg, out_dir = preflight.check(checked, out or Path(folder) / "agreement", "agreement")
-    return _call("agreement:method_agreement", out_dir, model, cfg, out_dir, quiet=quiet)
+    return _call("agreement:method_agreement", out_dir, model, cfg, out_dir, quiet=quiet, max_memory=max_memory)
 
 
 def analyze_heuristics(model: ModelHandle, *, out: Out = None, quiet: bool = False,

@@ -16,6 +16,7 @@ Checks
     `flag`           a bool
     `text`           a str (None where allowed)
     `whole`          an int (not a bool), None where allowed
+    `size`           a memory size: text ("24GB") or whole bytes, None where allowed
 Importing this module imports nothing heavy: a loaded model means torch is loaded already, and a model handle is
 recognised without importing it anew.
 """
@@ -88,3 +89,12 @@ def whole(value: Any, name: str, optional: bool = False) -> int | None:
     if value is None and optional or isinstance(value, int) and not isinstance(value, bool):
         return value
     raise ConfigError(f"{name} takes a whole number (int){', or None' if optional else ''}, not {_got(value)}")
+
+
+def size(value: Any, name: str) -> str | None:
+    """A memory size as text ("24GB"; whole bytes given as an int become "25769803776"); None passes."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{name} takes a size: text such as '24GB', or bytes (int), not {_got(value)}")

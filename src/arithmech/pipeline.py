@@ -3,7 +3,8 @@
 A run is described by one YAML file (or the same keys given as flags), for example:
 
     model: {model: null, device: cpu, dtype: float32}   # ModelConfig fields; null = built-in default model
-                                                        # (model: <id> is short for model: {model: <id>})
+                                                        # (model: <id> is short for model: {model: <id>});
+                                                        # max_memory: 24GB fits every stage's sizes to a budget
     out: runs/demo
     seed: 0                                             # given to every stage that has a seed
     stages: [identify, knockout, attention, mlp]        # default: every stage in STAGES but finetune, fourier,
@@ -33,7 +34,9 @@ its content changed.
 Every value is checked before the model loads: each setting against its field's type (`config_values.py`,
 "knockout.max_k takes a whole number (int); got 'abc'"), every path (`preflight.py`), and settings given for
 a stage left out of `stages` against the folder a chosen stage will read (identify.operations: [multiplication]
-with stages [knockout] and an addition identify/ is refused, not silently ignored).
+with stages [knockout] and an addition identify/ is refused, not silently ignored). So is the memory: every chosen
+stage's sizes are fitted to model.max_memory (or the device's free memory) from the model's shape, and one that
+cannot fit stops the run before any stage runs (`plan/budget.py`).
 
 Python API: `load_run_config(path, overrides)` -> RunConfig, `run_pipeline(cfg)` -> {stage: result}.
 """
@@ -260,6 +263,10 @@ def load_run_config(path: str | Path | None = None, overrides: dict[str, Any] | 
 
     model = typed_settings(ModelConfig, data.get("model"), "model")
     ModelConfig(**model)  # a bad value (e.g. dtype) is refused here, before torch is imported
+    if model.get("max_memory") is not None:
+        from arithmech.plan.sizes import parse_size
+
+        parse_size(model["max_memory"])
     seed = coerce(data.get("seed", 0), int, "seed")
     settings = {s.name: build_stage_config(s, data.get(s.name), seed) for s in STAGES if s.name in stages}
     read = {n for s in STAGES if s.name in stages for n in (*needs_of(s, settings[s.name]), *s.reads)
@@ -319,10 +326,12 @@ def _load(quiet: bool = False, **model: Any) -> Any:
 
 
 def fingerprint(stage: Stage, cfg: Any, model: dict[str, Any], upstream: dict[str, str]) -> str:
-    """What decides a stage's result: its settings, the model, the stages it reads, and the code version."""
+    """What decides a stage's result: its settings, the model, the stages it reads, and the code version (not
+    max_memory: the sizes it chooses cut the same work into other passes, with the same numbers)."""
     from arithmech import __version__
 
-    payload = {"stage": stage.name, "config": dataclasses.asdict(cfg), "model": model, "upstream": upstream,
+    loaded = {k: v for k, v in model.items() if k != "max_memory"}
+    payload = {"stage": stage.name, "config": dataclasses.asdict(cfg), "model": loaded, "upstream": upstream,
                "version": __version__}  # fmt: skip
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -380,12 +389,40 @@ def run_pipeline(cfg: RunConfig, quiet: bool = False, handle: Any = None) -> dic
     _check_given(run_dir, cfg.given)
     _check_answer_digits(cfg, run_dir)
     _check_split(cfg, run_dir)
+    _check_needs(cfg, settings, run_dir)
+    fits = _within_budget(cfg, settings, run_dir, handle)
     with run_lock.held(run_dir, "out"):  # creates it
-        return _run_stages(cfg, run_dir, settings, quiet, handle)
+        return _run_stages(cfg, run_dir, settings, fits, quiet, handle)
 
 
-def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: bool, handle: Any) -> dict[str, Any]:
-    """The loop of `run_pipeline`, in a run folder checked and locked."""
+def _check_needs(cfg: RunConfig, settings: dict[str, Any], run_dir: Path) -> None:
+    """Refuse a stage whose inputs neither run before it (STAGES is in run order) nor lie finished in the folder."""
+    for stage in STAGES:
+        if stage.name in cfg.stages:
+            needs = needs_of(stage, settings[stage.name])
+            missing = [n for n in needs if n not in cfg.stages and not (run_dir / n / "metadata.json").is_file()]
+            if missing:
+                raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
+
+
+def _within_budget(cfg: RunConfig, settings: dict[str, Any], run_dir: Path, handle: Any) -> dict[str, Any]:
+    """Every chosen stage's sizes fitted to model.max_memory (or the device's free memory) before the model loads
+    (plan/budget.py), so a stage that cannot fit stops the run before any runs; finetune trains a copy of the
+    model, and evaluate scores a tuned copy beside the base model when there is a finetune."""
+    from arithmech.models.model_config import ModelConfig
+    from arithmech.plan.budget import before_load, fit_or_keep, of_loaded
+
+    given = cfg.model.get("max_memory")
+    budget = before_load(ModelConfig(**cfg.model)) if handle is None else of_loaded(handle, given, "--max-memory")
+    tuned = "finetune" in cfg.stages or (run_dir / "finetune" / "metadata.json").is_file()
+    return {name: fit_or_keep(budget, c, int(name == "finetune" or name == "evaluate" and tuned), name)
+            for name, c in settings.items()}  # fmt: skip
+
+
+def _run_stages(
+    cfg: RunConfig, run_dir: Path, settings: dict[str, Any], fits: dict[str, Any], quiet: bool, handle: Any
+) -> dict[str, Any]:
+    """The loop of `run_pipeline`, in a run folder checked and locked; each stage runs with its sizes in `fits`."""
     record_path = run_dir / "pipeline.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     done: dict[str, Any] = record.get("stages", {})
@@ -396,9 +433,6 @@ def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: 
             continue
         stage_cfg = settings[stage.name]
         needs = needs_of(stage, stage_cfg)
-        missing = [n for n in needs if n not in prints and not (run_dir / n / "metadata.json").is_file()]
-        if missing:
-            raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
         used = [*needs, *(n for n in stage.reads if n in prints or (run_dir / n / "metadata.json").is_file())]
         upstream = {n: prints.get(n) or _result_print(n, run_dir / n) or done.get(n, {}).get("fingerprint", "")
                     for n in used}  # fmt: skip
@@ -419,7 +453,9 @@ def _run_stages(cfg: RunConfig, run_dir: Path, settings: dict[str, Any], quiet: 
         logger.info("%s: running into %s", stage.name, out)
         start = time.perf_counter()
         if stage.sharded or distributed.is_main():
-            results[stage.name] = stage.run(handle, stage_cfg, out, run_dir, quiet or not distributed.is_main())
+            fit = fits[stage.name]
+            results[stage.name] = stage.run(handle, fit.cfg, out, run_dir, quiet or not distributed.is_main())
+            fit.record(out)
         distributed.barrier()  # under a launch, every process waits until the stage's folder is complete
         held = _result_print(stage.name, out)
         prints[stage.name] = held or mark

@@ -55,6 +55,8 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         ("identify", "--threshold", "5", "--out", str(tmp_path / "i")): "threshold 5 is not negative",
         ("identify", "--threshold", "0.05", "--out", str(tmp_path / "i")): "--threshold -0.05",
         ("identify", "--fraction-threshold", "-0.5", "--out", str(tmp_path / "i")): "--fraction-threshold 0.5",
+        ("identify", "--max-memory", "lots", "--out", str(tmp_path / "i")): "--max-memory takes a size",
+        ("identify", "--max-memory", "1KB", "--out", str(tmp_path / "i")): "below the weights alone",
         ("knockout", "--components", "14.2", "--ablation", "bogus", "--out", str(tmp_path / "k")): "ablation",
         ("knockout", "--out", str(tmp_path / "k")): "nothing to knock out",
         ("transfer", "--from", run, "--targets", "nosuch", "--out", str(tmp_path / "t")): "nosuch",
@@ -75,6 +77,7 @@ def test_import_and_help_and_input_errors_load_no_torch(tmp_path: Path) -> None:
         ("circuit", "--percents", "0,150", "--out", str(tmp_path / "c")): "(0, 100]",
         ("run", "--config", str(configs / "dtype.yaml")): "dtype",
         ("run", "--config", str(configs / "ok.yaml"), "--set", "knockout.max_k=abc"): "knockout.max_k",
+        ("run", "--config", str(configs / "ok.yaml"), "--max-memory", "-1GB"): "--max-memory must be a positive",
     }  # fmt: skip
     loaded = _heavy_after([*helps, *(list(argv) for argv in bad)])
     assert loaded.pop("import") == []

@@ -3,7 +3,8 @@
 Each stage of `pipeline.STAGES` runs on the tiny llama three times into the same run folder path: once without
 a fault (the reference, which also counts its forward passes and atomic writes), once stopped by a
 KeyboardInterrupt half way through its forward passes or half way through its writes (chunks in .partial/,
-then results), and once more without a fault. After the interruption every file parses, no temporary file is
+then results, its metadata.json last; the run then adds the memory budget to it and writes pipeline.json), and
+once more without a fault. After the interruption every file parses, no temporary file is
 left, and pipeline.json does not count the stage as done; the rerun's tables equal the reference's number for
 number (timings and timestamps aside).
 """
@@ -44,7 +45,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "heuristics": {"operations": ["addition"], "filter_correct": False, "few_shot": 1, "max_pairs": 8, "layers": [1],
                    "ks": [1], "n_random": 1, "top_neurons": 2, "batch_size": 4},
     "numbers": {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1], "shuffles": 2,
-                "few_shot": 1, "identify_run": "identify", "head_top_k": 2},
+                "few_shot": 1, "identify_run": "identify", "head_top_k": 2, "batch_size": 4},
     "circuit": {"keep_incorrect": True, "n_prompts": 2, "percents": [1, 10, 100], "batch_size": 2, "steps": 2,
                 "evaluate": True, "compare_methods": ["path-patching", "random"]},
     "finetune": {"top_k": 2, "batch_size": 4, "micro_batch_size": 2, "max_steps": 2, "target": "answer",
@@ -134,7 +135,7 @@ def test_interrupted_stage_reruns_to_the_same_results(world: World, faults: Faul
     (its metadata.json, every other result already in place)."""
     reference, counts = world.reference(stage, faults)
     kind = "forward" if point == "forward" else "write"
-    last = counts[kind] - (kind == "write")  # the run's last write is pipeline.json's, after the stage
+    last = counts[kind] - 2 * (kind == "write")  # after the stage: its budget's record (metadata.json), pipeline.json
     n = last if point == "last-write" else last // 2 + 1
     assert 1 <= n <= last, counts
     run = world.fresh_run(stage)
@@ -179,7 +180,7 @@ def test_evaluate_ignores_an_unfinished_finetune(world: World, faults: Faults) -
     """finetune stopped just before its metadata.json: its delta files exist, but evaluate must not use them."""
     _, counts = world.reference("finetune", faults)
     run = world.fresh_run("finetune")
-    with faults.armed("write", counts["write"] - 1), pytest.raises(KeyboardInterrupt):  # the last before the record
+    with faults.armed("write", counts["write"] - 2), pytest.raises(KeyboardInterrupt):  # the stage's last write
         run_pipeline(world.config("finetune"), quiet=True, handle=world.handle)
     assert (run / "finetune" / "delta.json").is_file() and not (run / "finetune" / "metadata.json").exists()
     ran = run_pipeline(world.config("evaluate"), quiet=True, handle=world.handle)

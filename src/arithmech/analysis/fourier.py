@@ -38,7 +38,7 @@ High-frequency share (one number per component group, with two references)
         flat       = (sum_{f in H} m(f)) / (N - 1)   the share of a flat (white) spectrum: every real dimension
                                                     equal (N = 10: 5 / 9 = 55.6%; N = 9: 4 / 8 = 50%)
         random     the share when each contribution v[l, i] is replaced by a random direction of the same norm
-                   (Gaussian, seeded; `random_direction_power`), mean and standard deviation over the draws:
+                   (Gaussian, seeded per prompt; `random_direction_power`), mean and standard deviation over the draws:
                    what the readout rows R alone make of a vector with no preference (they are not orthogonal,
                    so this is not the flat level).
     A share of one-sided magnitudes |X| (an earlier reading) gives f = N/2, one real dimension, the
@@ -196,17 +196,25 @@ def random_direction_power(
     resid_final: torch.Tensor,
     readout: torch.Tensor,
     draws: int,
-    generator: torch.Generator,
+    generators: Sequence[torch.Generator],
 ) -> torch.Tensor:
     """[draw, F + 1]: the power summed over layers and prompts when every contribution [layer, batch, d_model] is
-    replaced by a Gaussian direction of its own norm (drawn on the CPU from `generator`), read like the real one."""
+    replaced by a Gaussian direction of its own norm, read like the real one. A prompt's directions come from its
+    own generator (`generators`, one per prompt of the batch, on the CPU), so the draws do not depend on how the
+    prompts are batched: the sum over two batches is the sum over one."""
     norms = contributions.double().norm(dim=-1, keepdim=True).cpu()  # [layer, batch, 1]
+    layers, _, d_model = contributions.shape
     out = []
     for _ in range(draws):
-        z = torch.randn(contributions.shape, generator=generator, dtype=torch.float64)  # [layer, batch, d_model]
-        fake = z / z.norm(dim=-1, keepdim=True) * norms
+        z = torch.stack([torch.randn(layers, d_model, generator=g, dtype=torch.float64) for g in generators], dim=1)
+        fake = z / z.norm(dim=-1, keepdim=True) * norms  # [layer, batch, d_model]
         out.append(spectral_power(number_logits(view, fake.to(contributions.device), resid_final, readout)).sum((0, 1)))
     return torch.stack(out).cpu()  # [draw, F + 1]
+
+
+def prompt_generators(seed: int, prompts: range) -> list[torch.Generator]:
+    """One CPU generator per prompt index, seeded by the run's seed and the index."""
+    return [torch.Generator().manual_seed((seed << 32) + i) for i in prompts]
 
 
 # -- filters --

@@ -17,7 +17,7 @@ import typer
 
 from arithmech.cli.app import analyze_app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, default_out, ints, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, ints, model_options, setup_logging, split, within_budget
 from arithmech.stages.fourier_config import FourierConfig
 from arithmech.stages.heuristics_config import HeuristicsConfig
 from arithmech.stages.numbers_config import NumbersConfig
@@ -55,10 +55,12 @@ def analyze_attention(
     run_dir, out_dir = preflight.check_reading(
         from_run, out or default_out("attention", from_run), "analyze_attention", one_answer_token=False
     )
+    fit = within_budget(load, cfg)
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
     handle = load()
-    result = run_attention(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    result = run_attention(handle, fit.cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    fit.record(out_dir)
     typer.echo("head    A     B     op    prefix other  label")
     for head, row, label in zip(result.heads, result.scores.tolist(), result.labels, strict=True):
         typer.echo(f"{head.name:6s} " + " ".join(f"{v:5.2f}" for v in row) + f"  {label}")
@@ -95,10 +97,12 @@ def analyze_mlp(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(from_run, out or default_out("mlp", from_run), "analyze-mlp")
+    fit = within_budget(load, cfg)
     from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
 
     handle = load()
-    result = run_mlp(handle, cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    result = run_mlp(handle, fit.cfg, run_dir, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    fit.record(out_dir)
     gap = result.mean["cos_update_C"] - result.mean["cos_update_C_wrong"]
     best = sorted(range(len(result.layers)), key=lambda i: -gap[i])[:5]
     typer.echo(
@@ -125,8 +129,10 @@ def analyze_fourier(
     from arithmech.stages.fourier import analyze_fourier as run_fourier
 
     run_dir, out_dir = preflight.check_reading(from_run, out or default_out("fourier", from_run), "analyze-fourier")
+    fit = within_budget(load, cfg)
     handle = load()
-    result = run_fourier(handle, cfg, run_dir, out_dir, quiet=quiet)
+    result = run_fourier(handle, fit.cfg, run_dir, out_dir, quiet=quiet)
+    fit.record(out_dir)
     numbers = result.metadata["numbers"]
     available = numbers["single_token_numbers"]
     note = " (a digit-splitting tokenizer)" if numbers["digit_splitting"] else ""
@@ -176,10 +182,12 @@ def analyze_agreement(
         from_run=str(from_run), methods=split(methods), max_prompts=max_prompts, ks=ints(ks, "--ks"),
         batch_size=batch_size, seed=seed,
     ), out or default_out("agreement", from_run), "agreement")  # fmt: skip
+    fit = within_budget(load, cfg)
     from arithmech.stages.agreement import method_agreement
 
     handle = load()
-    result = method_agreement(handle, cfg, out_dir, quiet=quiet)
+    result = method_agreement(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     typer.echo("level  method A       method B       Spearman  top-10 overlap")
     for row in result.rows:
         overlap = row.get("top10_overlap", float("nan"))
@@ -205,8 +213,10 @@ def analyze_heuristics(
     from arithmech.stages.heuristics import heuristics
 
     cfg, out_dir = preflight.check(cfg, out or default_out("heuristics"), "heuristics")
+    fit = within_budget(load, cfg)
     handle = load()
-    result = heuristics(handle, cfg, out_dir, quiet=quiet)
+    result = heuristics(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     one = result.metadata["one_percent_k"]
     k = one if one in result.ks else result.ks[0]
     for op, res in result.operations.items():
@@ -242,8 +252,10 @@ def analyze_numbers(
     from arithmech.stages.numbers_verdict import verdict_sentence
 
     cfg, out_dir = preflight.check(cfg, out or default_out("numbers"), "analyze-numbers")
+    fit = within_budget(load, cfg)
     handle = load()
-    result = run_numbers(handle, cfg, out_dir, quiet=quiet)
+    result = run_numbers(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     span = result.metadata["range"]
     reading = "per digit" if span["digit_split"] else "one token each"
     typer.echo(f"operands {span['low']}..{span['high'] - 1} ({reading}), periods {span['periods']}; forward-pass "

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, model_options, setup_logging, split, within_budget
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -177,9 +177,11 @@ def circuit(
         batch_size=batch_size,
         seed=seed,
     ), out or Path("runs") / time.strftime("circuit-%Y%m%d-%H%M%S"), "circuit")  # fmt: skip
+    fit = within_budget(load, cfg)
     from arithmech.stages.circuit import circuit as run_circuit
 
-    result = run_circuit(load(), cfg, out_dir, quiet=quiet)
+    result = run_circuit(load(), fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     evaluated = f"{result.n_test} {result.pairs} pairs" if result.n_test is not None else "no test pairs"
     typer.echo(f"graph: {result.n_edges:,} edges (MIB's count); {result.n_prompts} find pairs; evaluated on "
                f"{evaluated}; ranking: {result.method}")  # fmt: skip

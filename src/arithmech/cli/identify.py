@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split, within_budget
 from arithmech.report.page import SMALL_SAMPLE
 
 
@@ -95,10 +95,12 @@ def identify(
         batch_size=batch_size,
         seed=seed,
     ), out or default_out("identify"), "identify")
+    fit = within_budget(load, cfg)
     from arithmech.stages.identify import identify as run_identify
 
     handle = distributed.local_device(load)()
-    result = run_identify(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    result = run_identify(handle, fit.cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    fit.record(out_dir)
     if distributed.is_main():
         _print_identify_summary(result)
 

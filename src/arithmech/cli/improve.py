@@ -13,7 +13,7 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, within_budget
 from arithmech.stages.evaluate_config import EvaluateConfig, trained_split
 from arithmech.stages.finetune_config import FinetuneConfig
 
@@ -40,10 +40,12 @@ def finetune(
 
     default = default_out("finetune", cfg.from_run) if cfg.from_run else default_out(f"finetune-{cfg.method}")
     cfg, out_dir = preflight.check(cfg, out or default, "finetune")
+    fit = within_budget(load, cfg)
     from arithmech.stages.finetune import finetune as run_finetune
 
     handle = local_device(load)()
-    result = run_finetune(handle, cfg, out_dir, quiet=quiet)
+    result = run_finetune(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     meta = result.metadata
     speed = meta["samples_per_second"]  # None when no step ran now (a resume of a finished run)
     typer.echo(
@@ -75,6 +77,7 @@ def evaluate(
     split = trained_split(delta_dir) if delta_dir is not None else None
     if delta_dir is not None and split is not None:
         cfg.refuse_other_split(split, f"--delta {str(delta_dir)!r}")
+    fit = within_budget(load, cfg)
     from arithmech.stages.evaluate import evaluate_stage
 
     handle = load()
@@ -86,7 +89,8 @@ def evaluate(
         record = delta_record(delta_dir)
         typer.echo(f"evaluating with the {record['method']} finetune delta of {delta_dir} applied "
                    f"({record['tensors']} weight tensors set; recorded in metadata.json)")  # fmt: skip
-    result = evaluate_stage(handle, cfg, out_dir, quiet=quiet, delta=record)
+    result = evaluate_stage(handle, fit.cfg, out_dir, quiet=quiet, delta=record)
+    fit.record(out_dir)
     for name, bench in result.benchmarks.items():
         score = "n/a" if bench.accuracy is None else f"{bench.accuracy:.1%}"
         counts = "" if bench.correct is None else f" ({bench.correct} of {bench.n})"

@@ -13,7 +13,7 @@ import typer
 
 from arithmech.cli.app import app
 from arithmech.cli.config_options import config_command
-from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, within_budget
 from arithmech.report.page import SMALL_SAMPLE
 from arithmech.report.sections import plural
 from arithmech.stages.mediate_config import MediateConfig
@@ -35,10 +35,12 @@ def mediate_command(
 
     cfg, out_dir = preflight.check(cfg, out or default_out("mediate"), "mediate")
     from arithmech.data.mediation_tokens import POSITION_CLASSES
+    fit = within_budget(load, cfg)
     from arithmech.stages.mediate import mediate
 
     handle = distributed.local_device(load)()
-    result = mediate(handle, cfg, out_dir, quiet=quiet)
+    result = mediate(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     if not distributed.is_main():
         return
     last = POSITION_CLASSES.index("last")
@@ -74,10 +76,12 @@ def neurons_command(
     from arithmech import preflight
 
     cfg, out_dir = preflight.check(cfg, out or default_out("neurons"), "neurons")
+    fit = within_budget(load, cfg)
     from arithmech.stages.neurons import neurons
 
     handle = load()
-    result = neurons(handle, cfg, out_dir, quiet=quiet)
+    result = neurons(handle, fit.cfg, out_dir, quiet=quiet)
+    fit.record(out_dir)
     spec = result.specialisation
     for op, heads in spec.top.items():
         typer.echo(f"{op:15s} top heads {', '.join(h.name for h in heads)} ({spec.share[op]:.0%} of the drop)")

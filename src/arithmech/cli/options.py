@@ -1,8 +1,9 @@
 """Options shared by every command: the model to load, logging, and comma-separated lists.
 
-`model_options` adds --model, --gguf-file, --device, --dtype, --revision and --threads to a command and hands
-the command one `load` function instead, so the six options are declared once. `load` honours the command's
---quiet: no library progress bars either.
+`model_options` adds --model, --gguf-file, --device, --dtype, --revision, --threads and --max-memory to a command
+and hands the command one `load` function instead, so the seven options are declared once. `load` honours the
+command's --quiet: no library progress bars either. `within_budget(load, cfg)` fits the stage's sizes to
+--max-memory (plan/budget.py) from the model's shape, before `load()` reads a weight.
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ _MODEL_PARAMS: list[tuple[str, Any, Any]] = [
         ],
         None,
     ),
+    (
+        "max_memory",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--max-memory",
+                metavar="SIZE",
+                help="Memory the stage may use on its device, e.g. 24GB or 80GiB: batch and chunk sizes are lowered "
+                "to fit its planned peak (`arithmech plan`), and a stage that cannot fit stops before the model "
+                "loads. Default: the device's free memory (CPU: the available system memory).",
+            ),
+        ],
+        None,
+    ),
 ]
 
 
@@ -87,18 +102,37 @@ def load_handle(
     dtype: str,
     revision: str | None,
     threads: int | None = None,
+    max_memory: str | None = None,
     quiet: bool = False,
 ) -> Any:
     """Load the model named by the options, logging where it came from and how long it took."""
     from arithmech.models.load import load_model, set_threads
-    from arithmech.models.model_config import ModelConfig
 
-    cfg = ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision)
+    cfg = model_config(model, gguf_file, device, dtype, revision, max_memory)
     set_threads(threads)
     start = time.perf_counter()
     handle = load_model(cfg, quiet=quiet)
     logger.info("loaded %s in %.1f s", handle.source.get("model"), time.perf_counter() - start)
     return handle
+
+
+def model_config(
+    model: str | None, gguf_file: str | None, device: str, dtype: str, revision: str | None, max_memory: str | None
+) -> Any:
+    """The `ModelConfig` of the model options (imported here: a command's --help needs none of it)."""
+    from arithmech.models.model_config import ModelConfig
+
+    return ModelConfig(model=model, gguf_file=gguf_file, device=device, dtype=dtype, revision=revision,
+                       max_memory=max_memory)  # fmt: skip
+
+
+def within_budget(load: Any, cfg: Any) -> Any:
+    """`cfg` with its sizes fitted to --max-memory (a `plan.budget.BudgetFit`: `.cfg`, `.record(out)`), from the
+    model's shape before `load` loads it; a stage that cannot fit is one ConfigError sentence now."""
+    from arithmech.plan.budget import before_load, fit_or_keep
+
+    options = {k: v for k, v in load.keywords.items() if k not in ("threads", "quiet")}
+    return fit_or_keep(before_load(model_config(**options)), cfg)
 
 
 def split(text: str) -> tuple[str, ...]:

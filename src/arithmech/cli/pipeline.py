@@ -11,7 +11,8 @@ from arithmech.cli.app import app
 from arithmech.cli.options import QuietOpt, model_options, setup_logging
 from arithmech.errors import ConfigError
 
-_MODEL_DEFAULTS = {"model": None, "gguf_file": None, "device": "cpu", "dtype": "float32", "revision": None}
+_MODEL_DEFAULTS = {"model": None, "gguf_file": None, "device": "cpu", "dtype": "float32", "revision": None,
+                   "max_memory": None}  # fmt: skip
 
 
 def _assignments(pairs: list[str]) -> dict[str, Any]:

@@ -50,6 +50,20 @@ def _stage_values(args: list[str]) -> dict[str, Any]:
     return {aliases.get(k, k): (not v if k == "keep_incorrect" else v) for k, v in values.items()}
 
 
+def _settings(stage: str | None, values: dict[str, Any], config: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(stage name -> its config object, built as `arithmech run` builds it: each value checked against its
+    field's type, the folders a stage reads filled with a placeholder; the run config's `model:` settings, or
+    none without --config)."""
+    from arithmech import pipeline
+
+    if config is not None:
+        run = pipeline.load_run_config(config, {} if stage is None else {"stages": stage})
+        return run.settings, run.model
+    names = [stage] if stage is not None else [s.name for s in pipeline.STAGES]
+    chosen = [pipeline.stage_by_name(name) for name in names]
+    return {s.name: pipeline.build_stage_config(s, dict(values), 0) for s in chosen}, {}
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def plan(
     ctx: typer.Context,
@@ -101,10 +115,11 @@ def plan(
         raise ConfigError(
             "stage options need a stage name before them, e.g. arithmech plan identify --max-prompts 1000"
         )
+    settings, loaded = _settings(stage, values, config)
     result = make_plan(
-        stage=stage, stage_values=values, model=model, gguf_file=gguf_file, revision=revision, dtype=dtype or None,
-        device_profile=device_profile, processes=processes, prompt_tokens=prompt_tokens, max_memory=max_memory,
-        config=config,
+        settings, model=model or loaded.get("model"), gguf_file=gguf_file or loaded.get("gguf_file"),
+        revision=revision, dtype=dtype or loaded.get("dtype"), device_profile_name=device_profile,
+        processes=processes, prompt_tokens=prompt_tokens, max_memory=max_memory or loaded.get("max_memory"),
     )  # fmt: skip
     folder = out or Path("runs") / time.strftime("plan-%Y%m%d-%H%M%S")
     from arithmech.runs import atomic_write_json

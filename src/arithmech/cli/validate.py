@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from arithmech.cli.app import app
-from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split
+from arithmech.cli.options import QuietOpt, default_out, model_options, setup_logging, split, within_budget
 
 
 @app.command()
@@ -80,10 +80,12 @@ def knockout(
         batch_size=batch_size,
         seed=seed,
     ), out or default_out("knockout", from_run), "knockout")
+    fit = within_budget(load, cfg)
     from arithmech.stages.knockout import knockout as run_knockout
 
     handle = distributed.local_device(load)()
-    result = run_knockout(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    result = run_knockout(handle, fit.cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    fit.record(out_dir)
     if distributed.is_main():
         _echo_knockout(result)
 
@@ -170,10 +172,12 @@ def transfer(
         batch_size=batch_size,
         seed=seed,
     ), out or default_out("transfer", from_runs[0]), "transfer")
+    fit = within_budget(load, cfg)
     from arithmech.stages.transfer import transfer as run_transfer
 
     handle = load()
-    result = run_transfer(handle, cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    result = run_transfer(handle, fit.cfg, out_dir, quiet=quiet)  # type: ignore[arg-type]
+    fit.record(out_dir)
     for source in result.metadata["sources"]:
         typer.echo(f"{source['path']}: knocked out {', '.join(source['components'])}: {source['why']}")
     typer.echo("source -> target: n, accuracy drop effect-rank vs random-rank")

@@ -44,6 +44,9 @@ class ModelConfig:
     """Hub revision (branch, tag or commit)."""
     attn_implementation: str = "eager"
     """transformers attention backend; eager returns attention weights, which later stages read."""
+    max_memory: str | None = None
+    """Memory a stage may use on the device ("24GB"): its sizes are fitted to it before the model loads
+    (plan/budget.py); None = the device's free memory. Loading itself does not read it."""
 
     def __post_init__(self) -> None:
         if self.dtype not in (*DTYPE_NAMES, "auto"):

@@ -112,9 +112,11 @@ def _component_layers(names: tuple[str, ...]) -> list[tuple[int, bool]]:
 def _knockout_configurations(shape: ModelShape, cfg: Any) -> list[int]:
     """The lowest ablated layer of each configuration of the sweep (knockout/configurations.py), drawn as the
     engine draws them; a ranking read from an identify run is not known here, so its components are planned at
-    layer 0 (every row from the first layer: an upper bound)."""
+    layer 0 (every row from the first layer: an upper bound), as many as the model has (a small model has fewer
+    heads than max_k)."""
     k = cfg.largest_k
-    ranked = _component_layers(cfg.components) if cfg.components else [(0, True)] * k
+    heads = kc.layer_pool(shape.n_layers, shape.n_heads, cfg.include_mlps)
+    ranked = _component_layers(cfg.components) if cfg.components else [(0, True)] * min(k, len(heads))
     mlps = cfg.include_mlps or any(not head for _, head in ranked)
     pool = kc.layer_pool(shape.n_layers, shape.n_heads, mlps)
     swept = kc.sweep_configurations(ranked, pool, k, cfg.n_random, cfg.seed, lambda c: c[1])

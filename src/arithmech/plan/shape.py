@@ -17,8 +17,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from arithmech.errors import ConfigError
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per number of each dtype a model runs in (`--dtype`)."""
+
+
+def plan_dtype(dtype: str, checkpoint: str | None) -> str:
+    """The dtype a plan counts in: `auto` is the checkpoint's own (float32 when it names none we know)."""
+    if dtype == "auto":
+        return checkpoint if checkpoint in DTYPE_BYTES else "float32"
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join([*DTYPE_BYTES, 'auto'])}")
+    return dtype
 
 
 @dataclass(frozen=True)

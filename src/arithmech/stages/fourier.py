@@ -51,6 +51,7 @@ from arithmech.analysis.fourier import (
     multiplicity,
     number_logits,
     number_readout,
+    prompt_generators,
     random_direction_power,
     removed_frequencies,
     spectrum,
@@ -172,11 +173,11 @@ def analyze_fourier(
     chunks: dict[str, list[torch.Tensor]] = {kind: [] for kind in GROUPS}
     random_power = {kind: torch.zeros(RANDOM_DRAWS, max_frequency(n_numbers) + 1, dtype=torch.float64)
                     for kind in GROUPS}  # fmt: skip
-    gen = torch.Generator().manual_seed(cfg.seed)
     n_prompts = len(tokenized.pairs)
     with tqdm(total=n_prompts, desc="Fourier spectra", unit="prompt", disable=quiet) as bar:
         for start in range(0, n_prompts, cfg.batch_size):
             rows = slice(start, start + cfg.batch_size)
+            gens = prompt_generators(cfg.seed, range(*rows.indices(n_prompts)))  # the same draws in any batching
             width = int(tokenized.end[rows].max()) + 1
             states = collect_end_states(view, tokenized.ref_ids[rows, :width], tokenized.ref_mask[rows, :width],
                                         tokenized.end[rows])  # fmt: skip
@@ -185,7 +186,7 @@ def analyze_fourier(
                 logits = number_logits(view, contributions[kind][layers], states.resid_final, readout)
                 chunks[kind].append(spectrum(logits).cpu())  # [layer, batch, F + 1]
                 random_power[kind] += random_direction_power(view, contributions[kind][layers], states.resid_final,
-                                                             readout, RANDOM_DRAWS, gen)  # fmt: skip
+                                                             readout, RANDOM_DRAWS, gens)  # fmt: skip
             bar.update(len(range(*rows.indices(n_prompts))))
     spectra = {kind: torch.cat(chunks[kind], dim=1).numpy() for kind in GROUPS}  # [layer, prompt, F + 1]
     magnitude = {kind: values.mean(1) for kind, values in spectra.items()}

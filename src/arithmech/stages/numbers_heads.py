@@ -103,6 +103,7 @@ def classify_heads(view: ModelView, grid: NumberGrid, cfg: NumbersConfig, rows: 
         for key in ("whole", *(f"{tag}:{ops}" for ops in _SHORT for tag in ("fit", "other"))):
             ld[f"{h.name}|{key}"] = torch.empty(n)
     n_layers = view.dims.n_layers
+    clean_rows, other_rows = indices(pairs)  # drawn before the passes: the same in any batching
     with tqdm(total=n, desc="patch heads", unit="prompt", disable=quiet) as bar:
         for part in pair_chunks(view, pairs, cfg.batch_size, pad, cost, "heads_bases"):
             chunk, idx, mask, corr = part.pairs, part.idx, part.mask, part.corr
@@ -110,7 +111,7 @@ def classify_heads(view: ModelView, grid: NumberGrid, cfg: NumbersConfig, rows: 
             states = collect_end_states(view, corr.ids, mask, torch.full((len(chunk),), at))  # z, attn_out at `at`
             cost.forward("heads_bases", mask)
             ld["clean"][idx], ld["corrupted"][idx] = part.ld_clean, part.ld_corr
-            clean_row, other_row = indices(chunk)
+            clean_row, other_row = clean_rows[idx], other_rows[idx]
             keys, layer_of, vectors = [], [], []
             for h in heads:
                 o_x = view.head_outputs(h.layer, states.z[h.layer])[:, h.head].double().cpu()  # [prompt, d_model]

@@ -31,8 +31,8 @@ from arithmech.stages.numbers_config import NumbersConfig
 from arithmech.stages.numbers_grid import TokenLayers, pad_ids
 
 Indices = Callable[[list[tuple[int, Partner]]], tuple[torch.Tensor, torch.Tensor]]
-"""(the chunk's pairs) -> (clean, other) [pair] long: the row of each pair's clean value in the fits' predictions,
-and the row of the other value its chance-level patch writes."""
+"""(all the pairs, once, before any pass) -> (clean, other) [pair] long: the row of each pair's clean value in
+the fits' predictions, and the row of the other value its chance-level patch writes."""
 
 
 def value_indices(grid: NumberGrid, site: Site, unseen: torch.Tensor, gen: torch.Generator) -> Indices:
@@ -64,14 +64,17 @@ def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pa
         tags = ("fit", *(f"shuffled{k}" for k in range(1, cfg.shuffles + 1)))
         for kind in ("ablate", "random", *tags, *(f"other-{t}" for t in tags)):
             out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
-    randoms = {(layer, fam.name): None for layer in layers for fam in fams}
+    # every draw before the passes, so that none depends on how the pairs are batched (--batch-size, --max-memory)
+    values, others = indices(pairs)
+    randoms = {(layer, fam.name): random_subspace(view.dims.d_model, fits[layer][(fam.name, 0)].rank, gen)
+               for layer in layers for fam in fams}  # fmt: skip
     with tqdm(total=n, desc=f"patch {name}", unit="prompt", disable=quiet) as bar:
         for part in pair_chunks(view, pairs, cfg.batch_size, pad, cost, "bases"):
             chunk, idx, mask, read, good, bad = part.pairs, part.idx, part.mask, part.read, part.good, part.bad
             clean, corr = part.clean, part.corr
             out["clean"][idx], out["corrupted"][idx] = part.ld_clean, part.ld_corr
             at = pos if pos is not None else query_end(grid, [i for i, _ in chunk])
-            value, other = indices(chunk)
+            value, other = values[idx], others[idx]
             out["other"][idx], out["position"][idx] = other, at
             on_corr: list[tuple[str, int, torch.Tensor]] = []  # (key, layer index, vectors [prompt, d_model])
             on_clean: list[tuple[str, int, torch.Tensor]] = []
@@ -87,8 +90,6 @@ def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pa
                         on_corr.append((f"other-{tag}:{fam.name}", li, fit_patch(h_x, fit, other)))
                     fit = fits[layer][(fam.name, 0)]
                     on_clean.append((f"ablate:{fam.name}", li, h_c - ((h_c - fit.mean) @ fit.q) @ fit.q.T))
-                    if randoms[(layer, fam.name)] is None:
-                        randoms[(layer, fam.name)] = random_subspace(h_c.shape[1], fit.rank, gen)
                     q = randoms[(layer, fam.name)]
                     on_clean.append((f"random:{fam.name}", li, h_c - ((h_c - fit.mean) @ q) @ q.T))
             for base, variants in ((corr, on_corr), (clean, on_clean)):

@@ -22,6 +22,7 @@ from arithmech.analysis.fourier import (
     multiplicity,
     number_logits,
     number_readout,
+    prompt_generators,
     random_direction_power,
     removed_frequencies,
     spectral_power,
@@ -291,11 +292,15 @@ def test_random_directions_keep_each_norm_and_read_through_the_readout() -> None
     states = collect_end_states(view, ids, mask, end)
     readout = number_readout(view, NUMBERS).double()
     contributions = end_contributions(view, states)["mlp"].double()  # [layer, batch, d_model]
-    a = random_direction_power(view, contributions, states.resid_final, readout, 4, torch.Generator().manual_seed(1))
-    b = random_direction_power(view, contributions, states.resid_final, readout, 4, torch.Generator().manual_seed(1))
+    batch = range(contributions.shape[1])
+    a = random_direction_power(view, contributions, states.resid_final, readout, 4, prompt_generators(1, batch))
+    b = random_direction_power(view, contributions, states.resid_final, readout, 4, prompt_generators(1, batch))
     assert a.shape == (4, 6) and torch.equal(a, b)  # seeded
+    split = [random_direction_power(view, contributions[:, rows], states.resid_final[rows], readout, 4,
+                                    prompt_generators(1, batch[rows])) for rows in (slice(0, 1), slice(1, None))]
+    torch.testing.assert_close(split[0] + split[1], a)  # a prompt's draws do not depend on its batch
     many = random_direction_power(view, contributions, states.resid_final, readout, 300,
-                                  torch.Generator().manual_seed(2))  # fmt: skip
+                                  prompt_generators(2, batch))  # fmt: skip
     basis, freq = fourier_basis(10)
     rows = (basis @ readout).pow(2).sum(-1)  # [N]: ||Phi_r R||^2
     per_f = torch.zeros(6, dtype=torch.float64).index_add_(0, freq, rows)  # [F + 1]
