@@ -65,7 +65,7 @@ CASES = [
                                                "max_pairs": 12, "layers": [1], "ks": [1, 2], "n_random": 2,
                                                "top_neurons": 2, "batch_size": 8}, "batch_size", 2,
          reads_run=False),  # fmt: skip
-    Case("numbers", am.analyze_numbers, {"filter_correct": False, "max_pairs": 24, "max_prompts": 4, "layers": [1],
+    Case("numbers", am.analyze_numbers, {"filter_correct": False, "max_pairs": 40, "max_prompts": 6, "layers": [1],
                                          "shuffles": 1, "few_shot": 1}, "batch_size", 2, reads_run=False),  # fmt: skip
     Case("circuit", am.circuit, {"keep_incorrect": True, "n_prompts": 4, "min_prompts": 2, "steps": 2,
                                  "batch_size": 4}, "batch_size", 1, reads_run=False),  # fmt: skip
