@@ -148,6 +148,7 @@ SOURCES: dict[str, Source] = {
             kept=(
                 Kept("numbers", "numbers", "numbers", ("numbers_ld.csv", "numbers_periods.json", "numbers_clock.csv")),
             ),
+            figures=(("numbers/numbers_ld.png", "numbers-ld.png"),),
         ),
         Source(
             name="circuits",
