@@ -67,8 +67,9 @@ _NUMBERS = "--families linear,circle-10,helix-10,digit-linear,digit-circles,pca-
 """The numbers study's families: the rival readings of two-digit operands (a linear value, the circle and helix of
 period 10, a linear code and a circle mod 10 per digit) and the PCA of the per-digit circles' size, two
 shuffled-order controls each. At every fifth layer of the default model and 32 prompts per site it fits in well
-under an hour on one CPU thread (every third layer with ten families took over an hour; every layer and family would
-take many hours; the measured time is in results/numbers/study.json)."""
+under an hour on one CPU thread (every third layer with ten families, tried first, had patched one and a half of its
+seven sites when it was stopped after 17 minutes, under a concurrent test suite; every layer and family would take
+many hours; the measured time is in results/numbers/study.json)."""
 
 SOURCES: dict[str, Source] = {
     source.name: source
