@@ -63,6 +63,14 @@ _SMALL_DEMO = (
 )
 """Every demo stage on a few prompts of a tiny model (its outputs have the real run's format, not its numbers)."""
 
+_NUMBERS = "--families linear,circle-10,helix-10,digit-linear,digit-circles,pca-4 --shuffles 2"
+"""The numbers study's families: the rival readings of two-digit operands (a linear value, the circle and helix of
+period 10, a linear code and a circle mod 10 per digit) and the PCA of the per-digit circles' size, two
+shuffled-order controls each. At every fifth layer of the default model and 32 prompts per site it fits in well
+under an hour on one CPU thread (every third layer with ten families, tried first, had patched one and a half of its
+seven sites when it was stopped after 17 minutes, under a concurrent test suite; every layer and family would take
+many hours; the measured time is in results/numbers/study.json)."""
+
 SOURCES: dict[str, Source] = {
     source.name: source
     for source in (
@@ -127,6 +135,21 @@ SOURCES: dict[str, Source] = {
                      ("knockout_summary.csv", "knockout_place_summary.csv")),
                 Kept("per-digit", "attention", "addition-attention", ("attention_by_place.csv",)),
             ),  # fmt: skip
+        ),
+        Source(
+            name="numbers",
+            commands=(
+                f"arithmech analyze numbers --layers 0,5,10,15,20,25 {_NUMBERS} --max-prompts 32 "
+                "--out {runs}/numbers",
+            ),
+            quick=(
+                f"arithmech analyze numbers --model {{model}} --layers 1 {_NUMBERS} --max-prompts 6 "
+                "--no-filter-correct --max-pairs 40 --few-shot 1 --batch-size 4 --out {runs}/numbers",
+            ),
+            kept=(
+                Kept("numbers", "numbers", "numbers", ("numbers_ld.csv", "numbers_periods.json", "numbers_clock.csv")),
+            ),
+            figures=(("numbers/numbers_ld.png", "numbers-ld.png"),),
         ),
         Source(
             name="circuits",
