@@ -44,7 +44,7 @@ from arithmech import distributed, preflight
 from arithmech.errors import ConfigError
 from arithmech.plan.devices import PROFILES
 from arithmech.plan.free_memory import free_memory, gpu_count
-from arithmech.plan.planner import PlanOptions, plan_stage
+from arithmech.plan.planner import PlanOptions, StagePlan, plan_stage
 from arithmech.plan.shape import DTYPE_BYTES, ModelShape, plan_dtype
 from arithmech.plan.shape_sources import read_shape, shape_from_config
 from arithmech.plan.sizes import format_size, parse_size
@@ -117,12 +117,15 @@ class MemoryBudget:
     def weights(self, share: int = 1) -> int:
         return self.shape.n_params * DTYPE_BYTES[self.dtype] // share
 
+    def plan(self, cfg: Any) -> StagePlan:
+        """The plan of `cfg`'s stage in its layout (the time estimate is not used)."""
+        stage = stage_name(cfg)
+        return plan_stage(self.shape, stage, cfg, PlanOptions(self.dtype, PROFILES["h100"], self.layout(stage)[1]))
+
     def peak(self, cfg: Any, copies: int = 0) -> int:
         """The planned peak of `cfg`'s stage in its layout, with `copies` of the model held beside it."""
-        stage = stage_name(cfg)
-        layout, share = self.layout(stage)
-        options = PlanOptions(self.dtype, PROFILES["h100"], share)  # the time estimate is not used
-        return plan_stage(self.shape, stage, cfg, options).memory[layout].peak + copies * self.weights(share)
+        layout, share = self.layout(stage_name(cfg))
+        return self.plan(cfg).memory[layout].peak + copies * self.weights(share)
 
     def fits(self, cfg: Any, copies: int, name: str, value: int) -> bool:
         """Whether `cfg` with the setting `name` at `value` plans within the budget."""
@@ -149,6 +152,10 @@ class MemoryBudget:
         need = self.peak(cfg, copies)
         if need > self.bytes:
             raise ConfigError(self._refusal(stage, cfg, need, copies, option_prefix))
+        modelled = self.plan(cfg).modelled
+        if modelled != "engine" and self.given:  # the plan is a floor: say so where the user relies on it
+            logger.warning("%s: its memory is planned as plain forward passes of its prompts (its own engine is not "
+                           "modelled yet), so %s is not guaranteed to hold it", stage, self.label)  # fmt: skip
         lowered = {k: {"from": v, "to": getattr(cfg, k)} for k, v in asked.items() if getattr(cfg, k) != v}
         if lowered:
             changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in lowered.items())
@@ -157,6 +164,7 @@ class MemoryBudget:
         return BudgetFit(cfg, {
             "max_memory": self.bytes, "from": self.source, "layout": layout, "planned_peak": need,
             "model_copies": copies, "sizes": {k: getattr(cfg, k) for k in asked}, "lowered": lowered,
+            "planned_as": modelled,
         })  # fmt: skip
 
     def _values(self, stage: str, cfg: Any, knob: str) -> list[int]:
