@@ -17,7 +17,8 @@ Lifetime
     `hold(out)` takes the lock, creating the folder when it is missing; it is held until `release(out)` or
     `release_all()` (the CLI calls it when a command ends, atexit otherwise), which remove the lock file and any
     folder that was created only for it and is still empty, so a command refused after its folder was locked
-    leaves nothing. `held(out)` holds it for a block (`arithmech run`'s stages, called as a library too).
+    leaves nothing. Ctrl-C and SIGTERM are held back while the lock is taken or released and handled just after,
+    so a signal never falls between a lock file's creation and the record the clean-up reads. `held(out)` holds it for a block (`arithmech run`'s stages, called as a library too).
     Within one process a folder is locked once (taking it again is a no-op). In a launch of several processes
     only rank 0 takes it: the others write into the same folder as part of the same run.
     Where flock is missing (Windows) or not supported (some network file systems), a warning says the folder
@@ -33,8 +34,10 @@ import errno
 import json
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +72,12 @@ def hold(out: Path, option: str = "--out") -> None:
     key = out.expanduser().resolve()
     if key in _HELD or (launched_processes() > 1 and os.environ.get("RANK", "0") != "0"):
         return
+    with _signals_deferred():
+        _take(out, key, option)
+
+
+def _take(out: Path, key: Path, option: str) -> None:
+    """`hold`'s work, from making the folder to recording the lock: run with Ctrl-C and SIGTERM deferred."""
     missing = [p for p in (out, *out.parents) if not p.exists()]
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK_NAME
@@ -105,6 +114,26 @@ def hold(out: Path, option: str = "--out") -> None:
     _HELD[key] = _Held(fd, path, created)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C and SIGTERM for the block and handle them after it, so that one arriving between the lock
+    file's creation and its record in _HELD finds a clean-up that knows what to remove (main thread only: Python
+    runs signal handlers there, so a mask would not defer them while other threads run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {signum: signal.signal(signum, lambda number, frame: arrived.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for signum in arrived[:1]:
+            signal.raise_signal(signum)  # now handled by the restored handler
+
+
 def holder(path: Path) -> str:
     """Who holds the lock file at `path`, as its holder wrote it: 'process 4242 on host h (`arithmech identify
     --out runs/x`, started 2026-12-01T19:20:01+00:00)'."""
@@ -130,13 +159,14 @@ def held(out: Path, option: str = "--out") -> Iterator[None]:
 
 def release(out: Path) -> None:
     """Release `out` if this process locked it: remove its lock file, and the folders made only for it."""
-    held = _HELD.pop(out.expanduser().resolve(), None)
-    if held is None:
-        return
-    with contextlib.suppress(OSError):
-        held.path.unlink()
-    os.close(held.fd)
-    _remove_created(held.path.parent, held.created)
+    with _signals_deferred():
+        held = _HELD.pop(out.expanduser().resolve(), None)
+        if held is None:
+            return
+        with contextlib.suppress(OSError):
+            held.path.unlink()
+        os.close(held.fd)
+        _remove_created(held.path.parent, held.created)
 
 
 def release_all() -> None:

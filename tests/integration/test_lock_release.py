@@ -69,3 +69,23 @@ def test_a_stale_lock_is_taken_over_with_a_note(tmp_path: Path, caplog: pytest.L
     said = caplog.text
     assert "took over the lock left by process 999999 on host gone" in said and "which has ended" in said, said
     assert not (out / run_lock.LOCK_NAME).exists()
+
+
+def test_a_signal_while_the_lock_is_taken_is_handled_once_it_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arithmech.cli import Terminated, _sigterm_ends_in_order
+
+    truncate = os.ftruncate
+
+    def signalled_then_truncate(fd: int, length: int) -> None:  # SIGTERM after the lock file exists, before _HELD
+        signal.raise_signal(signal.SIGTERM)
+        truncate(fd, length)
+
+    monkeypatch.setattr(run_lock.os, "ftruncate", signalled_then_truncate)
+    with _sigterm_ends_in_order(), pytest.raises(Terminated):
+        try:
+            run_lock.hold(tmp_path / "runs" / "x")
+        finally:
+            run_lock.release_all()
+    assert not (tmp_path / "runs").exists()
