@@ -21,16 +21,20 @@ skipped and says so, before it starts: full SFT of a float32 skeleton with a 128
     python benchmarks/plan_skeletons.py --presets llama3.1-8b --layers 2 --dtypes bfloat16 --stages circuit
     python benchmarks/compare.py --full --only plan_skeletons --update; python benchmarks/scale_tables.py --write
 
-The full run resumes (--resume FILE: finished runs are kept there, one JSON line each, and not run again at the
-same commit), so an interrupted run of hours loses one stage at most.
+The full run resumes (--resume FILE: finished runs are kept there, one JSON line each), so an interrupted run of
+hours loses one stage at most. A kept run is reused at any commit whose measured code is the same (`measured_code`:
+src/arithmech and the skeleton scripts, less the planner's own modules) and planned again by the current planner,
+so a fix of the plan is judged against hours of measurements without repeating them.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import importlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -103,7 +107,7 @@ def skeleton_rows(
     todo = [r for r in runs if (preset, layers, dtype, r.key) not in done]
     for run in runs:
         if run.key not in {r.key for r in todo}:
-            yield done[(preset, layers, dtype, run.key)]
+            yield replanned(done[(preset, layers, dtype, run.key)], shape, run, profile)
     if not todo:
         return
     if args.plan_only:
@@ -159,6 +163,13 @@ def _measure_run(
                 estimated_s=plan.seconds.get("single"))  # fmt: skip
 
 
+def replanned(row: dict[str, Any], shape: ModelShape, run: StageRun, profile: Any) -> dict[str, Any]:
+    """A kept measurement with the current planner's memory plan of the same call (the same widest prompt); its
+    time estimate stays the one made beside the measured seconds (a measured device profile differs per probe)."""
+    plan = plan_of(shape, run, stage_config(run, "small"), row["dtype"], profile, row["tokens"])
+    return {**row, "planned_bytes": planned_activations(plan), "planned_peak_bytes": plan.memory["single"].peak}
+
+
 def layer_growth(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (preset, dtype, stage) measured at two depths: bytes per added layer, planned and measured."""
     measured = {(r["preset"], r["dtype"], r["stage"], r["layers"]): r for r in rows if r["status"] == "measured"}
@@ -206,12 +217,35 @@ def _line(row: dict[str, Any]) -> str:
     return f"{where} {row['status']}: {row.get('note', '')}"
 
 
+MEASURED_CODE = ("src/arithmech", "benchmarks/skeleton_stages.py", "benchmarks/skeletons.py",
+                 "benchmarks/measured_peak.py", "tests/allocation_peak.py")  # fmt: skip
+"""What a measurement depends on; src/arithmech/plan/ is left out of it (see `measured_code`)."""
+
+
+def measured_code(sha: str) -> str | None:
+    """A digest of the files in MEASURED_CODE at commit `sha`, less the planner (src/arithmech/plan/), or None
+    outside git. The planner is left out because a measured run never reaches its sizing: every run the benchmark
+    measures is planned under --max-memory, below the memory free, where no stage lowers its config's sizes."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        listing = subprocess.run(["git", "ls-tree", "-r", sha, "--", *MEASURED_CODE], cwd=root, capture_output=True,
+                                 text=True, timeout=30, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    kept = [line for line in listing.splitlines() if "\tsrc/arithmech/plan/" not in line]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest() if kept else None
+
+
 def _resumed(path: Path | None, sha: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The kept measurements whose commit measured the same code as `sha` (the same commit outside git)."""
     if path is None or not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    codes = {r.get("git_sha"): measured_code(r["git_sha"]) for r in rows if r.get("git_sha") not in (None, "unknown")}
+    code = measured_code(sha)
     return {(r["preset"], r["layers"], r["dtype"], r["stage"]): r["row"] for r in rows
-            if r.get("git_sha") == sha and r["row"]["status"] == "measured"}  # fmt: skip
+            if r["row"]["status"] == "measured"
+            and (r.get("git_sha") == sha or (code is not None and codes.get(r.get("git_sha")) == code))}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

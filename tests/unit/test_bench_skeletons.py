@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -85,6 +86,34 @@ def test_finished_runs_are_resumed_at_the_same_commit(tmp_path: Path, monkeypatc
     monkeypatch.delenv("ARITHMECH_BENCH_RECORD", raising=False)
     assert plan_skeletons.main(args)["runs_measured"] == 1  # measured again, and kept
     assert len(progress.read_text().splitlines()) == 2
+
+
+def test_runs_kept_at_a_commit_that_measured_the_same_code_are_planned_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    progress = tmp_path / "runs" / "progress.jsonl"
+    args = [*QUICK, "--layers", "2", "--stages", "identify-path", "--resume", str(progress)]
+    first = plan_skeletons.main(args)
+    line = json.loads(progress.read_text())
+    stale_plan = {**line["row"], "planned_bytes": 1, "planned_peak_bytes": 1}
+    progress.write_text(json.dumps({**line, "git_sha": "an older commit", "row": stale_plan}) + "\n")
+    monkeypatch.setattr(plan_skeletons, "measured_code", lambda sha: "the same measured code")
+    monkeypatch.setattr(plan_skeletons, "measure", lambda *a, **k: pytest.fail("a kept run must not run again"))
+    assert plan_skeletons.main(args)["rows"] == first["rows"]  # the measurement kept, its plan the current one
+
+
+def test_the_measured_code_leaves_out_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    listing = "100644 blob aa\tsrc/arithmech/stages/identify.py\n"
+
+    def ls_tree(planner_blob: str) -> str | None:
+        out = listing + f"100644 blob {planner_blob}\tsrc/arithmech/plan/memory.py\n"
+        monkeypatch.setattr(plan_skeletons.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=out))
+        return plan_skeletons.measured_code("HEAD")
+
+    assert ls_tree("bb") == ls_tree("cc") is not None
+    monkeypatch.setattr(plan_skeletons.subprocess, "run",
+                        lambda *a, **k: SimpleNamespace(stdout=listing.replace("aa", "dd")))  # fmt: skip
+    assert plan_skeletons.measured_code("HEAD") != ls_tree("bb")
 
 
 def test_plan_only_builds_no_model(monkeypatch: pytest.MonkeyPatch) -> None:
