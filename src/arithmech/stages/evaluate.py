@@ -68,8 +68,25 @@ _HARNESS_FIELDS = ("harness_tasks", "harness_include_path", "harness_num_fewshot
 # the base model enters through its own fingerprint; harness tasks have their own (evaluate/harness.py); batch_size
 # cuts the same work into other passes (a --max-memory may lower it) and changes no number
 _NOT_IN_FINGERPRINT = ("benchmarks", "base_model", "allow_split_mismatch", "batch_size", *_HARNESS_FIELDS)
-RESULT_COLUMNS = ("benchmark", "kind", "n", "correct", "accuracy", "accuracy_norm", "perplexity",
-                  "base_perplexity", "kl", "excluded", "seconds", "metric", "score")
+RESULT_COLUMNS = (
+    "benchmark",
+    "kind",
+    "n",
+    "correct",
+    "accuracy",
+    "accuracy_norm",
+    "perplexity",
+    "base_perplexity",
+    "kl",
+    "excluded",
+    "seconds",
+    "metric",
+    "score",
+)
+
+
+FINGERPRINT_CHUNK = 1 << 20
+"""Elements summed at a time: a float64 copy of a whole 128k-vocabulary embedding would take 4 GiB (two, with |w|)."""
 
 
 def model_fingerprint(model: Any) -> str:
@@ -78,8 +95,13 @@ def model_fingerprint(model: Any) -> str:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             t = tensor.detach()
-            stats = (float(t.double().sum()), float(t.double().abs().sum())) if t.is_floating_point() else (0.0, 0.0)
-            digest.update(f"{name}{tuple(t.shape)}{stats[0]:.10e}{stats[1]:.10e}".encode())
+            total = magnitude = 0.0
+            if t.is_floating_point():
+                for chunk in t.reshape(-1).split(FINGERPRINT_CHUNK):
+                    wide = chunk.double()
+                    total += float(wide.sum())
+                    magnitude += float(wide.abs_().sum())
+            digest.update(f"{name}{tuple(t.shape)}{total:.10e}{magnitude:.10e}".encode())
     return digest.hexdigest()
 
 
@@ -132,8 +154,12 @@ def _write_benchmark(examples: Path, stem: str, fingerprint: str, result: Benchm
 
 def _load_base(handle: ModelHandle, name: str, quiet: bool) -> ModelHandle:
     model = None if name == "default" else name
-    return load_model(ModelConfig(model=model, device=handle.source.get("device", "cpu"),
-                                  dtype=handle.source.get("dtype", "float32")), quiet=quiet)
+    return load_model(
+        ModelConfig(
+            model=model, device=handle.source.get("device", "cpu"), dtype=handle.source.get("dtype", "float32")
+        ),
+        quiet=quiet,
+    )
 
 
 @torch.no_grad()
@@ -190,12 +216,16 @@ def evaluate_stage(
         "dims": asdict(handle.dims),
         "config": asdict(cfg),
         "seed": cfg.seed,
-        "benchmarks": {name: {**_summary(r), "file": f"examples/{file_stem(name)}.jsonl", "reused": name in reused}
-                       for name, r in results.items()},
+        "benchmarks": {
+            name: {**_summary(r), "file": f"examples/{file_stem(name)}.jsonl", "reused": name in reused}
+            for name, r in results.items()
+        },
         "harness": {name: _harness_summary(r) for name, r in harness_results.items()},
-        "timings": {"evaluate_s": time.perf_counter() - start,
-                    **{f"{name}_s": r.seconds for name, r in results.items()},
-                    **{f"harness:{name}_s": r.seconds for name, r in harness_results.items()}},
+        "timings": {
+            "evaluate_s": time.perf_counter() - start,
+            **{f"{name}_s": r.seconds for name, r in results.items()},
+            **{f"harness:{name}_s": r.seconds for name, r in harness_results.items()},
+        },
         "versions": {**package_versions(), **({"lm_eval": lm_eval_version()} if harness.tasks else {})},
         "identify_runs": [],  # it reads no identify run, so no rerun of one makes it stale
         "git_sha": git_sha(),
