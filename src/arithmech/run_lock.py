@@ -18,7 +18,8 @@ Lifetime
     `release_all()` (the CLI calls it when a command ends, atexit otherwise), which remove the lock file and any
     folder that was created only for it and is still empty, so a command refused after its folder was locked
     leaves nothing. Ctrl-C and SIGTERM are held back while the lock is taken or released and handled just after,
-    so a signal never falls between a lock file's creation and the record the clean-up reads. `held(out)` holds it for a block (`arithmech run`'s stages, called as a library too).
+    so a signal never falls between a lock file's creation and the record the clean-up reads. `held(out)` holds
+    it for a block (`arithmech run`'s stages, called as a library too).
     Within one process a folder is locked once (taking it again is a no-op). In a launch of several processes
     only rank 0 takes it: the others write into the same folder as part of the same run.
     Where flock is missing (Windows) or not supported (some network file systems), a warning says the folder

@@ -109,9 +109,7 @@ def fourier_cost(n_layers: int, widths: Sequence[int], batch_size: int, filters:
     )
 
 
-def heuristics_cost(
-    n_layers: int, widths: Sequence[int], prefix: int, configurations: int, batch_size: int
-) -> Cost:
+def heuristics_cost(n_layers: int, widths: Sequence[int], prefix: int, configurations: int, batch_size: int) -> Cost:
     """heuristics on one operation's grid prompts of `widths` tokens sharing `prefix` tokens: scan_neurons'
     passes, then ablation_sweep's prefix, between-prefix-and-END tokens and one END row per (configuration,
     prompt), prompts grouped by length, max(1, batch_size // configurations) a pass."""
@@ -126,5 +124,3 @@ def heuristics_cost(
             prompts = min(per_pass, size - lo)
             token_layers += prompts * (w - 1 - prefix) * n_layers + prompts * configurations * n_layers
     return scan + Cost(token_layers, 0, len(widths) * configurations)
-
-

@@ -31,6 +31,8 @@ class DeviceProfile:
     bandwidth: float
     memory: int | None
     note: str = ""
+    kind: str = "gpu"
+    """gpu or cpu: what torch's optimizers do differs (AdamW steps every tensor at once with foreach on a GPU)."""
 
     def flops(self, dtype: str) -> float:
         return self.flops_32bit if dtype == "float32" else self.flops_16bit
@@ -70,7 +72,7 @@ def measure_this_machine(seconds: float = 0.5) -> DeviceProfile:
     dst = torch.empty_like(src)
     bandwidth = _rate(lambda: dst.copy_(src), 2 * src.numel() * 4, seconds)  # a read and a write
     return DeviceProfile("measured", flops, flops, bandwidth, None, f"this machine (CPU, {torch.get_num_threads()} "
-                         "threads), timed now")  # fmt: skip
+                         "threads), timed now", kind="cpu")  # fmt: skip
 
 
 def _rate(fn: Any, work: float, seconds: float) -> float:

@@ -14,6 +14,9 @@ Forward pass without gradients (a scan's reference or counterfactual run), per l
     the larger of the two, above the residual stream, 2 B T d b, and the embedding's output, B T d b, which the
     model keeps through the pass.
 Key/value cache (a reference run with `keep_cache`): 2 L B T K d_head b.
+Full-vocabulary readout of R final residuals (models/view.py vocab_logits, in float32): the logits, R V 4, made a
+block of unembedding rows at a time and then concatenated (2 R V 4 at the concatenation); in 16-bit each block is
+a float32 copy of at most READOUT_CAST_ELEMENTS numbers of the unembedding (64 MiB), beside the blocks so far.
 
 Training (autograd keeps, per token and layer; LlamaDecoderLayer under eager attention, HF 5):
     two RMSNorms   2 (4 d + b d)   the float32 input (or the float32 residual itself) and the normed cast
@@ -25,8 +28,11 @@ Loss (finetune/train.py token_loss_sum): 12 V bytes a token: the logits (b), the
 copy (4, 16-bit only) and log_softmax's output (4); in float32 the casts are no-ops and the copy and output 4 + 4.
 The backward of the loss adds 8 V a token of gradients (largest temporary).
 
-Training's peak is weights + optimizer state + the larger of (graph + temporary) and the gradients: from the second
-step on the moments exist while the graph is built, and the backward frees the graph as the gradients appear.
+Training's peak is weights + optimizer state + the larger of (graph + temporary) and (gradients + the step's
+temporaries): from the second step on the moments exist while the graph is built, and the backward frees the graph
+as the gradients appear. torch's AdamW step makes a denominator (sqrt of the second moment) and its quotient: for
+every trained tensor at once on a GPU (foreach: as large as the trained numbers), one tensor at a time on a CPU
+(about 3 copies of the largest; read from the allocator's records on a LLaMA2-7B-wide skeleton).
 Weights are n_params x b (plan/shape.py). Full SFT: gradients n_params x b, AdamW's two moments 2 n_params x b.
 Precise SFT: float32 deltas of the selected heads' slices (finetune/head_slices.py) with float32 gradients, two
 moments and the anchors AnchoredAdamW keeps: 16 bytes a trained number. LoRA: r (in + out) per adapted projection,
@@ -46,6 +52,8 @@ ASSEMBLY_COPIES = 6
 (circuits/gradients.head_input_gradients): the cotangents per role, their concatenation, and the attention norm's
 vector-Jacobian product batched over them (its input's gradient and ~3 intermediates); read from the allocator's
 records on the planned-against-measured test's model."""
+READOUT_CAST_ELEMENTS = 2**24
+"""models/view.py's _CAST_ELEMENTS (the plan imports no torch; a test holds the two equal)."""
 PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
 """The parts a planned peak is split into, in the order they are printed."""
 
@@ -63,6 +71,8 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
     gradients_replace_graph: bool = False
     """Training: the weight gradients appear as the backward frees the graph, so the two do not add up."""
+    optimizer_step: int = 0
+    """Training: temporaries of the optimizer step, beside the gradients once the graph is freed."""
     after_backward: int = 0
     """Allocations that appear once the backward has freed the autograd graph, `graph_bytes` of activations_clean,
     and the forward's temporary (EAP: the probes' gradients and their assembly into receiver gradients)."""
@@ -71,13 +81,13 @@ class MemoryPlan:
     @property
     def peak(self) -> int:
         if self.gradients_replace_graph:
-            during = max(self.activations_clean + self.temporary, self.gradients)
+            during = max(self.activations_clean + self.temporary, self.gradients + self.optimizer_step)
             return self.weights + self.optimizer + self.activations_counterfactual + during
         total = sum(getattr(self, part) for part in PARTS)
         return total + max(0, self.after_backward - self.graph_bytes - self.temporary)
 
     def as_dict(self) -> dict[str, Any]:
-        extra = {"after_backward": self.after_backward} if self.after_backward else {}
+        extra = {k: getattr(self, k) for k in ("after_backward", "optimizer_step") if getattr(self, k)}
         return {**{part: int(getattr(self, part)) for part in PARTS}, **extra, "peak": int(self.peak),
                 "notes": list(self.notes)}  # fmt: skip
 
@@ -106,6 +116,16 @@ def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int
         attention += 2 * batch * tokens * s.n_heads * s.d_head * b
     mlp = 3 * batch * tokens * s.d_mlp * b + batch * (s.n_heads + 1) * tokens**2 * b
     return max(attention, mlp) + 3 * batch * tokens * s.d_model * b
+
+
+def readout_bytes(shape: ModelShape, b: int, rows: int) -> int:
+    """The full-vocabulary float32 logits of `rows` final residuals at their peak (module docstring)."""
+    s = shape
+    logits = rows * s.d_vocab * 4
+    if b >= 4:
+        return logits + rows * s.d_model * 4
+    step = min(s.d_vocab, max(1, READOUT_CAST_ELEMENTS // s.d_model))
+    return max(logits + step * (s.d_model + rows) * 4, 2 * logits) + rows * s.d_model * 4
 
 
 def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool = False) -> int:
@@ -214,8 +234,14 @@ def forward_memory(shape: ModelShape, b: int, batch: int, tokens: int, cache: bo
     return MemoryPlan(
         weights=weight_bytes(shape, b),
         activations_clean=kv_cache_bytes(shape, batch, tokens, b) if cache else 0,
-        temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
-        notes=("temporary: a layer's attention or MLP and the last position's logits",),
+        temporary=max(
+            forward_temporary(shape, batch, tokens, b),
+            3 * batch * tokens * shape.d_model * b + readout_bytes(shape, b, batch),
+        ),
+        notes=(
+            "temporary: the larger of a layer's attention or MLP and, after the last layer, the last position's "
+            "readout beside the residual stream",
+        ),
     )
 
 
@@ -225,9 +251,14 @@ def generation_memory(shape: ModelShape, b: int, batch: int, tokens: int, new_to
     return MemoryPlan(
         weights=weight_bytes(shape, b),
         activations_clean=kv_cache_bytes(shape, batch, tokens + new_tokens, b),
-        temporary=forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
-        notes=("clean: the key/value cache of the prompts and their new tokens",
-               "temporary: the prompts' pass and the last position's logits"),
+        temporary=max(
+            forward_temporary(shape, batch, tokens, b) + batch * shape.d_vocab * 4,
+            3 * batch * tokens * shape.d_model * b + readout_bytes(shape, b, batch),
+        ),
+        notes=(
+            "clean: the key/value cache of the prompts and their new tokens",
+            "temporary: the prompts' pass and the last position's logits, or their float32 readout (the answer check)",
+        ),
     )
 
 
@@ -242,12 +273,13 @@ def training_memory(
     fsdp: bool = False,
     hooked_layers: int | None = None,
     mlp_layers: int = 0,
+    step_temporary: int = 0,
 ) -> MemoryPlan:
     """One finetune step (finetune/train.py): `trained` numbers train (full: every parameter); under FSDP2 the
     weights, gradients and moments are split over `processes`, plus one layer gathered whole. `hooked_layers`:
     the layers whose projections keep their inputs for a trained delta (precise SFT: the chosen heads' layers;
     LoRA and the default: every layer); `mlp_layers`: whole MLPs trained by precise SFT, whose projections keep
-    their inputs too, b (d + d_mlp) a token."""
+    their inputs too, b (d + d_mlp) a token; `step_temporary`: the optimizer step's (`optimizer_step_bytes`)."""
     s = shape
     kept, backward = loss_bytes(s, batch, tokens)
     graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b, frozen=method != "full") + kept
@@ -267,6 +299,7 @@ def training_memory(
     if fsdp:
         gathered = s.layer_params() * b
         weights, gradients, optimizer = weights // processes + gathered, gradients // processes, optimizer // processes
+        step_temporary //= processes
     return MemoryPlan(
         weights=weights,
         activations_clean=graph,
@@ -279,4 +312,16 @@ def training_memory(
             "peak: weights + optimizer + the larger of graph + temporary and gradients (steady state)",
         ),
         gradients_replace_graph=True,
+        optimizer_step=step_temporary,
     )
+
+
+def optimizer_step_bytes(shape: ModelShape, trained_bytes: int, number_bytes: int, method: str, gpu: bool) -> int:
+    """AdamW's step temporaries (module docstring): the trained bytes on a GPU; on a CPU 3 copies of the largest
+    trained tensor (full SFT: the embedding or an MLP matrix; precise SFT and LoRA: a slice or an adapter, planned
+    as an MLP matrix, an upper bound)."""
+    if gpu:
+        return trained_bytes
+    s = shape
+    largest = max(s.d_vocab, s.d_mlp) * s.d_model if method == "full" else s.d_mlp * s.d_model
+    return min(trained_bytes, 3 * largest * number_bytes)

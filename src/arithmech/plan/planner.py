@@ -173,6 +173,17 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     return work, memory, sizes
 
 
+def _answer_check(shape: ModelShape, b: int, batch: int, tokens: int) -> mem.MemoryPlan:
+    """The check of which prompts the model answers (models/predictions.py), before a scan: plain forward passes
+    of `batch` prompts and the readout of their answer positions."""
+    return mem.forward_memory(shape, b, batch, tokens)
+
+
+def _larger(*plans: mem.MemoryPlan) -> mem.MemoryPlan:
+    """The plan of the phase with the largest peak (phases that run one after another)."""
+    return max(plans, key=lambda plan: plan.peak)
+
+
 def _layouts(stage: str, single: mem.MemoryPlan, processes: int, fsdp: mem.MemoryPlan | None) -> dict[str, Any]:
     layouts = {"single": single}
     if processes > 1:
@@ -198,7 +209,9 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             memory = mem.attribution_memory(shape, b, batch, tokens)
             work = wk.attribution_work(shape, prompts, tokens, batch)
         else:
-            memory = mem.scan_memory(shape, b, batch, tokens, cfg.variant)
+            memory = _larger(
+                mem.scan_memory(shape, b, batch, tokens, cfg.variant), _answer_check(shape, b, batch, tokens)
+            )
             work = wk.scan_work(shape, cfg.variant, prompts, tokens, shared, batch)
             if cfg.variant == "total":
                 sizes["max_rows"] = TOTAL_MAX_ROWS
@@ -225,6 +238,9 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
                  "optimizer_steps": steps}  # fmt: skip
         trained = _trained_numbers(shape, cfg)
         hooked = _hooked_layers(shape, cfg)
+        number = b if cfg.method != "precise" else 4  # precise SFT trains float32 deltas
+        hooked["step_temporary"] = mem.optimizer_step_bytes(shape, trained * number, number, cfg.method,
+                                                            options.device.kind == "gpu")  # fmt: skip
         memory = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, **hooked)
         if options.processes > 1:
             fsdp = mem.training_memory(shape, b, micro, tokens, cfg.method, trained, options.processes, fsdp=True,

@@ -250,3 +250,22 @@ def test_neurons_later_steps_peak_is_planned() -> None:
     measured = peak_allocated(later_steps)
     plan = neurons_memory(shape_from_config(_config().to_dict(), "test", "test"), cfg, T, 4)
     _check(plan.peak - plan.weights, measured)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_vocabulary_readout_is_planned(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vocab_logits of the final residuals (models/view.py): float32 logits and, for a 16-bit unembedding, its float32
+    copy a block of rows at a time, the largest temporary of a short pass at a 7B model's width (issue 33's
+    skeletons: 64 MiB). The block is shrunk on both sides so that this vocabulary needs several."""
+    from arithmech.models import view as view_module
+
+    assert memory.READOUT_CAST_ELEMENTS == view_module._CAST_ELEMENTS
+    monkeypatch.setattr(view_module, "_CAST_ELEMENTS", 2**18)
+    monkeypatch.setattr(memory, "READOUT_CAST_ELEMENTS", 2**18)
+    view = _view()
+    view.model.to(dtype)
+    resid = torch.randn(B, _config().hidden_size, dtype=dtype)
+    with torch.no_grad():  # as every engine reads it
+        measured = peak_allocated(lambda: view.vocab_logits(resid))
+    shape = shape_from_config(_config().to_dict(), "test", "test")
+    _check(memory.readout_bytes(shape, 4 if dtype == torch.float32 else 2, B), measured)

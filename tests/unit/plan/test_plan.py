@@ -115,3 +115,20 @@ def test_planning_transfer_logs_nothing_per_target(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.INFO):
         assert main(["plan", "transfer", "--model", "llama3.1-8b", "--out", str(tmp_path / "p")]) == 0
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("arithmech.data")]
+
+
+def test_full_sft_on_a_gpu_plans_adamw_foreach_denominators_for_every_weight() -> None:
+    """torch's AdamW steps every tensor at once on a GPU (foreach), with a temporary as large as the trained
+    weights; on a CPU one tensor at a time (memory.optimizer_step_bytes)."""
+    from arithmech.pipeline import build_stage_config, stage_by_name
+    from arithmech.plan.devices import PROFILES, DeviceProfile
+    from arithmech.plan.planner import PlanOptions, plan_stage
+
+    shape = preset("llama3.1-8b")
+    cfg = build_stage_config(stage_by_name("finetune"), {"method": "full", "micro_batch_size": 1}, 0)
+    cpu = DeviceProfile("measured", 1e11, 1e11, 1e10, None, kind="cpu")
+    on_gpu = plan_stage(shape, "finetune", cfg, PlanOptions("bfloat16", PROFILES["h100"])).memory["single"]
+    on_cpu = plan_stage(shape, "finetune", cfg, PlanOptions("bfloat16", cpu)).memory["single"]
+    assert on_gpu.optimizer_step == shape.n_params * 2
+    assert on_cpu.optimizer_step == 3 * shape.d_vocab * shape.d_model * 2  # the embedding, the largest tensor
+    assert on_gpu.peak == on_gpu.weights + on_gpu.optimizer + on_gpu.gradients + on_gpu.optimizer_step
