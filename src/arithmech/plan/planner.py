@@ -166,9 +166,10 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     rows_at_once = min(cfg.max_rows, max(len(sites), shape.d_mlp if cfg.neuron_k else 0))
     one = mem.forward_memory(shape, b, rows_at_once, QUERY_TOKENS)
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
-    memory = dataclasses.replace(one, activations_clean=cache, notes=(
-        "clean: the base and alternative run's keys, values and residuals", "temporary: a block of max_rows "
-        "intervened rows over the query's positions and their logits"))  # fmt: skip
+    first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
+    memory = dataclasses.replace(one, activations_clean=cache, temporary=max(one.temporary, first), notes=(
+        "clean: the base and alternative run's keys, values and residuals", "temporary: the larger of that run's "
+        "layer and a block of max_rows intervened rows over the query's positions with their logits"))  # fmt: skip
     sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
     return work, memory, sizes
 
