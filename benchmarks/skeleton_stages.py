@@ -35,7 +35,11 @@ class StageRun:
     """The key of the run whose folder it reads as from_run."""
 
 
-_IDENTIFY_SMALL = {"filter_correct": False, "max_prompts": 8, "n_per_template": 2, "formations": ["equation"],
+ONE_TEMPLATE = str(Path(__file__).with_name("skeleton_template.json"))
+"""One template (add-eq-1), so that the 8 prompts are one chunk of one length: the batch a plan assumes (with
+several templates the engine's length chunks hold 1 or 2 prompts each, and the plan of 8 at the widest would be
+judged against a fraction of it)."""
+_IDENTIFY_SMALL = {"filter_correct": False, "max_prompts": 8, "n_per_template": 8, "templates_file": ONE_TEMPLATE,
                    "batch_size": 8}  # fmt: skip
 _FINETUNE_SMALL = {"data": "arithmetic", "target": "answer", "chat_template": False, "max_samples": 8,
                    "batch_size": 2, "micro_batch_size": 2, "max_steps": 2, "top_k": 4, "checkpoint_every": 0}

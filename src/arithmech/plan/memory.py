@@ -47,11 +47,12 @@ from typing import Any
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan.shape import ModelShape
 
-ASSEMBLY_COPIES = 6
+ASSEMBLY_COPIES = 4
 """float32 [3H, batch, pos, d_model] tensors alive while one layer's head-input gradients are assembled
 (circuits/gradients.head_input_gradients): the cotangents per role, their concatenation, and the attention norm's
-vector-Jacobian product batched over them (its input's gradient and ~3 intermediates); read from the allocator's
-records on the planned-against-measured test's model."""
+vector-Jacobian product batched over them (its input's gradient and intermediates); read from the allocator's
+records: EAP-IG planned at 1.01 of measured on 2-layer LLaMA2-7B and Llama-3.1-8B skeletons in bfloat16, 0.90 in
+float32, and 0.97 on the planned-against-measured test's small model (6 copies planned 1.30 at real width)."""
 READOUT_CAST_ELEMENTS = 2**24
 """models/view.py's _CAST_ELEMENTS (the plan imports no torch; a test holds the two equal)."""
 PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
