@@ -44,6 +44,8 @@ class Measured:
     seconds: float
     widest_tokens: int
     how: str
+    widths: tuple[int, ...] = ()
+    """The width of every input the model embedded, in call order (fine-tuning: one per micro-batch)."""
 
 
 def _status_kib(field: str) -> int | None:
@@ -68,11 +70,11 @@ def _reset_rss_peak() -> int | None:
 
 def measure(fn: Callable[[], T], model: Any, device: str = "cpu") -> tuple[T, Measured]:
     """Run `fn` once and measure it (module docstring)."""
-    widest = [0]
+    widths: list[int] = []
 
     def embedded(_module: Any, args: tuple[Any, ...]) -> None:
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() >= 1:
-            widest[0] = max(widest[0], int(args[0].shape[-1]))
+            widths.append(int(args[0].shape[-1]))
 
     results: list[T] = []
     with hooks(pre=[(model.get_input_embeddings(), embedded)]):
@@ -85,11 +87,12 @@ def measure(fn: Callable[[], T], model: Any, device: str = "cpu") -> tuple[T, Me
             torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
             tensors = torch.cuda.max_memory_allocated(device) - start_bytes
-            return results[0], Measured(tensors, None, seconds, widest[0], TENSORS_CUDA)
+            return results[0], Measured(tensors, None, seconds, max(widths, default=0), TENSORS_CUDA, tuple(widths))
         rss_start = _reset_rss_peak()
         start = time.perf_counter()
         tensors = peak_allocated(lambda: results.append(fn()))
         seconds = time.perf_counter() - start
         peak_kib = _status_kib("VmHWM")
         rss = None if rss_start is None or peak_kib is None else max(0, peak_kib * 1024 - rss_start)
-        return results[0], Measured(tensors, rss, seconds, widest[0], f"{TENSORS_CPU}; {PROCESS_RSS}")
+        how = f"{TENSORS_CPU}; {PROCESS_RSS}"
+        return results[0], Measured(tensors, rss, seconds, max(widths, default=0), how, tuple(widths))

@@ -155,12 +155,22 @@ def _measure_run(
     except Exception as err:  # a benchmark reports a stage that fails at real width, and goes on
         return _row(shape, preset, dtype, run, status="failed", note=f"{type(err).__name__}: {err}"[:300])
     folders[run.key] = out
-    widest[run.key] = measured.widest_tokens
-    plan = plan_of(shape, run, cfg, dtype, profile, measured.widest_tokens)
+    widest[run.key] = planned_width(run, measured)
+    plan = plan_of(shape, run, cfg, dtype, profile, widest[run.key])
     return _row(shape, preset, dtype, run, status="measured", tokens=plan.tokens,
                 planned_bytes=planned_activations(plan), planned_peak_bytes=plan.memory["single"].peak,
                 measured_bytes=measured.tensor_bytes, rss_bytes=measured.rss_bytes, seconds=round(measured.seconds, 3),
                 estimated_s=plan.seconds.get("single"))  # fmt: skip
+
+
+def planned_width(run: StageRun, measured: Any) -> int:
+    """The prompt width a plan of the call assumes: the widest input embedded; for fine-tuning the widest
+    micro-batch after the first step's (a plan is of the steady state, when AdamW's moments exist, and the first
+    step has none: its micro-batch, when the widest, would be judged against a peak it never reaches)."""
+    widths = measured.widths
+    if run.stage == "finetune" and len(widths) > 1:
+        return max(widths[1:])
+    return measured.widest_tokens
 
 
 def replanned(row: dict[str, Any], shape: ModelShape, run: StageRun, profile: Any) -> dict[str, Any]:

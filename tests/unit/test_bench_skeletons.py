@@ -156,3 +156,12 @@ def test_numerics_measures_name_overflow_and_rank_changes() -> None:
     assert found["nonfinite"] == 1 and found["max_rel_diff"] == float("inf")
     reversed_ = skeleton_numerics.compare(reference.flip(0), reference)
     assert reversed_["spearman"] == pytest.approx(-1.0) and reversed_["top_agreement"] == 24 / 32
+
+
+def test_fine_tuning_is_planned_at_its_widest_micro_batch_after_the_first_step() -> None:
+    measured = SimpleNamespace(widths=(192, 140), widest_tokens=192)  # the first step has no AdamW moments yet
+    by_key = {run.key: run for run in RUNS}
+    assert plan_skeletons.planned_width(by_key["finetune-full"], measured) == 140
+    assert plan_skeletons.planned_width(by_key["identify-path"], measured) == 192
+    single = SimpleNamespace(widths=(192,), widest_tokens=192)
+    assert plan_skeletons.planned_width(by_key["finetune-full"], single) == 192
