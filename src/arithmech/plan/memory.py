@@ -55,6 +55,9 @@ records: EAP-IG planned at 1.01 of measured on 2-layer LLaMA2-7B and Llama-3.1-8
 float32, and 0.97 on the planned-against-measured test's small model (6 copies planned 1.30 at real width)."""
 READOUT_CAST_ELEMENTS = 2**24
 """models/view.py's _CAST_ELEMENTS (the plan imports no torch; a test holds the two equal)."""
+FINGERPRINT_CHUNK = 2**20
+"""stages/evaluate.py's FINGERPRINT_CHUNK: the weights' checksum sums float64 copies of this many numbers, two
+alive at a time (16 MiB, evaluate's largest temporary on a short float32 run); a test holds the two equal."""
 PARTS = ("weights", "activations_clean", "activations_counterfactual", "gradients", "optimizer", "temporary")
 """The parts a planned peak is split into, in the order they are printed."""
 
@@ -261,6 +264,12 @@ def generation_memory(shape: ModelShape, b: int, batch: int, tokens: int, new_to
             "temporary: the prompts' pass and the last position's logits, or their float32 readout (the answer check)",
         ),
     )
+
+
+def checksum_memory(shape: ModelShape, b: int) -> MemoryPlan:
+    """evaluate's checksum of the weights (its cache key), before any generation: FINGERPRINT_CHUNK's copies."""
+    notes = ("temporary: float64 copies of two chunks of a weight (the weights' checksum)",)
+    return MemoryPlan(weights=weight_bytes(shape, b), temporary=2 * FINGERPRINT_CHUNK * 8, notes=notes)
 
 
 def training_memory(

@@ -251,7 +251,9 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
     elif stage == "evaluate":
         prompts, batch = cfg.limit or 100, cfg.batch_size
         sizes = {"batch_size": batch, "max_new_tokens": cfg.max_new_tokens}
-        memory = mem.generation_memory(shape, b, batch, tokens, cfg.max_new_tokens)
+        memory = _larger(
+            mem.generation_memory(shape, b, batch, tokens, cfg.max_new_tokens), mem.checksum_memory(shape, b)
+        )
         work = wk.generation_work(shape, prompts, tokens, cfg.max_new_tokens, batch)
     else:
         prompts = int(getattr(cfg, "max_prompts", None) or getattr(cfg, "n_pairs", None) or 64)

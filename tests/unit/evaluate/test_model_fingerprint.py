@@ -35,3 +35,9 @@ def test_a_tensor_larger_than_a_chunk_is_summed_without_a_float64_copy(monkeypat
     assert peak <= 4 * (1 << 12) * 8  # a chunk's float64 copy and its sum, not the tensor's
     monkeypatch.setattr(evaluate, "FINGERPRINT_CHUNK", 1 << 30)
     assert evaluate.model_fingerprint(model) == chunked[0]  # the same key as summed whole: kept caches stay valid
+
+
+def test_the_plan_counts_the_checksum_chunk() -> None:
+    from arithmech.plan import memory
+
+    assert memory.FINGERPRINT_CHUNK == evaluate.FINGERPRINT_CHUNK
