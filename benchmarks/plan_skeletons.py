@@ -88,8 +88,27 @@ def free_memory(device: str) -> int:
     raise OSError("no MemAvailable in /proc/meminfo; give --max-memory")
 
 
-def plan_of(shape: ModelShape, run: StageRun, cfg: Any, dtype: str, profile: Any, tokens: int | None) -> StagePlan:
-    return plan_stage(shape, run.stage, cfg, PlanOptions(dtype, profile, prompt_tokens=tokens or None))
+def plan_of(
+    shape: ModelShape, run: StageRun, cfg: Any, dtype: str, profile: Any, tokens: int | None, shared: int | None = None
+) -> StagePlan:  # fmt: skip
+    options = PlanOptions(dtype, profile, prompt_tokens=tokens or None, shared_tokens=shared)
+    return plan_stage(shape, run.stage, cfg, options)
+
+
+def shared_tokens(run: StageRun, out: Path, tokenizer: Any) -> int | None:
+    """circuit: the tokens every prompt of its run shares at the start, reference and counterfactual alike
+    (prompts.jsonl, tokenized as the stage does); the skeletons' character-level tokenizer makes 15 of MIB's
+    "Q: How much is ", where the plan's default assumes a BPE tokenizer's 6. None for other stages."""
+    if run.stage != "circuit" or not (out / "prompts.jsonl").is_file():
+        return None
+    rows = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    ids = [tokenizer(row[k])["input_ids"] for row in rows for k in ("reference", "counterfactual")]
+    if not ids:
+        return None
+    shared = 0
+    while shared < min(len(i) for i in ids) - 1 and len({i[shared] for i in ids}) == 1:
+        shared += 1
+    return shared
 
 
 def _row(shape: ModelShape, preset: str, dtype: str, run: StageRun, **fields: Any) -> dict[str, Any]:
@@ -156,8 +175,9 @@ def _measure_run(
         return _row(shape, preset, dtype, run, status="failed", note=f"{type(err).__name__}: {err}"[:300])
     folders[run.key] = out
     widest[run.key] = planned_width(run, measured)
-    plan = plan_of(shape, run, cfg, dtype, profile, widest[run.key])
-    return _row(shape, preset, dtype, run, status="measured", tokens=plan.tokens,
+    shared = shared_tokens(run, out, handle.tokenizer)
+    plan = plan_of(shape, run, cfg, dtype, profile, widest[run.key], shared)
+    return _row(shape, preset, dtype, run, status="measured", tokens=plan.tokens, shared_tokens=shared,
                 planned_bytes=planned_activations(plan), planned_peak_bytes=plan.memory["single"].peak,
                 measured_bytes=measured.tensor_bytes, rss_bytes=measured.rss_bytes, seconds=round(measured.seconds, 3),
                 estimated_s=plan.seconds.get("single"))  # fmt: skip
@@ -176,7 +196,8 @@ def planned_width(run: StageRun, measured: Any) -> int:
 def replanned(row: dict[str, Any], shape: ModelShape, run: StageRun, profile: Any) -> dict[str, Any]:
     """A kept measurement with the current planner's memory plan of the same call (the same widest prompt); its
     time estimate stays the one made beside the measured seconds (a measured device profile differs per probe)."""
-    plan = plan_of(shape, run, stage_config(run, "small"), row["dtype"], profile, row["tokens"])
+    plan = plan_of(shape, run, stage_config(run, "small"), row["dtype"], profile, row["tokens"],
+                   row.get("shared_tokens"))  # fmt: skip
     return {**row, "planned_bytes": planned_activations(plan), "planned_peak_bytes": plan.memory["single"].peak}
 
 
@@ -219,11 +240,15 @@ def _line(row: dict[str, Any]) -> str:
         ratio = row["planned_bytes"] / row["measured_bytes"] if row["measured_bytes"] else float("nan")
         rss = "" if row.get("rss_bytes") is None else f", process {format_size(row['rss_bytes'])}"
         estimate = "" if row.get("estimated_s") is None else f", estimated ~{row['estimated_s']:.1f} s"
-        return (f"{where} T={row['tokens']:<4} planned {format_size(row['planned_bytes']):>10}  measured "
-                f"{format_size(row['measured_bytes']):>10}  ({ratio:.2f}){rss}; {row['seconds']:.1f} s{estimate}")
+        return (
+            f"{where} T={row['tokens']:<4} planned {format_size(row['planned_bytes']):>10}  measured "
+            f"{format_size(row['measured_bytes']):>10}  ({ratio:.2f}){rss}; {row['seconds']:.1f} s{estimate}"
+        )
     if row["status"] == "planned":
-        return (f"{where} T={row['tokens']:<4} planned {format_size(row['planned_bytes']):>10} above the weights, "
-                f"peak {format_size(row['planned_peak_bytes'])}; estimated ~{row['estimated_s'] or 0:.1f} s")
+        return (
+            f"{where} T={row['tokens']:<4} planned {format_size(row['planned_bytes']):>10} above the weights, "
+            f"peak {format_size(row['planned_peak_bytes'])}; estimated ~{row['estimated_s'] or 0:.1f} s"
+        )
     return f"{where} {row['status']}: {row.get('note', '')}"
 
 
@@ -247,14 +272,15 @@ def measured_code(sha: str) -> str | None:
 
 
 def _resumed(path: Path | None, sha: str) -> dict[tuple[Any, ...], dict[str, Any]]:
-    """The kept measurements whose commit measured the same code as `sha` (the same commit outside git)."""
+    """The kept measurements whose commit measured the same code as `sha` (the same commit outside git); a circuit
+    run kept without the shared prefix its plan needs is measured again."""
     if path is None or not path.exists():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     codes = {r.get("git_sha"): measured_code(r["git_sha"]) for r in rows if r.get("git_sha") not in (None, "unknown")}
     code = measured_code(sha)
     return {(r["preset"], r["layers"], r["dtype"], r["stage"]): r["row"] for r in rows
-            if r["row"]["status"] == "measured"
+            if r["row"]["status"] == "measured" and (r["stage"] != "circuit" or "shared_tokens" in r["row"])
             and (r.get("git_sha") == sha or (code is not None and codes.get(r.get("git_sha")) == code))}  # fmt: skip
 
 
@@ -300,18 +326,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     key = (row["preset"], row["layers"], row["dtype"], row["stage"])
                     if args.resume is not None and row["status"] == "measured" and key not in done:
                         with args.resume.open("a") as handle:
-                            handle.write(json.dumps({"preset": key[0], "layers": key[1], "dtype": key[2],
-                                                     "stage": key[3], "git_sha": sha, "row": row}) + "\n")
+                            handle.write(
+                                json.dumps(
+                                    {
+                                        "preset": key[0],
+                                        "layers": key[1],
+                                        "dtype": key[2],
+                                        "stage": key[3],
+                                        "git_sha": sha,
+                                        "row": row,
+                                    }
+                                )
+                                + "\n"
+                            )
     growth = layer_growth(rows)
     for g in growth:
-        print(f"{g['preset']} {g['dtype']} {g['stage']}: per layer {g['layers'][0]} -> {g['layers'][1]}: planned "
-              f"{format_size(g['planned_per_layer'])}, measured {format_size(g['measured_per_layer'])}")
-    how = "planned" if args.plan_only else ("CUDA allocator's peak" if args.device.startswith("cuda") else
-                                            "CPU allocator's peak (torch.profiler memory records); process RSS beside")
+        print(
+            f"{g['preset']} {g['dtype']} {g['stage']}: per layer {g['layers'][0]} -> {g['layers'][1]}: planned "
+            f"{format_size(g['planned_per_layer'])}, measured {format_size(g['measured_per_layer'])}"
+        )
+    how = (
+        "planned"
+        if args.plan_only
+        else (
+            "CUDA allocator's peak"
+            if args.device.startswith("cuda")
+            else "CPU allocator's peak (torch.profiler memory records); process RSS beside"
+        )
+    )
     metrics = summary(rows, growth, how)
-    print(f"{metrics['runs_measured']} runs measured ({metrics['runs_within_tolerance']} planned within "
-          f"{TOLERANCE:.0%}), {metrics['runs_skipped']} skipped, {metrics['runs_failed']} failed in "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"{metrics['runs_measured']} runs measured ({metrics['runs_within_tolerance']} planned within "
+        f"{TOLERANCE:.0%}), {metrics['runs_skipped']} skipped, {metrics['runs_failed']} failed in "
+        f"{time.perf_counter() - start:.0f} s"
+    )
     if not args.plan_only:
         record("plan_skeletons", args, metrics)
     return metrics

@@ -51,6 +51,8 @@ def test_every_stage_run_is_measured_beside_its_plan(capsys: pytest.CaptureFixtu
     for row in rows:
         assert row["planned_bytes"] > 0 and row["measured_bytes"] > 0 and row["rss_bytes"] is not None
         assert row["tokens"] > 0 and row["seconds"] > 0 and row["estimated_s"] > 0
+    circuit = [r["shared_tokens"] for r in rows if r["stage"] == "circuit"]
+    assert circuit == [len("Q: How much is ")] * 2  # the character-level tokenizer's shared prefix, planned with
     assert len(metrics["growth"]) == 4 and {g["layers"][0] for g in metrics["growth"]} == {2}
     full_sft = [g for g in metrics["growth"] if g["stage"] == "finetune-full"][0]
     assert full_sft["measured_per_layer"] > 0 and full_sft["planned_per_layer"] > 0  # gradients and moments grow

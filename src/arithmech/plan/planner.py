@@ -36,6 +36,8 @@ evaluate benchmarks' few-shot prompts a few hundred, the other stages' templates
 DEFAULT_TOKENS = 48
 QUERY_TOKENS = 5
 """Tokens at the end of a prompt where reference and counterfactual differ (the query's operator onwards)."""
+CIRCUIT_SHARED_TOKENS = 6
+"""MIB's "Q: How much is" before the operands, in the tokens of the usual BPE tokenizers."""
 SHARDED = ("identify", "knockout", "mediation", "finetune")
 """Stages that split their work over the processes of a launch (pipeline.STAGES sharded)."""
 PAPER_SFT_ROWS = 3260
@@ -49,6 +51,9 @@ class PlanOptions:
     device: DeviceProfile
     processes: int = 1
     prompt_tokens: int | None = None
+    shared_tokens: int | None = None
+    """circuit: the tokens every prompt shares at the start (MIB's "Q: How much is"), run once and never patched;
+    None: CIRCUIT_SHARED_TOKENS (a character-level tokenizer makes 15 of them)."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,7 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
                 memory = memory if memory.peak >= grads.peak else grads
     elif stage == "circuit":
         prompts, batch = cfg.n_prompts, cfg.batch_size
-        shared = min(6, tokens - 1)  # MIB's "Q: How much is" before the operands
+        shared = min(options.shared_tokens if options.shared_tokens is not None else CIRCUIT_SHARED_TOKENS, tokens - 1)
         sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch), "eap_ig_steps": cfg.steps,
                  "circuits_per_pass": SWEEP_CIRCUITS_PER_PASS}  # fmt: skip
         memory = mem.edge_attribution_memory(shape, b, batch, tokens - shared)
