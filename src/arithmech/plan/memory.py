@@ -175,8 +175,10 @@ def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str
         # each row's MLP and residuals (b each), and the step's attention: every prompt's slots over its prefix
         # and the slots themselves, [batch, H, slots, T - 1 + slots] scores at 8 bytes an entry (module docstring)
         sweep = rows * (3 * s.d_mlp + 4 * s.d_model) * b + batch * s.n_heads * slots * (tokens - 1 + slots) * 8
-    else:  # every sender's END residual, and the MLP on them at the last layer
-        sweep = senders * batch * (2 * s.d_model + 3 * s.d_mlp) * b
+    else:  # every sender's END residual, and the MLP on the earlier layers' senders at the last layer (the last
+        # layer's own heads pass their MLP apart, patching/path.sweep_senders)
+        mlp_rows = max((s.n_layers - 1) * (s.n_heads + 1), s.n_heads)
+        sweep = senders * batch * 2 * s.d_model * b + mlp_rows * batch * 3 * s.d_mlp * b
     return MemoryPlan(
         weights=weight_bytes(s, b),
         activations_clean=cache + end_states,
