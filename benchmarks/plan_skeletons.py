@@ -124,6 +124,8 @@ def skeleton_rows(
     shape = skeleton_shape(preset, layers, args.quick)
     profile = device_profile(args.device_profile)
     todo = [r for r in runs if (preset, layers, dtype, r.key) not in done]
+    read = {r.reads for r in todo if r.reads is not None}  # a run to do needs the folder of the run it reads
+    todo = [r for r in runs if r in todo or r.key in read]
     for run in runs:
         if run.key not in {r.key for r in todo}:
             yield replanned(done[(preset, layers, dtype, run.key)], shape, run, profile)

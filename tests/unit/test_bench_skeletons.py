@@ -167,3 +167,11 @@ def test_fine_tuning_is_planned_at_its_widest_micro_batch_after_the_first_step()
     assert plan_skeletons.planned_width(by_key["identify-path"], measured) == 192
     single = SimpleNamespace(widths=(192,), widest_tokens=192)
     assert plan_skeletons.planned_width(by_key["finetune-full"], single) == 192
+
+
+def test_a_kept_run_that_another_reads_is_run_again_for_its_folder(tmp_path: Path) -> None:
+    progress = tmp_path / "runs" / "progress.jsonl"
+    base = [*QUICK, "--layers", "2", "--resume", str(progress)]
+    plan_skeletons.main([*base, "--stages", "identify-path"])  # kept; its folder was a temporary one
+    metrics = plan_skeletons.main([*base, "--stages", "finetune-precise"])
+    assert metrics["runs_failed"] == 0 and metrics["runs_measured"] == 2  # identify-path again, then fine-tuning
