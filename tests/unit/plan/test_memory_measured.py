@@ -6,7 +6,7 @@ like with like. The model (4 layers x 256, 8 query / 2 key-value heads, MLP 688,
 proportions of a real decoder at a size a CPU test affords, with grouped-query attention.
 
 Tolerance: the issue's 15 % either way (ABOVE, BELOW) for every run measured here: identify's path and total
-scans (1.09 and 1.04 of the measurement), full SFT (1.07), precise SFT (1.15: its hooks' kept inputs planned on the
+scans (1.09 and 1.07 of the measurement), full SFT (1.07), precise SFT (1.15: its hooks' kept inputs planned on the
 chosen heads' layers only; the loss's float32 tensors, planned as all alive at the backward's start, are the
 largest term at this vocabulary), circuit's EAP-IG (0.97: the forward's graph, both runs' sender outputs, the
 probes and the float32 receiver gradients, then, as the backward frees the graph, the probes' gradients and one
