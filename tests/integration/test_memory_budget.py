@@ -32,6 +32,9 @@ from run_folders import assert_close_results
 pytestmark = pytest.mark.usefixtures("one_thread", "no_drawing")
 
 TOLERANCE = 1e-6
+RATIOS_OF_DROPS = {"share_of_drop": 1e-5}
+"""neurons' share of the drop: a ratio of sums of probability drops (about 0.03 on the tiny model), so its inputs'
+float32 noise (3e-8, from the passes' batch shapes) comes out about 30 times larger (1.03e-6 on one CPU)."""
 PNG = b"\x89PNG\r\n\x1a\n" + b"IEND\xaeB`\x82"
 IDENTIFY = {"filter_correct": False, "max_prompts": 8, "n_per_template": 2, "formations": ["equation"]}
 
@@ -145,4 +148,4 @@ def test_every_stage_under_a_budget_gives_the_same_numbers(
     run(tmp_path / "split", max_memory=budget_for(handle, case.stage, case.settings, case.knob, case.target))
     check_split(tmp_path / "split", case.knob, asked, case.target)
     assert json.loads((tmp_path / "plain" / "metadata.json").read_text())["memory_budget"]["lowered"] == {}
-    assert_close_results(tmp_path / "split", tmp_path / "plain", TOLERANCE)
+    assert_close_results(tmp_path / "split", tmp_path / "plain", TOLERANCE, looser=RATIOS_OF_DROPS)

@@ -278,7 +278,8 @@ def generation_memory(shape: ModelShape, b: int, batch: int, tokens: int, new_to
 def checksum_memory(shape: ModelShape, b: int) -> MemoryPlan:
     """evaluate's checksum of the weights (its cache key), before any generation: FINGERPRINT_CHUNK's copies."""
     notes = ("temporary: float64 copies of two chunks of a weight (the weights' checksum)",)
-    return MemoryPlan(weights=weight_bytes(shape, b), temporary=2 * FINGERPRINT_CHUNK * 8, notes=notes)
+    chunk = min(FINGERPRINT_CHUNK, max(shape.d_vocab, shape.d_mlp) * shape.d_model)  # a small model's whole tensor
+    return MemoryPlan(weights=weight_bytes(shape, b), temporary=2 * chunk * 8, notes=notes)
 
 
 def training_memory(
