@@ -55,7 +55,7 @@ RUNS: tuple[StageRun, ...] = (
              {"max_prompts": PAPER_PROMPTS, "max_k": PAPER_HEADS}, reads="identify-path"),
     StageRun("circuit", "circuit", "arithmech.stages.circuit:circuit",
              {"method": "eap-ig", "keep_incorrect": True, "n_prompts": 2, "min_prompts": 2, "batch_size": 2,
-              "steps": 2, "evaluate": True, "percents": [1, 10, 100], "random_seeds": 1, "oracle": 2},
+              "steps": 2, "evaluate": True, "random_seeds": 1, "oracle": 2},
              {"method": "eap-ig", "n_prompts": PAPER_PROMPTS, "evaluate": True}),
     StageRun("mediation", "mediation", "arithmech.stages.mediate:mediate",
              {"tasks": ["addition"], "formats": ["equation"], "n_pairs": 2, "neuron_k": 0},

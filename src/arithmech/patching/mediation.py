@@ -150,6 +150,7 @@ def mediation_effects(
     blocks = intervention_blocks([layer for _, layer in sites], max_rows)  # rows join the pass by layer
     for i, item in enumerate(items):
         n = len(item.base_ids)
+        base = None  # the last pair's cache, residuals and values go before this pair's run makes its own
         base = _base_and_alt(view, item, modules, lambda inputs, output: first_tensor(output))
         probs[i] = torch.cat([_probs(base.logits[0], item), _probs(base.logits[1], item)])
         if item.number_ids is not None:
@@ -198,6 +199,7 @@ def neuron_effects(
     out = torch.zeros(len(items), len(chosen))
     for i, item in enumerate(items):
         end = len(item.base_ids) - 1
+        base = None  # the last pair's states go first (as in mediation_effects)
         base = _base_and_alt(view, item, [module], lambda inputs, output: inputs[0], pre=True)
         p = _probs(base.logits[0], item)
         if _first_difference(item) > end:

@@ -242,6 +242,30 @@ def edge_attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) 
     )  # fmt: skip
 
 
+def sweep_memory(shape: ModelShape, b: int, batch: int, rows: int, tokens: int) -> MemoryPlan:
+    """circuit's faithfulness sweep (circuits/patched.py, swaps.py): a patched pass of `rows` circuit x prompt rows
+    on the positions after the shared prefix. It keeps every sender's swap term out_s(ablated) - out_s(run) and
+    their sums at each block boundary, beside the counterfactual run's sender outputs of the chunk's `batch`
+    prompts. At a layer's attention norm, the head inputs that deviate from the shared base: at most 3H per row,
+    each as its delta (a product over senders), the sum they are concatenated into and the norm's float32
+    temporaries (two copies); then their normed inputs beside the attention of the rows (g replicas). The bound is
+    reached when every circuit of a pass has receivers with both kept and swapped edges, as in the middle of MIB's
+    sweep (a few % to 50 % of edges)."""
+    s = shape
+    senders = s.n_layers * (s.n_heads + 1) + 1
+    position = rows * tokens * s.d_model
+    deviating = 3 * s.n_heads * position
+    attention = deviating * b + forward_temporary(s, rows * s.group_size, tokens, b)
+    return MemoryPlan(
+        weights=weight_bytes(s, b),
+        activations_clean=(senders + 2 * s.n_layers + 1) * position * b,
+        activations_counterfactual=(2 * s.n_layers + 1) * batch * tokens * s.d_model * b,
+        temporary=max(deviating * (2 * b + 8), attention),
+        notes=("clean: every sender's swap term and their sums at block boundaries", "counterfactual: the "
+               "counterfactual run's sender outputs", "temporary: a layer's deviating head inputs, at most 3H a row"),
+    )  # fmt: skip
+
+
 def forward_memory(shape: ModelShape, b: int, batch: int, tokens: int, cache: bool = False) -> MemoryPlan:
     """A stage that runs plain forward passes of its prompts (with `cache`, keeping their keys and values)."""
     return MemoryPlan(

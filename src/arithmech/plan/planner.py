@@ -172,9 +172,15 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     one = mem.forward_memory(shape, b, rows_at_once, QUERY_TOKENS)
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
-    memory = dataclasses.replace(one, activations_clean=cache, temporary=max(one.temporary, first), notes=(
-        "clean: the base and alternative run's keys, values and residuals", "temporary: the larger of that run's "
-        "layer and a block of max_rows intervened rows over the query's positions with their logits"))  # fmt: skip
+    grown = 2 * rows_at_once * shape.n_kv_heads * shape.d_head * tokens * b  # a layer's keys, values for the rows
+    block = one.temporary + grown + mem.kv_cache_bytes(shape, 1, tokens, b)  # and the base row's prefix copy
+    alternative = len(sites) * tokens * shape.d_model * b  # each site's output in the alternative run
+    memory = dataclasses.replace(one, activations_clean=cache, activations_counterfactual=alternative,
+                                 temporary=max(block, first), notes=(
+        "clean: the base and alternative run's keys, values and residuals", "counterfactual: every site's output "
+        "in the alternative run", "temporary: the larger of that run's layer and a block of max_rows intervened "
+        "rows over the query's positions with their logits, a layer's keys and values grown for the rows and "
+        "the base row's prefix cache"))  # fmt: skip
     sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
     return work, memory, sizes
 
@@ -232,7 +238,10 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         shared = min(options.shared_tokens if options.shared_tokens is not None else CIRCUIT_SHARED_TOKENS, tokens - 1)
         sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch), "eap_ig_steps": cfg.steps,
                  "circuits_per_pass": SWEEP_CIRCUITS_PER_PASS}  # fmt: skip
-        memory = mem.edge_attribution_memory(shape, b, batch, tokens - shared)
+        memory = _larger(
+            mem.edge_attribution_memory(shape, b, batch, tokens - shared),
+            mem.sweep_memory(shape, b, batch, SWEEP_CIRCUITS_PER_PASS * batch, tokens - shared),
+        )
         work = wk.edge_work(shape, cfg, tokens, shared)
     elif stage == "finetune":
         micro = cfg.micro_batch_size

@@ -10,7 +10,8 @@ scans (1.09 and 1.07 of the measurement), full SFT (1.07), precise SFT (1.15: it
 chosen heads' layers only; the loss's float32 tensors, planned as all alive at the backward's start, are the
 largest term at this vocabulary), circuit's EAP-IG (0.97: the forward's graph, both runs' sender outputs, the
 probes and the float32 receiver gradients, then, as the backward frees the graph, the probes' gradients and one
-layer's assembly of its head-input gradients, `memory.ASSEMBLY_COPIES`), one batch of evaluate's generations
+layer's assembly of its head-input gradients, `memory.ASSEMBLY_COPIES`), one pass of circuit's faithfulness
+sweep (0.96: every sender's swap term and a layer's deviating head inputs), one batch of evaluate's generations
 (0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention, MLP-lens and Fourier
 analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89) and neurons' later steps (1.01: the LI blocks).
 
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from allocation_peak import peak_allocated
 from arithmech.circuits.attribution import edge_scores
 from arithmech.circuits.batch import CircuitBatch
+from arithmech.circuits.faithfulness import circuit_metrics
 from arithmech.circuits.graph import CircuitGraph
 from arithmech.evaluate.generation import generate_greedy
 from arithmech.finetune.data import TokenizedExample
@@ -109,20 +111,40 @@ def test_finetune_steps_peak_is_planned(method: str, tmp_path: Path) -> None:
     _check(plan.peak - memory.weight_bytes(shape, 4), measured)
 
 
-def test_circuit_eap_ig_peak_is_planned() -> None:
-    """EAP-IG (circuits/attribution.edge_scores) on one chunk of B prompts, 3 interpolation steps."""
-    view = _view()
+def _circuit_batch() -> CircuitBatch:
+    """B prompts of CIRCUIT_T tokens that start alike, as MIB's do, with counterfactuals that differ after that."""
     gen = torch.Generator().manual_seed(0)
     clean = torch.randint(3, VOCAB, (B, CIRCUIT_T), generator=gen)
-    clean[:, :CIRCUIT_SHARED] = clean[0, :CIRCUIT_SHARED]  # every prompt starts alike, as MIB's do
+    clean[:, :CIRCUIT_SHARED] = clean[0, :CIRCUIT_SHARED]
     cf = clean.clone()
     cf[:, CIRCUIT_SHARED:] = torch.randint(3, VOCAB, (B, CIRCUIT_T - CIRCUIT_SHARED), generator=gen)
     mask = torch.ones_like(clean)
-    batch = CircuitBatch(clean, cf, mask, torch.randint(3, VOCAB, (B,)), torch.randint(3, VOCAB, (B,)))
+    return CircuitBatch(clean, cf, mask, torch.randint(3, VOCAB, (B,)), torch.randint(3, VOCAB, (B,)))
+
+
+def test_circuit_eap_ig_peak_is_planned() -> None:
+    """EAP-IG (circuits/attribution.edge_scores) on one chunk of B prompts, 3 interpolation steps."""
+    view = _view()
+    batch = _circuit_batch()
     graph = CircuitGraph.from_dims(view.dims)
     measured = peak_allocated(lambda: edge_scores(view, graph, batch, method="eap-ig", steps=3, batch_size=B))
     shape = shape_from_config(_config().to_dict(), "test", "test")
     plan = memory.edge_attribution_memory(shape, 4, B, CIRCUIT_T - CIRCUIT_SHARED)
+    _check(plan.peak - plan.weights, measured)
+
+
+def test_circuit_sweep_peak_is_planned() -> None:
+    """One patched pass of the faithfulness sweep (circuits/faithfulness.circuit_metrics): 4 circuits that keep a
+    random 30 % of the edges, so every head input of every circuit deviates from the shared base (the bound the
+    plan takes, reached in the middle of MIB's sweep)."""
+    view = _view()
+    batch = _circuit_batch()
+    graph = CircuitGraph.from_dims(view.dims)
+    gen = torch.Generator().manual_seed(1)
+    circuits = [(torch.rand(graph.valid.shape, generator=gen) < 0.3) & graph.valid for _ in range(4)]
+    measured = peak_allocated(lambda: circuit_metrics(view, graph, batch, circuits, batch_size=B, circuits_per_pass=4))
+    shape = shape_from_config(_config().to_dict(), "test", "test")
+    plan = memory.sweep_memory(shape, 4, B, 4 * B, CIRCUIT_T - CIRCUIT_SHARED)
     _check(plan.peak - plan.weights, measured)
 
 
