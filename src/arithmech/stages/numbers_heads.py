@@ -134,6 +134,7 @@ def classify_heads(view: ModelView, grid: NumberGrid, cfg: NumbersConfig, rows: 
             for v, key in enumerate(keys):
                 ld[key][idx] = out[v * k : (v + 1) * k]
             bar.update(len(chunk))
+            del part, corr, states, vectors  # this chunk's runs go before the next chunk's are made
     held_values = set(rows.a[rows.held].tolist())
     held = torch.tensor([grid.prompts[i].a in held_values for i, _ in pairs], dtype=torch.bool)
     return [_head_row(h, effects.get(h), fits[h], ld, held, cfg.min_effect) for h in heads]

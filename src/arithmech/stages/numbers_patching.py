@@ -105,6 +105,7 @@ def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pa
                     target_t = out[key]
                     target_t[li, idx] = ld[v * k : (v + 1) * k]
             bar.update(len(chunk))
+            del part, clean, corr, base, on_corr, on_clean, variants  # freed before the next chunk's runs
     return out
 
 
@@ -142,6 +143,7 @@ def pair_chunks(view: ModelView, pairs: list[tuple[int, Partner]], batch_size: i
         yield PairChunk(chunk, torch.arange(start, start + len(chunk)), mask, read, good, bad, clean, corr,
                         logit_diff(view, clean_final[rows, read], good, bad).float().cpu(),
                         logit_diff(view, corr_final[rows, read], good, bad).float().cpu())  # fmt: skip
+        del clean, corr, clean_final, corr_final  # before the next chunk's runs (the caller drops its own too)
 
 
 def query_end(grid: NumberGrid, prompts: list[int]) -> int:

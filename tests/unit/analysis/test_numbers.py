@@ -18,6 +18,7 @@ control must stay near 0.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import pytest
@@ -39,6 +40,7 @@ from arithmech.models.hooks import count_hooks
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
 from arithmech.patching.subspace import base_run, patch_rows
+from arithmech.stages import numbers_patching
 from arithmech.stages.numbers import analyze_numbers
 from arithmech.stages.numbers_config import NumbersConfig
 
@@ -331,6 +333,29 @@ def test_random_model_puts_the_helix_at_chance_against_its_shuffled_control(tmp_
         full = _row(result, "a", 0, name)
         assert abs(full["restored"]) < 0.35 and abs(full["restored_shuffled"]) < 0.35, full
     assert not next(v for v in result.verdicts if v["site"] == "a")["ordered"]
+
+
+def test_one_chunk_of_pairs_runs_is_alive_at_a_time(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory holds one chunk's clean and corrupted runs (residuals entering every layer, keys and values), never
+    two: when a chunk's clean run starts, no earlier run is alive (freed by reference count, no garbage
+    collection); when its corrupted run starts, only its clean run is."""
+    live: list[weakref.ref[Any]] = []
+    calls = []
+    real = numbers_patching.base_run
+
+    def counted(view: ModelView, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        calls.append(sum(r() is not None for r in live))
+        run, final = real(view, ids, mask)
+        live.append(weakref.ref(run))
+        return run, final
+
+    monkeypatch.setattr(numbers_patching, "base_run", counted)
+    model, tok = _multidigit_model(seed=3)
+    cfg = NumbersConfig(high=40, max_pairs=60, max_prompts=12, filter_correct=False, layers=(0,), sites=("a",),
+                        families=("helix",), few_shot=1, batch_size=4, shuffles=1)  # fmt: skip
+    analyze_numbers(_handle(model, tok), cfg, tmp_path, quiet=True)
+    assert len(calls) >= 6, calls  # three chunks of pairs or more
+    assert calls == [i % 2 for i in range(len(calls))], calls
 
 
 def test_leave_one_out_prediction_is_the_fit_without_the_value() -> None:
