@@ -193,8 +193,9 @@ class Fit:
     family: Family
     q: torch.Tensor  # [d_model, r] orthonormal
     mean: torch.Tensor  # [d_model] mu over the train values
-    recon: torch.Tensor  # [value, d_model] r(v) for every value of `values` given to fit_family
-    pred: torch.Tensor  # [value, d_model] f(v): leave-one-out on train values, r(v) on held-out ones (pca: r(v))
+    recon: torch.Tensor | None  # [value, d_model] r(v) for every value given to fit_basis; None from fit_families
+    pred: torch.Tensor | None  # [value, d_model] f(v): leave-one-out on train values, r(v) on held-out ones (pca:
+    # r(v)); None once a stage has patched with a shuffled control (only its subspace and W are kept)
     r2: float  # share of the variance of Z explained on the train values (pca-m: the share its m directions hold)
     w: torch.Tensor | None = None  # [d_model, m] what each basis column writes (W = P C^T); None for pca
 
@@ -289,16 +290,17 @@ def _leave_one_out(centred: torch.Tensor, z: torch.Tensor, resid: torch.Tensor) 
 def fit_families(means: torch.Tensor, low: int, high: int, fams: Sequence[Family], train: torch.Tensor, pca_dim: int,
                  seed: int, site: str, shuffles: int) -> dict[tuple[str, int], Fit]:  # fmt: skip
     """Every family and its `shuffles` shuffled controls at one site and layer (`fit_rows`), means [value,
-    d_model] over low..high-1 with NaN rows for values without prompts (their recon and pred stay NaN)."""
+    d_model] over low..high-1 with NaN rows for values without prompts (their pred stays NaN). Only the prediction
+    is kept per value, not the reconstruction: at every site, layer, family and control of a 7B model, each
+    [value, d_model] float64 tensor kept is GiBs."""
     values = torch.arange(low, high)
     seen = ~torch.isnan(means[:, 0])
     bases = {f.name: None if f.kind == "pca" else basis(f, values[seen], low, high) for f in fams}
     out = {}
     for key, fit in fit_rows(means[seen], bases, fams, train[seen], pca_dim, seed, site, shuffles).items():
-        full = torch.full((len(values), means.shape[1]), float("nan"), dtype=torch.float64)
-        pred = full.clone()
-        full[seen], pred[seen] = fit.recon, fit.pred
-        out[key] = Fit(fit.family, fit.q, fit.mean, full, pred, fit.r2, fit.w)
+        pred = torch.full((len(values), means.shape[1]), float("nan"), dtype=torch.float64)
+        pred[seen] = fit.pred
+        out[key] = Fit(fit.family, fit.q, fit.mean, None, pred, fit.r2, fit.w)
     return out
 
 
@@ -321,6 +323,7 @@ def fit_rows(acts: torch.Tensor, bases: dict[str, torch.Tensor | None], fams: Se
 def fit_patch(h: torch.Tensor, fit: Fit, value: torch.Tensor) -> torch.Tensor:
     """h + Q Q^T (f(v) - h) [prompt, d_model]: the fit's prediction of each prompt's value (indices into the
     values given to fit_family) in its subspace, h [prompt, d_model] (the corrupted run's) everywhere else."""
+    assert fit.pred is not None, "a fit whose prediction was dropped patches nothing"
     return h + ((fit.pred[value] - h) @ fit.q) @ fit.q.T
 
 

@@ -13,7 +13,7 @@ Memory (plan/memory.py's terms) is the stage's largest step:
     numbers     a grid pass with its layers' states, or a site's chunk of pairs: their clean and corrupted runs
                 (every layer's input residual and the cache), the variants' float64 vectors and a block of patched
                 rows; beside them, every site's float64 means per value and layer and every fit's float64
-                reconstruction and prediction of each value (the result keeps them all: on the CPU)
+                prediction of each value (the result keeps them: on the CPU)
     agreement   the largest of its methods: path and attribution as identify plans them; zero ablation at END
                 keeps every prompt's cache and END states (one reference run of all of them at once), and
                 a decoding step of TOTAL_MAX_ROWS rows read out through the whole vocabulary in float32
@@ -241,7 +241,8 @@ def numbers_plan(
     and the float64 means they add up, then per site a chunk of pairs' clean and corrupted runs (the residual
     entering every layer and the keys/values) and every variant's row joining one of them at its layer.
     Where the config leaves them open: two-digit operands split into digits, every family and DEFAULT_SITES sites
-    (the most fits); each fit keeps its reconstruction and prediction of every value (the result holds them). The
+    (the most fits); each fit keeps its prediction of every value (the result holds them), and a site's shuffled
+    controls theirs while it is patched. The
     means, fits and Clock states live in host memory: in the peak on a CPU (`cpu`), beside it on a GPU
     (sizes' host_bytes)."""
     s, batch = shape, cfg.batch_size
@@ -253,13 +254,15 @@ def numbers_plan(
     sites = DEFAULT_SITES if cfg.sites is None else len([x for x in cfg.sites if x != "clock"])
     control = cfg.sites is None or any(site.startswith("a") for site in cfg.sites)  # b's place read as a's
     per_site = (families - pca) * (1 + cfg.shuffles) + pca  # fits with their shuffled controls (PCA: none)
-    fits = layers * (sites * per_site + control * min(per_site, (CONTROL_FAMILIES - 1) * (1 + cfg.shuffles) + 1))
+    control_fits = min(families, CONTROL_FAMILIES)
+    kept_fits = layers * (sites * families + control * control_fits)  # the fits proper keep their prediction
     sites += control
     clock = cfg.sites is None or "clock" in cfg.sites
     grid, pairs, query = min(cfg.max_pairs, values * values), cfg.max_prompts, min(NUMBERS_QUERY_TOKENS, tokens)
     variants = layers * (1 + 2 * per_site + 2 * families)  # per pair: the layer, each fit's two, two per family
     rows = min(cfg.max_rows, variants * batch)
-    kept = (sites * values * layers * s.d_model * 8 + 2 * fits * values * s.d_model * 8
+    # the means, every fit's prediction of each value and, while a site is patched, its controls' too
+    kept = (sites * values * layers * s.d_model * 8 + (kept_fits + layers * per_site) * values * s.d_model * 8
             + (grid * layers * s.d_model * 4 if clock else 0))  # fmt: skip
     states = mem.forward_temporary(s, batch, tokens, b) + (layers + 1) * batch * tokens * s.d_model * b
     runs = 2 * ((s.n_layers + 1) * batch * tokens * s.d_model * b + mem.kv_cache_bytes(s, batch, tokens, b))
@@ -270,7 +273,7 @@ def numbers_plan(
         activations_clean=kept if cpu else 0,
         temporary=max(states, runs + 2 * variants * batch * s.d_model * 8 + block),
         notes=("clean (host memory: counted on a CPU only; sizes' host_bytes): every site's float64 means per value "
-               "and layer, every fit's reconstruction and prediction of each value (kept in the result) and the "
+               "and layer, every fit's prediction of each value (kept in the result) and the "
                "Clock's last-token states",
                "temporary: a grid pass with its layers' states, or a chunk's two runs, its variants' float64 "
                "vectors and a block of rows with a prefix copy and a layer's keys and values grown for them"),

@@ -44,7 +44,7 @@ Writes, each atomically, metadata.json last:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +96,8 @@ class NumbersResult:
     means: dict[str, torch.Tensor]
     """site -> [value, layer, d_model] mean activation of the correct prompts (NaN where a value has none)."""
     fits: dict[tuple[str, int, str, int], Fit]
-    """(site, layer, family, k) -> the fit (k = 0) or its k-th shuffled control (kept for the figures)."""
+    """(site, layer, family, k) -> the fit (k = 0) or its k-th shuffled control (kept for the figures: its
+    subspace and W, without its prediction)."""
     pairs: dict[str, list[PatchedPair]]
     """site -> the pairs patched there, in the order of the LD tensors."""
     out_dir: Path
@@ -194,9 +195,9 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         site_fams = control_fams if site is control else fams
         fits = {layer: fit_families(means[site.name][:, li], low, high, site_fams, train_mask, pca_dim, cfg.seed,
                                     site.name, cfg.shuffles) for li, layer in enumerate(layers)}  # fmt: skip
-        for layer in layers:
+        for layer in layers:  # the result keeps a shuffled control's subspace and W, not its prediction
             for (name, k), fit in fits[layer].items():
-                fits_kept[(site.name, layer, name, k)] = fit
+                fits_kept[(site.name, layer, name, k)] = replace(fit, pred=None) if k else fit
         unseen = fits[layers[0]][(site_fams[0].name, 0)].pred[:, 0].isnan()
         ld = patch_site(view, grid, site.name, positions.get(site.name), pairs, layers, site_fams, fits, cfg, pad,
                         gen, cost, quiet, tqdm, value_indices(grid, site, unseen, gen))  # fmt: skip

@@ -14,7 +14,7 @@ layer's assembly of its head-input gradients, `memory.ASSEMBLY_COPIES`), one pas
 sweep (0.96: every sender's swap term and a layer's deviating head inputs), one batch of evaluate's generations
 (0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention, MLP-lens and Fourier
 analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89), neurons' later steps (1.01: the LI blocks) and
-analyze numbers end to end (1.13 on two sites, 0.99 with every site, family and layer, where the kept fits are
+analyze numbers end to end (1.00 on two sites, 1.10 with every site, family and layer, where the kept fits are
 most of it).
 
 Where the plan errs, it is by parts the allocator frees in between (above) or small tensors it does not name
