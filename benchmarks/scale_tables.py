@@ -33,6 +33,8 @@ from skeleton_numerics import TOP
 from skeleton_stages import PAPER_HEADS, PAPER_PROMPTS, RUNS, StageRun, stage_config
 from speed_claims import NOT_MEASURED
 
+from arithmech.errors import ConfigError
+from arithmech.plan.budget import MemoryBudget
 from arithmech.plan.devices import BANDWIDTH_EFFICIENCY, MATMUL_EFFICIENCY, PROFILES
 from arithmech.plan.planner import PAPER_SFT_ROWS, PlanOptions, StagePlan, plan_stage
 from arithmech.plan.presets import PRESETS
@@ -68,22 +70,34 @@ def _seconds(preset: str, plan: StagePlan, device: str) -> float | None:
 
 
 def placement(preset: str, run: StageRun, device: str) -> str:
-    """A device's cell: the estimated time where one device holds the planned peak, else the fewest GPUs that hold
-    it (FSDP2 for fine-tuning, which splits the time too; --device auto otherwise, which does not)."""
-    memory = PROFILES[device].memory or 0
-    single = _plan(preset, run.key, 1)
-    seconds = _seconds(preset, single, device)
-    time = "" if seconds is None else _duration(seconds)
-    if single.memory["single"].peak <= memory:
-        return time
-    for processes in SPREAD:
-        plan = _plan(preset, run.key, processes)
-        if "fsdp2" in plan.memory and plan.memory["fsdp2"].peak <= memory:
-            split = "" if seconds is None else f", {_duration(seconds / processes)}"
-            return f"FSDP2 on {processes}{split}"
-        if plan.memory["auto"].peak <= memory:
-            return f"--device auto on {processes}, {time}"
-    return f"no layout of {SPREAD[-1]} holds it: a smaller batch"
+    """A device's cell, as the stage sizes itself under that device's memory (plan/budget.py, the same fit as
+    --max-memory): on one device, its sizes lowered where it must (named), else on the fewest GPUs that hold it
+    (FSDP2 for fine-tuning, which splits the time too; --device auto otherwise, which does not)."""
+    for count in (1, *SPREAD):
+        fitted = _fitted(preset, run, device, count)
+        if fitted is None:
+            continue
+        plan, lowered = fitted
+        seconds = _seconds(preset, plan, device)
+        spread = run.stage == "finetune" and count > 1
+        time = "" if seconds is None else _duration(seconds / (count if spread else 1))
+        where = "" if count == 1 else f"{'FSDP2' if spread else '--device auto'} on {count}, "
+        return where + time + (f" at {lowered}" if lowered else "")
+    return f"no layout of {SPREAD[-1]} holds it even at the smallest sizes"
+
+
+def _fitted(preset: str, run: StageRun, device: str, count: int) -> tuple[StagePlan, str] | None:
+    """The plan of the run fitted to `count` devices of this kind, and the sizes it lowered; None if none fit."""
+    spread = {} if count == 1 else ({"fsdp_processes": count, "launched": count} if run.stage == "finetune"
+                                    else {"gpus": count})  # fmt: skip
+    budget = MemoryBudget(PRESETS[preset], DTYPE, PROFILES[device].memory or 0, device, given=False, **spread)
+    try:
+        fit = budget.fit(stage_config(run, "paper"))
+    except ConfigError:
+        return None
+    lowered = ", ".join(f"{k.replace('_', ' ')} {v['to']}" for k, v in fit.details["lowered"].items())
+    options = PlanOptions(DTYPE, PROFILES[device], count if run.stage == "finetune" else 1)
+    return plan_stage(PRESETS[preset], run.stage, fit.cfg, options), lowered
 
 
 def plan_section() -> str:
@@ -96,8 +110,9 @@ def plan_section() -> str:
         "rows; every other setting the stage's default (skeleton_stages.py `paper`). Memory is planned, per process; "
         f"time is estimated (a roofline: {MATMUL_EFFICIENCY:.0%} of the data-sheet FLOP/s, "
         f"{BANDWIDTH_EFFICIENCY:.0%} of its bandwidth), never measured. A time alone means one device "
-        "holds the run; otherwise the fewest GPUs of that kind that hold it, with FSDP2 (fine-tuning: time split "
-        "over them) or `--device auto` (layers spread over them, time unchanged).",
+        "holds the run, at the sizes the stage chooses under that device's memory (`--max-memory`'s fit; "
+        "\"at\" names any it lowers); otherwise the fewest GPUs of that kind that hold it, with FSDP2 "
+        "(fine-tuning: time split over them) or `--device auto` (layers spread over them, time unchanged).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

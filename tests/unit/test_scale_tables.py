@@ -40,6 +40,15 @@ def test_a_run_one_device_holds_shows_its_time_and_one_it_cannot_the_fewest_gpus
     assert scale_tables._plan("llama3.1-8b", "finetune-full", 1).memory["single"].peak > (PROFILES["h100"].memory or 0)
 
 
+def test_a_run_that_fits_one_device_at_smaller_sizes_is_placed_there_and_names_them() -> None:
+    """As a stage sizes itself under --max-memory: precise SFT's micro-batches shrink to fit an A100 40 GB."""
+    run = run_by_key("finetune-precise")
+    assert scale_tables._plan("llama2-7b", run.key, 1).memory["single"].peak > (PROFILES["a100-40"].memory or 0)
+    cell = scale_tables.placement("llama2-7b", run, "a100-40")
+    assert cell.startswith("~") and "GPU" not in cell and "FSDP2" not in cell
+    assert cell.endswith("at micro batch size 4"), cell
+
+
 def test_measured_tables_show_ratios_bold_outside_the_tolerance_and_growth() -> None:
     rows = [_row("mistral-7b", 2, "knockout", 105, 100), _row("mistral-7b", 4, "knockout", 205, 150),
             _row("mistral-7b", 2, "finetune-full", 0, 0, "skipped")]  # fmt: skip
