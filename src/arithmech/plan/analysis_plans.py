@@ -10,6 +10,10 @@ at its upper bound and named where it is used:
 - an operand grid's pairs (heuristics): max_pairs per operation.
 
 Memory (plan/memory.py's terms) is the stage's largest step:
+    numbers     a grid pass with its layers' states, or a site's chunk of pairs: their clean and corrupted runs
+                (every layer's input residual and the cache), the variants' float64 vectors and a block of patched
+                rows; beside them, every site's float64 means per value and layer and every fit's float64
+                reconstruction and prediction of each value (the result keeps them all: on the CPU)
     agreement   the largest of its methods: path and attribution as identify plans them; zero ablation at END
                 keeps every prompt's cache and END states (one reference run of all of them at once), and
                 a decoding step of TOTAL_MAX_ROWS rows read out through the whole vocabulary in float32
@@ -215,3 +219,64 @@ def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.Memo
         notes=("clean: a knockout pass's cache", "temporary: the largest of a knockout pass, comparative neurons' "
                "END states and LI block, and a LoRA step's graph"),
     )  # fmt: skip
+
+
+DEFAULT_FAMILIES, DEFAULT_PCA = 19, 2
+"""Families fitted when --families is unset, PCAs among them (which have no shuffled control): those of two-digit
+operands on a tokenizer that splits digits (10..99), the default that fits the most."""
+FAMILY_KINDS = {"helix": 15, "circle": 5, "pca": 2, "poly": 2}
+"""The most families a kind named in --families selects (helices over every subset of 4 periods, ...)."""
+DEFAULT_SITES, CONTROL_FAMILIES = 5, 3
+"""Sites read when --sites is unset (two places of each operand and the last token), beside the control (b's place
+read as a's) that fits at most the largest helix, the digit circles and a PCA."""
+NUMBERS_QUERY_TOKENS = 8
+"""Positions a patched row runs, from the operand it patches to the end of the query ("47 + 23 = " split into
+digits)."""
+
+
+def numbers_plan(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Work, mem.MemoryPlan, dict[str, Any]]:
+    """analyze numbers (stages/numbers.py, numbers_patching.py): the grid's passes with the chosen layers' states
+    and the float64 means they add up, then per site a chunk of pairs' clean and corrupted runs (the residual
+    entering every layer and the keys/values) and every variant's row joining one of them at its layer.
+    Where the config leaves them open: two-digit operands split into digits, every family and DEFAULT_SITES sites
+    (the most fits); each fit keeps its reconstruction and prediction of every value (the result holds them)."""
+    s, batch = shape, cfg.batch_size
+    values = (cfg.high if cfg.high is not None else 100) - (cfg.low if cfg.low is not None else 10)
+    layers = len(cfg.layers) if cfg.layers is not None else s.n_layers
+    named = cfg.families or ()
+    families = DEFAULT_FAMILIES if cfg.families is None else sum(FAMILY_KINDS.get(f, 1) for f in named)
+    pca = DEFAULT_PCA if cfg.families is None else sum(FAMILY_KINDS.get(f, 1) for f in named if f.startswith("pca"))
+    sites = DEFAULT_SITES if cfg.sites is None else len([x for x in cfg.sites if x != "clock"])
+    control = cfg.sites is None or any(site.startswith("a") for site in cfg.sites)  # b's place read as a's
+    per_site = (families - pca) * (1 + cfg.shuffles) + pca  # fits with their shuffled controls (PCA: none)
+    fits = layers * (sites * per_site + control * min(per_site, (CONTROL_FAMILIES - 1) * (1 + cfg.shuffles) + 1))
+    sites += control
+    clock = cfg.sites is None or "clock" in cfg.sites
+    grid, pairs, query = min(cfg.max_pairs, values * values), cfg.max_prompts, min(NUMBERS_QUERY_TOKENS, tokens)
+    variants = layers * (1 + 2 * per_site + 2 * families)  # per pair: the layer, each fit's two, two per family
+    rows = min(cfg.max_rows, variants * batch)
+    kept = (sites * values * layers * s.d_model * 8 + 2 * fits * values * s.d_model * 8
+            + (grid * layers * s.d_model * 4 if clock else 0))  # fmt: skip
+    states = mem.forward_temporary(s, batch, tokens, b) + (layers + 1) * batch * tokens * s.d_model * b
+    runs = 2 * ((s.n_layers + 1) * batch * tokens * s.d_model * b + mem.kv_cache_bytes(s, batch, tokens, b))
+    block = (rows * query * s.d_model * b + mem.kv_cache_bytes(s, batch, tokens, b)
+             + 2 * rows * s.n_kv_heads * s.d_head * tokens * b + mem.forward_temporary(s, rows, query, b))
+    memory = mem.MemoryPlan(
+        weights=mem.weight_bytes(s, b),
+        activations_clean=kept,
+        activations_counterfactual=0,
+        temporary=max(states, runs + 2 * variants * batch * s.d_model * 8 + block),
+        notes=("clean: every site's float64 means per value and layer, every fit's reconstruction and prediction of "
+               "each value (float64, kept in the result), and the Clock's last-token states",
+               "temporary: a grid pass with its layers' states, or a chunk's two runs, its variants' float64 "
+               "vectors and a block of rows with a prefix copy and a layer's keys and values grown for them"),
+    )  # fmt: skip
+    parts = {
+        "grid": (grid * tokens * s.n_layers, grid),
+        "bases": (sites * 2 * pairs * tokens * s.n_layers, 2 * sites * pairs),
+        "rows": (sites * variants * pairs * query * (s.n_layers + 1) // 2, sites * variants * pairs),
+    }
+    calls = math.ceil(grid / batch) + sites * math.ceil(pairs / batch) * (2 + math.ceil(variants * batch / rows))
+    work = wk.token_layer_work(s, parts, grid, tokens, calls, "stages/numbers_grid.py TokenLayers")
+    return work, memory, {"grid_prompts": grid, "batch_size": batch, "max_rows": cfg.max_rows,
+                          "families": families, "sites": sites}  # fmt: skip

@@ -54,7 +54,8 @@ logger = logging.getLogger(__name__)
 
 KNOBS: dict[str, tuple[str, ...]] = {
     **{stage: ("batch_size",) for stage in ("identify", "knockout", "transfer", "attention", "mlp", "fourier",
-                                           "agreement", "neurons", "heuristics", "numbers", "circuit", "evaluate")},
+                                           "agreement", "neurons", "heuristics", "circuit", "evaluate")},
+    "numbers": ("batch_size", "max_rows"),
     "mediation": ("max_rows",),
     "finetune": ("micro_batch_size",),
 }  # fmt: skip
@@ -152,10 +153,6 @@ class MemoryBudget:
         need = self.peak(cfg, copies)
         if need > self.bytes:
             raise ConfigError(self._refusal(stage, cfg, need, copies, option_prefix))
-        modelled = self.plan(cfg).modelled
-        if modelled != "engine" and self.given:  # the plan is a floor: say so where the user relies on it
-            logger.warning("%s: its memory is planned as plain forward passes of its prompts (its own engine is not "
-                           "modelled yet), so %s is not guaranteed to hold it", stage, self.label)  # fmt: skip
         lowered = {k: {"from": v, "to": getattr(cfg, k)} for k, v in asked.items() if getattr(cfg, k) != v}
         if lowered:
             changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in lowered.items())
@@ -164,7 +161,6 @@ class MemoryBudget:
         return BudgetFit(cfg, {
             "max_memory": self.bytes, "from": self.source, "layout": layout, "planned_peak": need,
             "model_copies": copies, "sizes": {k: getattr(cfg, k) for k in asked}, "lowered": lowered,
-            "planned_as": modelled,
         })  # fmt: skip
 
     def _values(self, stage: str, cfg: Any, knob: str) -> list[int]:

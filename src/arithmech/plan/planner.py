@@ -67,9 +67,6 @@ class StagePlan:
     memory: dict[str, mem.MemoryPlan]
     work: wk.Work | None
     seconds: dict[str, float] = field(default_factory=dict)
-    modelled: str = "engine"
-    """engine: the stage's own engines are modelled; forward: planned as plain forward passes of its prompts
-    (a stage the planner has no plan for)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,7 +77,6 @@ class StagePlan:
             "planned_memory": {layout: m.as_dict() for layout, m in self.memory.items()},
             "work": None if self.work is None else self.work.as_dict(),
             "estimated_seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-            "modelled": self.modelled,
         }
 
 
@@ -213,7 +209,6 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
     tokens = options.prompt_tokens or PROMPT_TOKENS.get(stage, DEFAULT_TOKENS)
     shared = max(0, tokens - QUERY_TOKENS)
     fsdp = None
-    modelled = "engine"
     if stage == "identify":
         prompts, batch = cfg.max_prompts, cfg.batch_size
         sizes = {"batch_size": batch, "chunks": math.ceil(prompts / batch)}
@@ -274,38 +269,34 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         batch = int(getattr(cfg, "batch_size", None) or 16)
         sizes = {"batch_size": batch}
         memory = mem.forward_memory(shape, b, batch, tokens, cache=True)
-        work = None
-        modelled = "forward"
         if stage == "knockout":
             work, sizes = _knockout(shape, cfg, tokens), {**sizes, **_knockout_sizes(shape, cfg)}
-            modelled = "engine"
         elif stage == "mediation":
             prompts = cfg.n_pairs * len(cfg.tasks)
             work, memory, sizes = _mediation(shape, cfg, tokens, b)
-            modelled = "engine"
         elif stage == "transfer":
             work, extra = sw.transfer_work(shape, cfg, tokens)
-            prompts, sizes, modelled = extra["scored_prompts"], {**sizes, **extra}, "engine"
+            prompts, sizes = extra["scored_prompts"], {**sizes, **extra}
             memory = mem.forward_memory(shape, b, extra["rows_per_pass"], tokens, cache=True)
         elif stage == "agreement":
             work, memory, sizes = ap.agreement_plan(shape, cfg, tokens, QUERY_TOKENS, b)
-            modelled = "engine"
         elif stage == "attention":
             work, memory = ap.attention_plan(shape, cfg, tokens, b)
-            modelled = "engine"
         elif stage == "mlp":
             work, memory = ap.mlp_plan(shape, cfg, tokens, b)
-            modelled = "engine"
         elif stage == "fourier":
             work, memory, sizes = ap.fourier_plan(shape, cfg, tokens, b)
-            modelled = "engine"
         elif stage == "heuristics":
             work, memory, sizes, prompts = ap.heuristics_plan(shape, cfg, tokens, QUERY_TOKENS, b)
-            modelled = "engine"
+        elif stage == "numbers":
+            work, memory, extra = ap.numbers_plan(shape, cfg, tokens, b)
+            prompts, sizes = extra.pop("grid_prompts"), {**sizes, **extra}
         elif stage == "neurons":
             work, extra = sw.neurons_work(shape, cfg, tokens)
-            prompts, sizes, modelled = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}, "engine"
+            prompts, sizes = cfg.max_prompts * len(cfg.operations), {**sizes, **extra}
             memory = ap.neurons_memory(shape, cfg, tokens, b)
+        else:
+            raise ValueError(f"the planner has no plan of the {stage} stage")
     layouts = _layouts(stage, memory, options.processes, fsdp)
     seconds: dict[str, float] = {}
     if work is not None:
@@ -317,4 +308,4 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
             if fsdp is not None:
                 seconds["fsdp2"] = one / options.processes
             seconds["auto"] = one
-    return StagePlan(stage, prompts, tokens, sizes, layouts, work, seconds, modelled)
+    return StagePlan(stage, prompts, tokens, sizes, layouts, work, seconds)

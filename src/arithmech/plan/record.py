@@ -16,9 +16,6 @@ from arithmech.plan.planner import StagePlan
 from arithmech.plan.shape import ModelShape
 from arithmech.plan.sizes import format_size
 
-MARKS = {"engine": "", "forward": " *"}
-"""The mark after a stage's name by how much of it the plan models (StagePlan.modelled)."""
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -61,13 +58,11 @@ class Plan:
             for layout, memory in plan.memory.items():
                 seconds = plan.seconds.get(layout)
                 work = "n/a" if plan.work is None else f"{plan.work.passes:,.1f}"
-                rows.append([plan.stage + MARKS[plan.modelled], layout,
+                rows.append([plan.stage, layout,
                              format_size(memory.peak), *(format_size(getattr(memory, p)) for p in PARTS), work,
                              "n/a" if seconds is None else _duration(seconds)])  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        if any(p.modelled == "forward" for p in self.stages):
-            lines.append("* planned as plain forward passes of its prompts; its own engine is not modelled yet")
         if self.max_memory is not None:
             over = [f"{p.stage} ({k})" for p in self.stages for k, m in p.memory.items() if m.peak > self.max_memory]
             lines.append(f"--max-memory {format_size(self.max_memory)}: "

@@ -80,18 +80,6 @@ def test_the_largest_batch_that_fits_is_chosen() -> None:
     assert untouched.cfg == cfg and untouched.details["lowered"] == {}
 
 
-def test_a_stage_planned_as_plain_forward_passes_warns_under_a_given_budget(caplog: pytest.LogCaptureFixture) -> None:
-    """numbers' own engine is not modelled (plan marks it *): a given budget is no guarantee there, and says so."""
-    numbers = build_stage_config(next(s for s in STAGES if s.name == "numbers"), None, 0)
-    fit = budget(2 * peak(numbers)).fit(numbers)
-    assert fit.details["planned_as"] == "forward"
-    assert "numbers: its memory is planned as plain forward passes" in caplog.text
-    caplog.clear()
-    assert budget(2 * peak(IdentifyConfig())).fit(IdentifyConfig()).details["planned_as"] == "engine"
-    quiet = MemoryBudget(LLAMA, "bfloat16", 2 * peak(numbers), "free memory", given=False).fit(numbers)
-    assert quiet.details["planned_as"] == "forward" and "planned as plain forward passes" not in caplog.text
-
-
 def test_finetune_lowers_its_micro_batches_to_a_divisor_of_the_batch() -> None:
     cfg = FinetuneConfig(components=("3.1",), batch_size=48, micro_batch_size=16)
     between = (peak(cfg, micro_batch_size=6) + peak(cfg, micro_batch_size=8)) // 2  # 7 does not divide 48
