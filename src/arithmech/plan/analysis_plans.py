@@ -234,12 +234,16 @@ NUMBERS_QUERY_TOKENS = 8
 digits)."""
 
 
-def numbers_plan(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Work, mem.MemoryPlan, dict[str, Any]]:
+def numbers_plan(
+    shape: ModelShape, cfg: Any, tokens: int, b: int, cpu: bool
+) -> tuple[wk.Work, mem.MemoryPlan, dict[str, Any]]:
     """analyze numbers (stages/numbers.py, numbers_patching.py): the grid's passes with the chosen layers' states
     and the float64 means they add up, then per site a chunk of pairs' clean and corrupted runs (the residual
     entering every layer and the keys/values) and every variant's row joining one of them at its layer.
     Where the config leaves them open: two-digit operands split into digits, every family and DEFAULT_SITES sites
-    (the most fits); each fit keeps its reconstruction and prediction of every value (the result holds them)."""
+    (the most fits); each fit keeps its reconstruction and prediction of every value (the result holds them). The
+    means, fits and Clock states live in host memory: in the peak on a CPU (`cpu`), beside it on a GPU
+    (sizes' host_bytes)."""
     s, batch = shape, cfg.batch_size
     values = (cfg.high if cfg.high is not None else 100) - (cfg.low if cfg.low is not None else 10)
     layers = len(cfg.layers) if cfg.layers is not None else s.n_layers
@@ -263,11 +267,11 @@ def numbers_plan(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.W
              + 2 * rows * s.n_kv_heads * s.d_head * tokens * b + mem.forward_temporary(s, rows, query, b))
     memory = mem.MemoryPlan(
         weights=mem.weight_bytes(s, b),
-        activations_clean=kept,
-        activations_counterfactual=0,
+        activations_clean=kept if cpu else 0,
         temporary=max(states, runs + 2 * variants * batch * s.d_model * 8 + block),
-        notes=("clean: every site's float64 means per value and layer, every fit's reconstruction and prediction of "
-               "each value (float64, kept in the result), and the Clock's last-token states",
+        notes=("clean (host memory: counted on a CPU only; sizes' host_bytes): every site's float64 means per value "
+               "and layer, every fit's reconstruction and prediction of each value (kept in the result) and the "
+               "Clock's last-token states",
                "temporary: a grid pass with its layers' states, or a chunk's two runs, its variants' float64 "
                "vectors and a block of rows with a prefix copy and a layer's keys and values grown for them"),
     )  # fmt: skip
@@ -279,4 +283,4 @@ def numbers_plan(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.W
     calls = math.ceil(grid / batch) + sites * math.ceil(pairs / batch) * (2 + math.ceil(variants * batch / rows))
     work = wk.token_layer_work(s, parts, grid, tokens, calls, "stages/numbers_grid.py TokenLayers")
     return work, memory, {"grid_prompts": grid, "batch_size": batch, "max_rows": cfg.max_rows,
-                          "families": families, "sites": sites}  # fmt: skip
+                          "families": families, "sites": sites, "host_bytes": kept}  # fmt: skip

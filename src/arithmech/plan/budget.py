@@ -102,6 +102,8 @@ class MemoryBudget:
     gpus: int = 1
     fsdp_processes: int = 1
     launched: int = 1
+    cpu: bool = False
+    """The device is this machine's CPU: results the engines keep in host memory count against the budget too."""
 
     @property
     def label(self) -> str:
@@ -121,7 +123,8 @@ class MemoryBudget:
     def plan(self, cfg: Any) -> StagePlan:
         """The plan of `cfg`'s stage in its layout (the time estimate is not used)."""
         stage = stage_name(cfg)
-        return plan_stage(self.shape, stage, cfg, PlanOptions(self.dtype, PROFILES["h100"], self.layout(stage)[1]))
+        device = dataclasses.replace(PROFILES["h100"], kind="cpu") if self.cpu else PROFILES["h100"]  # time unused
+        return plan_stage(self.shape, stage, cfg, PlanOptions(self.dtype, device, self.layout(stage)[1]))
 
     def peak(self, cfg: Any, copies: int = 0) -> int:
         """The planned peak of `cfg`'s stage in its layout, with `copies` of the model held beside it."""
@@ -271,13 +274,14 @@ def _budget(shape: ModelShape, dtype: str, device: str, given: int | None, loade
     launched = distributed.launched_processes()
     fsdp = launched if launched > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else 1
     gpus = max(1, gpu_count()) if device == "auto" and launched == 1 else 1
+    cpu = device == "cpu"
     if given is not None:
-        return MemoryBudget(shape, dtype, given, option, True, gpus, fsdp, launched)
+        return MemoryBudget(shape, dtype, given, option, True, gpus, fsdp, launched, cpu)
     free = free_memory(device)
     if free is None:
         return f"this machine does not say how much memory {device} has free"
     held = shape.n_params * DTYPE_BYTES[dtype] // gpus if loaded else 0
-    return MemoryBudget(shape, dtype, free[0] + held, free[1], False, gpus, fsdp, launched)
+    return MemoryBudget(shape, dtype, free[0] + held, free[1], False, gpus, fsdp, launched, cpu)
 
 
 def fit_or_keep(budget: MemoryBudget | str, cfg: Any, copies: int = 0, option_prefix: str | None = None) -> BudgetFit:

@@ -289,7 +289,7 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         elif stage == "heuristics":
             work, memory, sizes, prompts = ap.heuristics_plan(shape, cfg, tokens, QUERY_TOKENS, b)
         elif stage == "numbers":
-            work, memory, extra = ap.numbers_plan(shape, cfg, tokens, b)
+            work, memory, extra = ap.numbers_plan(shape, cfg, tokens, b, options.device.kind == "cpu")
             prompts, sizes = extra.pop("grid_prompts"), {**sizes, **extra}
         elif stage == "neurons":
             work, extra = sw.neurons_work(shape, cfg, tokens)

@@ -63,6 +63,10 @@ class Plan:
                              "n/a" if seconds is None else _duration(seconds)])  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        for plan in self.stages:
+            if plan.sizes.get("host_bytes") and self.device.kind != "cpu":
+                lines.append(f"{plan.stage} also keeps {format_size(plan.sizes['host_bytes'])} in host memory (its "
+                             "results' CPU tensors), not in the GPU's")  # fmt: skip
         if self.max_memory is not None:
             over = [f"{p.stage} ({k})" for p in self.stages for k, m in p.memory.items() if m.peak > self.max_memory]
             lines.append(f"--max-memory {format_size(self.max_memory)}: "

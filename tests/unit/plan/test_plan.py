@@ -132,3 +132,22 @@ def test_full_sft_on_a_gpu_plans_adamw_foreach_denominators_for_every_weight() -
     assert on_gpu.optimizer_step == shape.n_params * 2
     assert on_cpu.optimizer_step == 3 * shape.d_vocab * shape.d_model * 2  # the embedding, the largest tensor
     assert on_gpu.peak == on_gpu.weights + on_gpu.optimizer + on_gpu.gradients + on_gpu.optimizer_step
+
+
+def test_numbers_results_in_host_memory_count_on_a_cpu_and_are_named_beside_a_gpu(tmp_path: Path, capsys) -> None:
+    """analyze numbers keeps its means and every fit in host memory (CPU tensors): part of the peak when the
+    device is the CPU, only reported beside a GPU's peak, whose budget they do not take."""
+    from arithmech.pipeline import build_stage_config, stage_by_name
+    from arithmech.plan.devices import PROFILES, DeviceProfile
+    from arithmech.plan.planner import PlanOptions, plan_stage
+
+    shape = preset("llama2-7b")
+    cfg = build_stage_config(stage_by_name("numbers"), {}, 0)
+    cpu = DeviceProfile("measured", 1e11, 1e11, 1e10, None, kind="cpu")
+    on_gpu = plan_stage(shape, "numbers", cfg, PlanOptions("bfloat16", PROFILES["h100"]))
+    on_cpu = plan_stage(shape, "numbers", cfg, PlanOptions("bfloat16", cpu))
+    host = on_gpu.sizes["host_bytes"]
+    assert host > 10 * 2**30  # every site, layer and fit of a 4096-wide model: tens of GiB
+    assert on_cpu.memory["single"].peak - on_gpu.memory["single"].peak == host
+    assert main(["plan", "--model", "llama2-7b", "--out", str(tmp_path / "plan"), "numbers"]) == 0
+    assert "numbers also keeps" in capsys.readouterr().out
