@@ -147,6 +147,27 @@ def _knockout(shape: ModelShape, cfg: Any, tokens: int) -> wk.Work:
     return wk.token_layer_work(shape, parts, sets * n, tokens, calls, "knockout/configurations.py knockout_cost")
 
 
+def _knockout_memory(shape: ModelShape, cfg: Any, batch: int, tokens: int, b: int) -> mem.MemoryPlan:
+    """knockout (knockout/ablation.py): the ablation values first, a chunk's counterfactual (mean) or reference
+    (resample) run with every layer's o_proj input and MLP output collected; then the passes with the prompts'
+    cache, beside the values: per layer, float32 [group + END row, pos, width] sums of the mean (one group
+    planned) or every prompt's values (resample)."""
+    s = shape
+    widths = s.n_heads * s.d_head + s.d_model  # an o_proj input and an MLP output
+    collected = s.n_layers * batch * tokens * widths * b
+    values = {"zero": 0, "mean": s.n_layers * 2 * tokens * widths * 4}.get(cfg.ablation)
+    values = s.n_layers * cfg.max_prompts * tokens * widths * b if values is None else values  # resample
+    passes = mem.forward_memory(s, b, batch, tokens, cache=True)
+    passes = dataclasses.replace(passes, activations_counterfactual=values,
+                                 notes=(*passes.notes, "counterfactual: the ablation values"))  # fmt: skip
+    if cfg.ablation == "zero":
+        return passes
+    run = mem.MemoryPlan(weights=passes.weights, activations_counterfactual=values,
+                         temporary=mem.forward_temporary(s, batch, tokens, b) + collected,
+                         notes=("temporary: the values' run with every layer's o_proj input and MLP output",))
+    return _larger(run, passes)
+
+
 def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Work, mem.MemoryPlan, dict[str, Any]]:
     """mediate (patching/mediation_cost.py): per task, n_pairs pairs whose base and alternative first differ at
     the query (QUERY_TOKENS before the end); the neurons of one layer (the neuron layer, or layer 0 when it is
@@ -271,6 +292,7 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         memory = mem.forward_memory(shape, b, batch, tokens, cache=True)
         if stage == "knockout":
             work, sizes = _knockout(shape, cfg, tokens), {**sizes, **_knockout_sizes(shape, cfg)}
+            memory = _knockout_memory(shape, cfg, batch, tokens, b)
         elif stage == "mediation":
             prompts = cfg.n_pairs * len(cfg.tasks)
             work, memory, sizes = _mediation(shape, cfg, tokens, b)
