@@ -156,9 +156,11 @@ def hooked_input_bytes(shape: ModelShape, b: int) -> int:
     return b * (shape.d_model + shape.n_heads * shape.d_head)
 
 
-def loss_bytes(shape: ModelShape, batch: int, tokens: int) -> tuple[int, int]:
-    """(kept, backward temporary) of the logits and the token loss of a micro-batch."""
-    return 12 * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
+def loss_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> tuple[int, int]:
+    """(kept, backward temporary) of the logits and the token loss of a micro-batch; a soft-capped model's logits
+    keep two more [token, vocabulary] tensors for the backward (logits / cap and its tanh, in the model's dtype)."""
+    cap = 2 * b if shape.logit_softcap else 0
+    return (12 + cap) * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
 
 
 def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str) -> MemoryPlan:
@@ -325,7 +327,7 @@ def training_memory(
     LoRA and the default: every layer); `mlp_layers`: whole MLPs trained by precise SFT, whose projections keep
     their inputs too, b (d + d_mlp) a token; `step_temporary`: the optimizer step's (`optimizer_step_bytes`)."""
     s = shape
-    kept, backward = loss_bytes(s, batch, tokens)
+    kept, backward = loss_bytes(s, batch, tokens, b)
     graph = s.n_layers * batch * tokens * saved_per_token_layer(s, tokens, b, frozen=method != "full") + kept
     if method != "full":
         hooked = s.n_layers if hooked_layers is None else hooked_layers

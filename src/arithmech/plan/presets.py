@@ -28,7 +28,7 @@ PRESETS: dict[str, ModelShape] = {
     "qwen2.5-7b": ModelShape("qwen2.5-7b", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064, False, qkv_bias=True,
                              dtype="bfloat16", source="preset: Qwen/Qwen2.5-7B"),
     "gemma2-9b": ModelShape("gemma2-9b", "gemma2", 42, 3584, 16, 8, 256, 14336, 256000, True, norms_per_layer=4,
-                            dtype="float32", source="preset: google/gemma-2-9b"),
+                            logit_softcap=True, dtype="float32", source="preset: google/gemma-2-9b"),
     "smollm2-135m": ModelShape("smollm2-135m", "llama", 30, 576, 9, 3, 64, 1536, 49152, True, dtype="float32",
                                source="preset: HuggingFaceTB/SmolLM2-135M-Instruct"),
 }  # fmt: skip

@@ -55,6 +55,8 @@ class ModelShape:
     """Every linear layer has a bias (GPT-2)."""
     n_positions: int = 0
     """Learned position embeddings (GPT-2); 0 with rotary embeddings."""
+    logit_softcap: bool = False
+    """The logits pass through cap * tanh(logits / cap) (Gemma 2's final_logit_softcapping)."""
     dtype: str | None = None
     """The checkpoint's own dtype (config.json torch_dtype), used for --dtype auto."""
     source: str = ""

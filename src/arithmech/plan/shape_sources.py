@@ -60,6 +60,7 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
         qkv_bias=bool(config.get("attention_bias")) or model_type == "qwen2",
         linear_bias=gpt2 or model_type == "gpt_neox",
         n_positions=int(config.get("n_positions") or 0) if gpt2 else 0,
+        logit_softcap=bool(config.get("final_logit_softcapping")),
         dtype=config.get("torch_dtype") or config.get("dtype"),
         source=source,
     )
