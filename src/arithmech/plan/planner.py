@@ -190,6 +190,8 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
     grown = 2 * rows_at_once * shape.n_kv_heads * shape.d_head * tokens * b  # a layer's keys, values for the rows
+    if shape.group_size > 1:  # and their copies repeated over the query heads (eager attention's repeat_kv)
+        grown += 2 * rows_at_once * shape.n_heads * shape.d_head * tokens * b
     block = one.temporary + grown + mem.kv_cache_bytes(shape, 1, tokens, b)  # and the base row's prefix copy
     alternative = len(sites) * tokens * shape.d_model * b  # each site's output in the alternative run
     memory = dataclasses.replace(one, activations_clean=cache, activations_counterfactual=alternative,
