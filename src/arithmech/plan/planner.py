@@ -291,7 +291,6 @@ def plan_stage(shape: ModelShape, stage: str, cfg: Any, options: PlanOptions) ->
         prompts = int(getattr(cfg, "max_prompts", None) or getattr(cfg, "n_pairs", None) or 64)
         batch = int(getattr(cfg, "batch_size", None) or 16)
         sizes = {"batch_size": batch}
-        memory = mem.forward_memory(shape, b, batch, tokens, cache=True)
         if stage == "knockout":
             work, sizes = _knockout(shape, cfg, tokens), {**sizes, **_knockout_sizes(shape, cfg)}
             memory = _knockout_memory(shape, cfg, batch, tokens, b)

@@ -144,11 +144,6 @@ def token_layer_work(
     return Work(sum(passes.values()), calls, passes, source)
 
 
-def forward_work(passes: float, prompts: int, batch_size: int, source: str) -> Work:
-    """A stage of plain forward passes of its prompts."""
-    return Work(passes, int(passes * len(_chunks(prompts, batch_size))), {"forward passes": passes}, source)
-
-
 def estimated_seconds(
     shape: ModelShape, work: Work, prompts: int, tokens: int, device: DeviceProfile, dtype: str, b: int
 ) -> float:
