@@ -242,9 +242,8 @@ def numbers_plan(
     entering every layer and the keys/values) and every variant's row joining one of them at its layer.
     Where the config leaves them open: two-digit operands split into digits, every family and DEFAULT_SITES sites
     (the most fits); each fit keeps its prediction of every value (the result holds them), and a site's shuffled
-    controls theirs while it is patched. The
-    means, fits and Clock states live in host memory: in the peak on a CPU (`cpu`), beside it on a GPU
-    (sizes' host_bytes)."""
+    controls theirs while it is patched. The means, fits and Clock states live in host memory: in the peak on a
+    CPU (`cpu`), beside it on a GPU (sizes' host_bytes)."""
     s, batch = shape, cfg.batch_size
     values = (cfg.high if cfg.high is not None else 100) - (cfg.low if cfg.low is not None else 10)
     layers = len(cfg.layers) if cfg.layers is not None else s.n_layers

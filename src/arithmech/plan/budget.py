@@ -274,7 +274,7 @@ def _budget(shape: ModelShape, dtype: str, device: str, given: int | None, loade
     launched = distributed.launched_processes()
     fsdp = launched if launched > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else 1
     gpus = max(1, gpu_count()) if device == "auto" and launched == 1 else 1
-    cpu = device == "cpu"
+    cpu = device == "cpu" or (device == "auto" and gpu_count() == 0)  # auto falls back to the CPU
     if given is not None:
         return MemoryBudget(shape, dtype, given, option, True, gpus, fsdp, launched, cpu)
     free = free_memory(device)

@@ -90,6 +90,7 @@ def shape_from_gguf(path: Path, name: str | None = None) -> ModelShape:
         "intermediate_size": _need(meta, (key("feed_forward_length"),), where),
         "vocab_size": vocab,
         "tie_word_embeddings": "output.weight" not in tensors,
+        "final_logit_softcapping": meta.get(key("final_logit_softcapping")),
         "torch_dtype": "float32",
     }
     return shape_from_config(config, name or path.stem, f"GGUF header of {path}")

@@ -167,3 +167,15 @@ def test_a_soft_capped_model_plans_its_capped_logits_in_training(tmp_path: Path)
     assert capped.logit_softcap and preset("gemma2-9b").logit_softcap and not preset("llama2-7b").logit_softcap
     plain = dataclasses.replace(capped, logit_softcap=False)
     assert memory.loss_bytes(capped, 2, 10, 4)[0] - memory.loss_bytes(plain, 2, 10, 4)[0] == 2 * 4 * 1000 * 2 * 10
+
+
+def test_a_gemma2_gguf_header_carries_its_logit_soft_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from arithmech.plan import shape_sources
+
+    meta = {"general.architecture": "gemma2", "gemma2.block_count": 2, "gemma2.embedding_length": 64,
+            "gemma2.attention.head_count": 4, "gemma2.attention.head_count_kv": 2, "gemma2.feed_forward_length": 128,
+            "gemma2.vocab_size": 1000, "gemma2.final_logit_softcapping": 30.0}  # fmt: skip
+    monkeypatch.setattr(shape_sources, "read_gguf_header", lambda _path: (meta, {}))
+    assert shape_sources.shape_from_gguf(tmp_path / "m.gguf").logit_softcap
+    meta.pop("gemma2.final_logit_softcapping")
+    assert not shape_sources.shape_from_gguf(tmp_path / "m.gguf").logit_softcap
