@@ -113,9 +113,9 @@ class _Run:
     """out(ablated) - out(run) of the senders so far, and the receiver inputs they give."""
     normed_base: torch.Tensor | None = None
     """[batch, pos, d_model] the normed input that every head input of the current layer shares by default."""
-    normed_heads: dict[int, tuple[list[int], torch.Tensor]] = field(default_factory=dict)
-    """head receiver (within the layer) -> the circuits where its input differs, and its normed input there
-    from `normed_start` on [circuits, prompt, pos - normed_start, d_model]."""
+    own_projections: dict[str, dict[int, list[tuple[list[int], torch.Tensor]]]] = field(default_factory=dict)
+    """role -> head (query head for q, within the layer) -> for the circuits where its input differs, its
+    projection there from `normed_start` on [circuits, prompt, pos - normed_start, d_head], bias not added."""
     normed_start: int = 0
     probes: list[torch.Tensor] = field(default_factory=list)
     end_resid: torch.Tensor | None = None
@@ -156,54 +156,61 @@ class _Run:
                 self.add_terms(0, resid[None], self.ablated.embed[None])
             heads = self.graph.layer_receivers(layer)
             receivers = slice(heads.start, heads.stop - 1)
-            circuits = list(range(self.swaps.circuits))
+            self.own_projections, weights = {}, projection_weights(self.view, layer)
             if self.probe:  # every receiver its own input, with its probe
                 x = norm.forward(self.receiver_input(receivers, resid))  # [3H, batch, pos, d_model]
                 self.normed_base, self.normed_start = x[0], 0
-                self.normed_heads = {
-                    r: (circuits, xr.reshape(len(circuits), -1, *xr.shape[1:])) for r, xr in enumerate(x)
-                }
+                circuits = list(range(self.swaps.circuits))
+                self.project_own(weights, range(len(x)), circuits, x.reshape(len(x), len(circuits), -1, *x.shape[2:]))
                 return
-            base, deviations = self.swaps.split(receivers, resid) if self.needs_swaps else (resid, [])
+            base, deviations = self.swaps.split(receivers, resid) if self.needs_swaps else (resid, iter(()))
             self.normed_base = norm.forward(base)  # forward: not through this hook again
-            self.normed_heads, self.normed_start = {}, self.swaps.start
-            if deviations:  # the receivers whose input is not the base, normed together from `start` on
-                late = self.swaps.per_circuit(base)[:, :, self.normed_start :]  # [circuit, prompt, pos', d_model]
-                x = torch.cat([late[dev.circuit][None] + dev.delta.reshape(-1, *late.shape[1:]) for dev in deviations])
-                normed = norm.forward(x)  # [deviating, prompt, pos', d_model]
-                i = 0
-                for dev in deviations:
-                    for r in dev.rows.tolist():
-                        cs, xs = self.normed_heads.setdefault(r, ([], []))
-                        cs.append(dev.circuit)
-                        xs.append(normed[i])
-                        i += 1
-                self.normed_heads = {r: (cs, torch.stack(xs)) for r, (cs, xs) in self.normed_heads.items()}
+            self.normed_start = self.swaps.start
+            late = self.swaps.per_circuit(base)[:, :, self.normed_start :]  # [circuit, prompt, pos', d_model]
+            for dev in deviations:  # one circuit at a time: only its inputs are ever held at d_model width
+                x = late[dev.circuit][None] + dev.delta.reshape(-1, *late.shape[1:])  # [deviating, prompt, ..]
+                rows, circuit = dev.rows.tolist(), dev.circuit
+                del dev  # its delta, before the norm's temporaries
+                self.project_own(weights, rows, [circuit], norm.forward(x)[:, None])
+                del x
 
         return fn
+
+    def project_own(
+        self, weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]], rows: Sequence[int], circuits: list[int],
+        normed: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Keep the projections of receivers `rows` (within the layer: q heads, then k, then v) in `circuits`, from
+        their normed inputs [row, circuit, prompt, pos', d_model]: a head's d_head outputs, not its d_model input.
+        Query head h reads its W_Q block, keys and values the W_K, W_V block of h's kv group."""
+        n, g = self.view.dims.n_heads, self.replicas.replicas
+        for x, r in zip(normed, rows, strict=True):
+            role = ROLES[r // n]
+            head = r % n
+            w = weights[role][0][head if role == "q" else head // g]
+            y = torch.einsum("cbpm,em->cbpe", x.to(w.dtype), w)  # [circuits, prompt, pos', d_head]
+            self.own_projections.setdefault(role, {}).setdefault(head, []).append((circuits, y))
 
     def projections(self, layer: int) -> dict[str, torch.Tensor]:
         """Module-layout outputs [replicas * batch, pos, n, d_head] of q, k and v: every head's from the shared
         normed input, then the receivers with their own input overwritten (query head h = k g + j reads the
         keys and values of kv head k in replica j)."""
-        d = self.view.dims
         g, circuits = self.replicas.replicas, self.swaps.circuits
         out = {}
-        for i, (role, (w, b)) in enumerate(projection_weights(self.view, layer).items()):
+        for role, (w, b) in projection_weights(self.view, layer).items():
             y = torch.einsum("bpm,nem->bpne", self.normed_base.to(w.dtype), w)  # [batch, pos, n, d_head]
             y = y if b is None else y + b
-            own = {
-                r - i * d.n_heads: v for r, v in self.normed_heads.items() if i * d.n_heads <= r < (i + 1) * d.n_heads
-            }
+            own = self.own_projections.get(role, {})
             if not own:
                 out[role] = y[None].expand(g, *y.shape).reshape(-1, *y.shape[1:])
                 continue
             y = y[None].repeat(g, 1, 1, 1, 1).reshape(g, circuits, -1, *y.shape[1:])  # [g, circuit, prompt, pos, n, e]
-            for head, (cs, x) in own.items():
+            for head, pieces in own.items():
                 slot = head if role == "q" else head // g
-                yh = torch.einsum("cbpm,em->cbpe", x.to(w.dtype), w[slot])  # [circuits, prompt, pos, d_head]
-                y[head % g, cs, :, self.normed_start :, slot] = yh if b is None else yh + b[slot]
+                for cs, yh in pieces:
+                    y[head % g, cs, :, self.normed_start :, slot] = yh if b is None else yh + b[slot]
             out[role] = y.reshape(-1, *y.shape[3:])  # [replicas * batch, pos, n, d_head]
+        self.own_projections = {}
         return out
 
     def projection_hooks(self, layer: int) -> list[tuple[nn.Module, PostHook]]:

@@ -19,6 +19,7 @@ with the prefix sums at each block boundary (embedding, a layer's heads, an MLP)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -62,33 +63,33 @@ class SwapTerms:
         self.prefix[self.count + s] = total if before is None else before + total
         self.count += s
 
-    def split(self, receivers: slice, resid: torch.Tensor) -> tuple[torch.Tensor, list[Deviation]]:
+    def split(self, receivers: slice, resid: torch.Tensor) -> tuple[torch.Tensor, Iterator[Deviation]]:
         """The receivers' inputs as a base shared by all of them, [batch, pos, d_model] (resid, plus the prefix
-        of the circuits summed from their kept edges), and the receivers of each circuit that differ from it.
+        of the circuits summed from their kept edges), and the receivers of each circuit that differ from it,
+        one circuit at a time as they are read (a caller that drops each before the next holds one circuit's).
 
         The receivers must read the same senders (a layer's 3H head inputs, or one receiver)."""
         reads = {self.graph.senders_before(r) for r in range(receivers.start, receivers.stop)}
         assert len(reads) == 1, "the receivers of one split read the same senders"
         (count,) = reads
-        deviations: list[Deviation] = []
         if self.terms is None:
-            return resid, deviations
+            return resid, iter(())
         swap = self.swap[:, receivers, : self.count].to(resid.dtype)  # [circuit, receiver, sender]
         valid = self.graph.valid[receivers, : self.count].to(swap.device, resid.dtype)
-        shifted = []
+        coefficients, shifted = [], []
         for c in range(self.circuits):
             swapped = swap[c]
             kept = valid - swapped  # nonzero on edges (partly) kept
             n_swapped, n_kept = int(swapped.count_nonzero()), int(kept.count_nonzero())
             if n_swapped == 0:
                 continue
-            coeff = swapped
             if n_kept < n_swapped:  # delta = prefix - the kept edges' terms
-                coeff = -kept
+                coefficients.append((c, -kept))
                 shifted.append(c)
-            deviation = self._product(c, coeff, self.terms[c])
-            if deviation is not None:
-                deviations.append(deviation)
+            else:
+                coefficients.append((c, swapped))
+        terms = self.terms  # filter, not a named loop variable: nothing here keeps a deviation the caller dropped
+        deviations = filter(None, (self._product(c, coeff, terms[c]) for c, coeff in coefficients))
         if not shifted:
             return resid, deviations
         base = resid.clone()

@@ -47,12 +47,11 @@ from typing import Any
 from arithmech.patching.scan_cost import TOTAL_MAX_ROWS
 from arithmech.plan.shape import ModelShape
 
-ASSEMBLY_COPIES = 4
-"""float32 [3H, batch, pos, d_model] tensors alive while one layer's head-input gradients are assembled
-(circuits/gradients.head_input_gradients): the cotangents per role, their concatenation, and the attention norm's
-vector-Jacobian product batched over them (its input's gradient and intermediates); read from the allocator's
-records: EAP-IG planned at 1.01 of measured on 2-layer LLaMA2-7B and Llama-3.1-8B skeletons in bfloat16, 0.90 in
-float32, and 0.97 on the planned-against-measured test's small model (6 copies planned 1.30 at real width)."""
+ASSEMBLY_FLOAT32_COPIES = 3
+"""float32 [3H, batch, pos, d_model] intermediates of the attention norm's vector-Jacobian product, batched over
+one layer's head inputs (circuits/gradients.head_input_gradients), beside three tensors of the same size in the
+model's dtype: the cotangents per role, their concatenation and the product's result. Read from the allocator's
+records on 2-layer skeletons: 18 bytes an element in bfloat16 (LLaMA2-7B), 24 in float32 (LLaMA2-7B, Gemma-2-9B)."""
 READOUT_CAST_ELEMENTS = 2**24
 """models/view.py's _CAST_ELEMENTS (the plan imports no torch; a test holds the two equal)."""
 FINGERPRINT_CHUNK = 2**20
@@ -216,31 +215,35 @@ def attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> Me
 
 def edge_attribution_memory(shape: ModelShape, b: int, batch: int, tokens: int) -> MemoryPlan:
     """circuit's EAP / EAP-IG (circuits/gradients.receiver_gradients): one forward's autograd graph (attention on
-    g replicas), both runs' sender outputs, the probes (a zero tensor added to every projection's output, tiled
-    over the g replicas, and to every MLP's and the final norm's input) and the float32 gradients of every
-    receiver's input; once the backward has freed the graph, the probes' gradients (as large as the probes) and
-    one layer's assembly of its 3H head-input gradients, ASSEMBLY_COPIES float32 [3H, batch, pos, d_model]
-    tensors (the cotangents, their concatenation and the norm's batched vector-Jacobian product)."""
+    g replicas), both runs' sender outputs (the embedding, every layer's z and MLP output), the probes (a zero
+    tensor added to every projection's output, tiled over the g replicas, and to every MLP's and the final norm's
+    input) and the float32 gradients of every receiver's input. Once the backward has freed the graph: the probes'
+    gradients (as large as the probes) and one layer's assembly of its 3H head-input gradients, [3H, batch, pos,
+    d_model] tensors (the cotangents, their concatenation and the norm's batched vector-Jacobian product,
+    ASSEMBLY_FLOAT32_COPIES); then, the probes freed, every sender's float32 difference between the runs, which
+    the gradients are contracted with (attribution.contract)."""
     s = shape
     rows = batch * tokens
     receivers = s.n_layers * (3 * s.n_heads + 1) + 1
     senders = s.n_layers * (s.n_heads + 1) + 1
     per_layer = saved_per_token_layer(s, tokens, b) + (s.group_size - 1) * s.n_heads * tokens * 8
     graph = s.n_layers * rows * per_layer
-    outputs = senders * rows * s.d_model * b
+    outputs = (2 * s.n_layers + 1) * rows * s.d_model * b
     projections = s.group_size * (s.n_heads + 2 * s.n_kv_heads) * s.d_head  # tiled over the g replicas
     probes = rows * (s.n_layers * (projections + s.d_model) + s.d_model) * b
-    assembly = ASSEMBLY_COPIES * 3 * s.n_heads * rows * s.d_model * 4
+    assembly = 3 * s.n_heads * rows * s.d_model * (3 * b + 4 * ASSEMBLY_FLOAT32_COPIES)
+    differences = 4 * senders * rows * s.d_model
     return MemoryPlan(
         weights=weight_bytes(s, b),
         activations_clean=graph + outputs + probes,
         activations_counterfactual=outputs,
         gradients=4 * receivers * rows * s.d_model,
         temporary=forward_temporary(s, batch, tokens, b),
-        after_backward=probes + assembly,
+        after_backward=max(probes + assembly, differences - probes),
         graph_bytes=graph,
         notes=("gradients: float32 d metric / d x_r of every receiver", "clean: the autograd graph, sender outputs "
-               "and probes", "after_backward: the probes' gradients and one layer's assembly, as the graph is freed"),
+               "and probes", "after_backward: the probes' gradients and one layer's assembly, as the graph is "
+               "freed, or after them the senders' differences"),
     )  # fmt: skip
 
 
@@ -248,23 +251,25 @@ def sweep_memory(shape: ModelShape, b: int, batch: int, rows: int, tokens: int) 
     """circuit's faithfulness sweep (circuits/patched.py, swaps.py): a patched pass of `rows` circuit x prompt rows
     on the positions after the shared prefix. It keeps every sender's swap term out_s(ablated) - out_s(run) and
     their sums at each block boundary, beside the counterfactual run's sender outputs of the chunk's `batch`
-    prompts. At a layer's attention norm, the head inputs that deviate from the shared base: at most 3H per row,
-    each as its delta (a product over senders), the sum they are concatenated into and the norm's float32
-    temporaries (two copies); then their normed inputs beside the attention of the rows (g replicas). The bound is
-    reached when every circuit of a pass has receivers with both kept and swapped edges, as in the middle of MIB's
-    sweep (a few % to 50 % of edges)."""
+    prompts. At a layer's attention norm, the head inputs that deviate from the shared base are built one circuit
+    at a time: at most 3H per prompt, first as a product over senders (beside the terms it gathers, up to half the
+    senders), then as their sum with the base and the norm's temporaries (a float32 copy and product); each is
+    projected at once, so only their d_head outputs are kept for the layer's attention, which runs on g replicas."""
     s = shape
     senders = s.n_layers * (s.n_heads + 1) + 1
     position = rows * tokens * s.d_model
-    deviating = 3 * s.n_heads * position
-    attention = deviating * b + forward_temporary(s, rows * s.group_size, tokens, b)
+    one_circuit = 3 * s.n_heads * batch * tokens * s.d_model
+    gathered = senders // 2 * batch * tokens * s.d_model * b
+    projected = 3 * s.n_heads * rows * tokens * s.d_head * b
     return MemoryPlan(
         weights=weight_bytes(s, b),
         activations_clean=(senders + 2 * s.n_layers + 1) * position * b,
         activations_counterfactual=(2 * s.n_layers + 1) * batch * tokens * s.d_model * b,
-        temporary=max(deviating * (2 * b + 8), attention),
+        temporary=projected + max(one_circuit * (b + 8), gathered + one_circuit * b,
+                                  forward_temporary(s, rows * s.group_size, tokens, b)),
         notes=("clean: every sender's swap term and their sums at block boundaries", "counterfactual: the "
-               "counterfactual run's sender outputs", "temporary: a layer's deviating head inputs, at most 3H a row"),
+               "counterfactual run's sender outputs", "temporary: one circuit's deviating head inputs, 3H a prompt "
+               "at most, normed, and every circuit's projections of them"),
     )  # fmt: skip
 
 

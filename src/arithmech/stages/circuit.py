@@ -116,8 +116,22 @@ def rank_edges(
     gradient = "eap" if method == "eap" else "eap-ig"
     # gradients of the receivers' inputs only: no graph through the weights
     with frozen_parameters(handle.model), progress_bar(f"scoring edges ({method})", "pass", quiet) as bar:
-        return edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size,
-                           progress=bar)  # fmt: skip
+        scores = edge_scores(handle.view, graph, batch, method=gradient, steps=cfg.steps, batch_size=cfg.batch_size,
+                             progress=bar)  # fmt: skip
+    check_finite_scores(graph, scores, method, str(handle.model.dtype).removeprefix("torch."))
+    return scores
+
+
+def check_finite_scores(graph: CircuitGraph, scores: torch.Tensor, method: str, dtype: str) -> None:
+    """Refuse edge scores that are not all finite (a 16-bit overflow in the model's own passes, a broken
+    checkpoint): a ranking with inf or NaN in it would choose its circuits silently wrong."""
+    bad = int((~scores.isfinite() & graph.valid.bool()).sum())
+    if bad:
+        raise DataError(
+            f"{method} gave {bad} of {int(graph.valid.sum())} edge scores that are not finite with the model in "
+            f"{dtype} (an overflow of its activations or gradients); load it in float32 (--dtype float32) or "
+            "bfloat16 (--dtype bfloat16)"
+        )
 
 
 def sweep_rankings(

@@ -10,7 +10,7 @@ scans (1.09 and 1.07 of the measurement), full SFT (1.07), precise SFT (1.15: it
 chosen heads' layers only; the loss's float32 tensors, planned as all alive at the backward's start, are the
 largest term at this vocabulary), circuit's EAP-IG (0.97: the forward's graph, both runs' sender outputs, the
 probes and the float32 receiver gradients, then, as the backward frees the graph, the probes' gradients and one
-layer's assembly of its head-input gradients, `memory.ASSEMBLY_COPIES`), one pass of circuit's faithfulness
+layer's assembly of its head-input gradients, `memory.ASSEMBLY_FLOAT32_COPIES`), one pass of circuit's faithfulness
 sweep (0.96: every sender's swap term and a layer's deviating head inputs), one batch of evaluate's generations
 (0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention, MLP-lens and Fourier
 analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89), neurons' later steps (1.01: the LI blocks) and
