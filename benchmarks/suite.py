@@ -233,10 +233,10 @@ BENCHMARKS = (
             "planned_over_measured_min": RECORDED, "planned_over_measured_max": RECORDED,
             "memory_measured_as": TEXT, "rows": ROWS, "growth": ROWS,
         },
-        # the runs recorded (a 23 GiB machine: the float32 full SFT of 128k-256k vocabularies plans more); the neuron
-        # stages (mediation-neurons, neurons: 5-10 min a run at real width on a CPU) are added when measured
+        # every stage run (a 23 GiB machine: the float32 full SFT of 128k-256k vocabularies plans more and is skipped)
         full_args=("--resume", "runs/bench/plan_skeletons-full.jsonl", "--max-memory", "20GiB", "--stages",
-                   "identify-path,identify-total,knockout,circuit,mediation,evaluate,finetune-precise,finetune-full"),
+                   "identify-path,identify-total,knockout,circuit,mediation,mediation-neurons,neurons,evaluate,"
+                   "finetune-precise,finetune-full"),
         on_demand=True,
     ),  # fmt: skip
     Benchmark(

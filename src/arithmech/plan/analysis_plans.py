@@ -194,30 +194,42 @@ def heuristics_plan(
 
 def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.MemoryPlan:
     """neurons: the largest of head importance's knockout passes (batch_size rows with their cache), comparative
-    neurons' two runs' END states of the set with its LI blocks, and a LoRA step (the frozen layers' autograd graph
-    from the trained layer up, planned from the first deep layer, and the END logits' loss). An LI block is a chunk
-    of neurons' float32 [row, neuron, d_vocab] logits (at most log_increase.DEFAULT_MAX_ELEMENTS numbers); four are
-    alive at once in `neuron_li_of_runs` (the second run's product and sum while the first run's logits and
-    log-softmax are still bound), with the chunk's directions read out, [neuron, d_vocab]."""
+    neurons' two runs' END states of the set with its LI blocks, the top neurons' report, a LoRA step (the frozen
+    layers' autograd graph from the trained layer up, planned from the first deep layer, and the END logits' loss)
+    and the LoRA's coefficient change.
+    Every readout through the unembedding (models/readout.unembed_weight) holds W_U in float32, a copy unless the
+    model is in float32, and a layer's float32 neuron directions [d_mlp, d_model] (log_increase.neuron_directions:
+    built from a cast copy of the value vectors in a 16-bit model, times the post-MLP norm's gain where there is
+    one). An LI block is a chunk of neurons' float32 [row, neuron, d_vocab] logits (at most
+    log_increase.DEFAULT_MAX_ELEMENTS numbers); four are alive at once in `neuron_li_of_runs` (the second run's
+    product and sum while the first run's logits and log-softmax are still bound), five with a logit soft-cap,
+    with the chunk's directions read out, [neuron, d_vocab]. The coefficient change merges the LoRA into the
+    adapted layer's MLP: a copy of its matrices."""
     s, n = shape, cfg.max_prompts
     importance = mem.forward_memory(s, b, cfg.batch_size, tokens, cache=True)
     deep = len(sw.cna_layers(s.n_layers, cfg))
     states = 2 * (mem.end_state_bytes(s, n, b) + 2 * n * deep * s.d_mlp * b)  # END states and coefficients
+    unembed = s.d_vocab * s.d_model * 4 if b != 4 else 0
+    directions = s.d_mlp * s.d_model * 4
+    building = directions * (1 + (b != 4) + (s.norms_per_layer == 4))
     neurons = min(s.d_mlp, max(1, LI_BLOCK_ELEMENTS // (n * s.d_vocab)))  # a chunk of neurons, log_increase.py
-    block = 4 * n * neurons * s.d_vocab * 4 + neurons * s.d_vocab * 4  # see neurons_memory's docstring
-    comparative = states + max(block, mem.forward_temporary(s, n, tokens, b))
+    block = (4 + s.logit_softcap) * n * neurons * s.d_vocab * 4 + neurons * s.d_vocab * 4
+    readout = unembed + max(building, directions + block)
+    comparative = states + max(readout, mem.forward_temporary(s, n, tokens, b))
     train = min(LORA_BATCH, n)
     layer = cfg.lora_layer if cfg.lora_layer is not None else s.n_layers - deep
     graph = train * tokens * (s.n_layers - layer) * mem.saved_per_token_layer(s, tokens, b, frozen=True)
     graph += train * tokens * mem.hooked_input_bytes(s, b)  # the adapted layer's MLP input, planned as a layer's
     lora = graph + 12 * train * s.d_vocab + mem.forward_temporary(s, train, tokens, b) if cfg.lora else 0
-    temporary = max(importance.temporary, comparative, lora)
+    merged = s.mlp_matrices * s.d_model * s.d_mlp * b + unembed + building if cfg.lora else 0
+    temporary = max(importance.temporary, comparative, lora, merged)
     return mem.MemoryPlan(
         weights=mem.weight_bytes(s, b),
         activations_clean=importance.activations_clean,
         temporary=temporary,
         notes=("clean: a knockout pass's cache", "temporary: the largest of a knockout pass, comparative neurons' "
-               "END states and LI block, and a LoRA step's graph"),
+               "END states with W_U in float32, the neuron directions and an LI block, a LoRA step's graph, and "
+               "the LoRA's merged MLP beside the readout"),
     )  # fmt: skip
 
 
