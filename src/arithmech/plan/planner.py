@@ -185,23 +185,33 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
         calls += cfg.n_pairs * (1 + math.ceil(shape.d_mlp / cfg.max_rows))
     work = wk.token_layer_work(shape, parts, cfg.n_pairs * len(cfg.tasks), tokens, calls * len(cfg.tasks),
                                "patching/mediation_cost.py")  # fmt: skip
-    rows_at_once = min(cfg.max_rows, max(len(sites), shape.d_mlp if cfg.neuron_k else 0))
+    rows_at_once = min(cfg.max_rows, len(sites))
     one = mem.forward_memory(shape, b, rows_at_once, QUERY_TOKENS)
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
-    grown = 2 * rows_at_once * shape.n_kv_heads * shape.d_head * tokens * b  # a layer's keys, values for the rows
-    if shape.group_size > 1:  # and their copies repeated over the query heads (eager attention's repeat_kv)
-        grown += 2 * rows_at_once * shape.n_heads * shape.d_head * tokens * b
-    block = one.temporary + grown + mem.kv_cache_bytes(shape, 1, tokens, b)  # and the base row's prefix copy
+    block = one.temporary + _grown(shape, rows_at_once, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
+    if cfg.neuron_k:  # a block of neurons' rows runs the last position only; the last block's logits are bound
+        neuron_rows = min(cfg.max_rows, shape.d_mlp)
+        grown = _grown(shape, neuron_rows, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
+        block = max(block, mem.forward_temporary(shape, neuron_rows, 1, b) + grown + neuron_rows * shape.d_vocab * 4)
     alternative = len(sites) * tokens * shape.d_model * b  # each site's output in the alternative run
     memory = dataclasses.replace(one, activations_clean=cache, activations_counterfactual=alternative,
                                  temporary=max(block, first), notes=(
         "clean: the base and alternative run's keys, values and residuals", "counterfactual: every site's output "
         "in the alternative run", "temporary: the larger of that run's layer and a block of max_rows intervened "
-        "rows over the query's positions with their logits, a layer's keys and values grown for the rows and "
-        "the base row's prefix cache"))  # fmt: skip
+        "rows over the query's positions with their logits (neurons': the last position, beside the last block's "
+        "logits), a layer's keys and values grown for the rows and the base row's prefix cache"))  # fmt: skip
     sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
     return work, memory, sizes
+
+
+def _grown(shape: ModelShape, rows: int, tokens: int, b: int) -> int:
+    """A layer's keys and values grown for `rows` intervened rows (the base row's prefix joined to theirs), and on a
+    grouped-query model their copies repeated over the query heads (eager attention's repeat_kv)."""
+    grown = 2 * rows * shape.n_kv_heads * shape.d_head * tokens * b
+    if shape.group_size > 1:
+        grown += 2 * rows * shape.n_heads * shape.d_head * tokens * b
+    return grown
 
 
 def _answer_check(shape: ModelShape, b: int, batch: int, tokens: int) -> mem.MemoryPlan:
