@@ -139,16 +139,22 @@ SOURCES: dict[str, Source] = {
         Source(
             name="numbers",
             commands=(
+                "arithmech identify --operations addition --max-prompts 64 --out {runs}/identify",
                 f"arithmech analyze numbers --layers 0,5,10,15,20,25 {_NUMBERS} --max-prompts 32 "
-                "--out {runs}/numbers",
+                "--from {runs}/identify --out {runs}/numbers",
             ),
             quick=(
+                "arithmech identify --model {model} --operations addition --n-per-template 4 --max-prompts 8 "
+                "--keep-incorrect --out {runs}/identify",
                 f"arithmech analyze numbers --model {{model}} --layers 1 {_NUMBERS} --max-prompts 6 "
-                "--no-filter-correct --max-pairs 40 --few-shot 1 --batch-size 4 --out {runs}/numbers",
+                "--no-filter-correct --max-pairs 40 --few-shot 1 --batch-size 4 --from {runs}/identify "
+                "--out {runs}/numbers",
             ),
             kept=(
-                Kept("numbers", "numbers", "numbers", ("numbers_ld.csv", "numbers_periods.json", "numbers_clock.csv")),
-            ),
+                Kept("numbers", "identify", "identify", ("key_components.json", "effects.csv")),
+                Kept("numbers", "numbers", "numbers",
+                     ("numbers_ld.csv", "numbers_periods.json", "numbers_clock.csv", "numbers_clock_heads.csv")),
+            ),  # fmt: skip
             figures=(("numbers/numbers_ld.png", "numbers-ld.png"),),
         ),
         Source(
