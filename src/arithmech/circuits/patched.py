@@ -16,10 +16,11 @@ Formula (METHODS.md sec. 9), at every position, with keep[r, s] in [0, 1] (1 = e
 How it runs as one forward pass of the unmodified Hugging Face model (hooks only, `models/hooks.py`)
     attn_norm pre-hook   builds the 3H inputs x_{h,q|k|v}: the input they share in each circuit (the residual,
                          or for a small circuit the residual with every edge swapped) and the few that deviate
-                         from it (`swaps.py`), and norms each distinct one once.
-    q/k/v post-hooks     replace the projections: every head's from the shared input, then for a deviating
-                         input query head h's queries with its W_Q block, keys and values with the W_K, W_V
-                         block of h's kv group (the module itself computes one position only: `skipped_input`).
+                         from it (`swaps.py`), one circuit at a time, norms each distinct one once and projects a
+                         deviating one at once: query head h's queries with its W_Q block, keys and values with
+                         the W_K, W_V block of h's kv group (only d_head numbers a row are kept, `project_own`).
+    q/k/v post-hooks     replace the projections: every head's from the shared input, then the deviating ones'
+                         own (the module itself computes one position only: `skipped_input`).
     o_proj pre-hook      records z, hence each head's output and its swap term out_s(ablated) - out_s(run).
     mlp_norm pre-hook    replaces the MLP's input; mlp post-hook records its output.
     final_norm pre-hook  replaces the logits' input and keeps it at END for the metric.

@@ -166,6 +166,7 @@ def mediation_effects(
                 with hooks(post=post):
                     star = base.run_from(view, item, p, layer_of)  # [row, d_vocab]
                 p_star = _probs_rows(star, item)  # [row, 2]
+                del star  # the block's logits, before the next block's run
                 effect = indirect_effect(probs[i, 0], probs[i, 1], p_star[:, 0], p_star[:, 1])
                 site_ids = torch.tensor(block)  # site s = component index * len(layers) + layer index
                 ie[i, site_ids // len(layers), site_ids % len(layers), p] = effect
@@ -212,6 +213,7 @@ def neuron_effects(
             with hooks(pre=[(module, _set_neurons(block, alt_act[end, block]))]):
                 star = base.run_from(view, item, end, torch.full((len(block),), layer))  # [row, d_vocab]
             p_star = _probs_rows(star, item)  # [row, 2]
+            del star  # the block's logits, before the next block's run
             out[i, start : start + len(block)] = indirect_effect(p[0], p[1], p_star[:, 0], p_star[:, 1])
         if progress is not None:
             progress(1)

@@ -190,17 +190,18 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
     block = one.temporary + _grown(shape, rows_at_once, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
-    if cfg.neuron_k:  # a block of neurons' rows runs the last position only; the last block's logits are bound
+    if cfg.neuron_k:  # a block of neurons' rows runs the last position only, then its logits
         neuron_rows = min(cfg.max_rows, shape.d_mlp)
         grown = _grown(shape, neuron_rows, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
-        block = max(block, mem.forward_temporary(shape, neuron_rows, 1, b) + grown + neuron_rows * shape.d_vocab * 4)
+        block = max(block, mem.forward_temporary(shape, neuron_rows, 1, b) + grown,
+                    mem.readout_bytes(shape, b, neuron_rows))
     alternative = len(sites) * tokens * shape.d_model * b  # each site's output in the alternative run
     memory = dataclasses.replace(one, activations_clean=cache, activations_counterfactual=alternative,
                                  temporary=max(block, first), notes=(
         "clean: the base and alternative run's keys, values and residuals", "counterfactual: every site's output "
         "in the alternative run", "temporary: the larger of that run's layer and a block of max_rows intervened "
-        "rows over the query's positions with their logits (neurons': the last position, beside the last block's "
-        "logits), a layer's keys and values grown for the rows and the base row's prefix cache"))  # fmt: skip
+        "rows over the query's positions with their logits (neurons': the last position), a layer's keys and "
+        "values grown for the rows and the base row's prefix cache"))  # fmt: skip
     sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
     return work, memory, sizes
 

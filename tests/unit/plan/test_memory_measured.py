@@ -8,14 +8,14 @@ proportions of a real decoder at a size a CPU test affords, with grouped-query a
 Tolerance: the issue's 15 % either way (ABOVE, BELOW) for every run measured here: identify's path and total
 scans (1.09 and 1.07 of the measurement), full SFT (1.07), precise SFT (1.15: its hooks' kept inputs planned on the
 chosen heads' layers only; the loss's float32 tensors, planned as all alive at the backward's start, are the
-largest term at this vocabulary), circuit's EAP-IG (0.97: the forward's graph, both runs' sender outputs, the
+largest term at this vocabulary), circuit's EAP-IG (0.95: the forward's graph, both runs' sender outputs, the
 probes and the float32 receiver gradients, then, as the backward frees the graph, the probes' gradients and one
-layer's assembly of its head-input gradients, `memory.ASSEMBLY_FLOAT32_COPIES`), one pass of circuit's faithfulness
-sweep (0.96: every sender's swap term and a layer's deviating head inputs), one batch of evaluate's generations
-(0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention, MLP-lens and Fourier
-analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89), neurons' later steps (1.01: the LI blocks) and
-analyze numbers end to end (1.00 on two sites, 1.10 with every site, family and layer, where the kept fits are
-most of it).
+layer's assembly of its head-input gradients, `memory.ASSEMBLY_FLOAT32_COPIES`), one pass of circuit's
+faithfulness sweep (1.05: every sender's swap term and one circuit's deviating head inputs at a time), one batch of
+evaluate's generations (0.98), agreement's zero ablation at the last token (1.10), one chunk of the attention,
+MLP-lens and Fourier analyses (0.92, 0.93, 0.98), heuristics' scan and sweep (0.89), neurons' later steps (1.01: the
+LI blocks) and analyze numbers end to end (1.00 on two sites, 1.10 with every site, family and layer, where the kept
+fits are most of it).
 
 Where the plan errs, it is by parts the allocator frees in between (above) or small tensors it does not name
 (below: masks, rotary tables, index tensors), a few per cent at these sizes and less at real widths, where the
