@@ -104,6 +104,16 @@ def kv_cache_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> int:
     return 2 * shape.n_layers * batch * tokens * shape.n_kv_heads * shape.d_head * b
 
 
+def joined_kv_bytes(shape: ModelShape, rows: int, tokens: int, b: int) -> int:
+    """One layer's keys and values for `rows` rows that join a run at it (patching/from_layer.py: the base run's
+    prefix joined to theirs), and on a grouped-query model their copies repeated over the query heads (eager
+    attention's repeat_kv)."""
+    joined = 2 * rows * shape.n_kv_heads * shape.d_head * tokens * b
+    if shape.group_size > 1:
+        joined += 2 * rows * shape.n_heads * shape.d_head * tokens * b
+    return joined
+
+
 def end_state_bytes(shape: ModelShape, batch: int, b: int) -> int:
     """END states of every layer (patching/states.collect_end_states): residuals, attention and MLP reads and
     outputs, the final residual, and every head's z."""

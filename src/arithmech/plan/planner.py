@@ -189,10 +189,11 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     one = mem.forward_memory(shape, b, rows_at_once, QUERY_TOKENS)
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
-    block = one.temporary + _grown(shape, rows_at_once, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
+    prefix = mem.kv_cache_bytes(shape, 1, tokens, b)  # the base row's prefix copy
+    block = one.temporary + mem.joined_kv_bytes(shape, rows_at_once, tokens, b) + prefix
     if cfg.neuron_k:  # a block of neurons' rows runs the last position only, then its logits
         neuron_rows = min(cfg.max_rows, shape.d_mlp)
-        grown = _grown(shape, neuron_rows, tokens, b) + mem.kv_cache_bytes(shape, 1, tokens, b)
+        grown = mem.joined_kv_bytes(shape, neuron_rows, tokens, b) + prefix
         block = max(block, mem.forward_temporary(shape, neuron_rows, 1, b) + grown,
                     mem.readout_bytes(shape, b, neuron_rows))
     alternative = len(sites) * tokens * shape.d_model * b  # each site's output in the alternative run
@@ -204,15 +205,6 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
         "values grown for the rows and the base row's prefix cache"))  # fmt: skip
     sizes = {"max_rows": cfg.max_rows, "sites": len(sites), "pairs_per_task": cfg.n_pairs, "tasks": len(cfg.tasks)}
     return work, memory, sizes
-
-
-def _grown(shape: ModelShape, rows: int, tokens: int, b: int) -> int:
-    """A layer's keys and values grown for `rows` intervened rows (the base row's prefix joined to theirs), and on a
-    grouped-query model their copies repeated over the query heads (eager attention's repeat_kv)."""
-    grown = 2 * rows * shape.n_kv_heads * shape.d_head * tokens * b
-    if shape.group_size > 1:
-        grown += 2 * rows * shape.n_heads * shape.d_head * tokens * b
-    return grown
 
 
 def _answer_check(shape: ModelShape, b: int, batch: int, tokens: int) -> mem.MemoryPlan:

@@ -126,12 +126,13 @@ def check_finite_scores(graph: CircuitGraph, scores: torch.Tensor, method: str, 
     """Refuse edge scores that are not all finite (a 16-bit overflow in the model's own passes, a broken
     checkpoint): a ranking with inf or NaN in it would choose its circuits silently wrong."""
     bad = int((~scores.isfinite() & graph.valid.bool()).sum())
-    if bad:
-        raise DataError(
-            f"{method} gave {bad} of {int(graph.valid.sum())} edge scores that are not finite with the model in "
-            f"{dtype} (an overflow of its activations or gradients); load it in float32 (--dtype float32) or "
-            "bfloat16 (--dtype bfloat16)"
-        )
+    if not bad:
+        return
+    found = f"{method} gave {bad} of {int(graph.valid.sum())} edge scores that are not finite with the model in {dtype}"
+    if dtype in ("float32", "float64"):
+        raise DataError(f"{found}: its own forward or backward pass gives inf or NaN; check the checkpoint's weights")
+    raise DataError(f"{found} (an overflow of its activations or gradients); load it in float32 (--dtype float32)"
+                    + (" or bfloat16 (--dtype bfloat16)" if dtype == "float16" else ""))
 
 
 def sweep_rankings(

@@ -68,3 +68,6 @@ def test_edge_scores_that_overflow_are_refused_in_one_sentence() -> None:
                                         r"float16 .*--dtype float32"):  # fmt: skip
         check_finite_scores(graph, scores, "eap-ig", "float16")
     check_finite_scores(graph, torch.nan_to_num(scores) * graph.valid, "eap-ig", "float16")  # finite: no refusal
+    with pytest.raises(DataError, match=r"in float32: its own forward or backward pass gives inf or NaN; check") as err:
+        check_finite_scores(graph, scores, "eap-ig", "float32")  # no dtype to move to
+    assert "--dtype" not in str(err.value)
