@@ -63,7 +63,7 @@ CASES = [
          "max_rows", 64, reads_run=False),  # fmt: skip
     Case("neurons", am.neurons, {"max_prompts": 2, "filter_correct": False, "importance_layers": [1, 2],
                                  "keep_sizes": [0, 8], "n_random": 1, "lora": False, "top_neurons": 4, "top_heads": 2,
-                                 "few_shot": 1}, "batch_size", 4, reads_run=False),  # fmt: skip
+                                 "few_shot": 1}, "batch_size", 8, reads_run=False),  # fmt: skip
     Case("heuristics", am.analyze_heuristics, {"operations": ["addition"], "filter_correct": False, "few_shot": 1,
                                                "max_pairs": 12, "layers": [1], "ks": [1, 2], "n_random": 2,
                                                "top_neurons": 2, "batch_size": 8}, "batch_size", 2,

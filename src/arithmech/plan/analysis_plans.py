@@ -204,7 +204,9 @@ def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.Memo
     log_increase.DEFAULT_MAX_ELEMENTS numbers); four are alive at once in `neuron_li_of_runs` (the second run's
     product and sum while the first run's logits and log-softmax are still bound), five with a logit soft-cap,
     with the chunk's directions read out, [neuron, d_vocab]. The coefficient change merges the LoRA into the
-    adapted layer's MLP: a copy of its matrices."""
+    adapted layer's MLP (lora_effect._merged): a copy of its matrices, beside the readout or, while peft merges
+    or unmerges a matrix, its float32 delta B A and the delta's scaled copy (the adapter is float32 in any
+    model)."""
     s, n = shape, cfg.max_prompts
     importance = mem.forward_memory(s, b, cfg.batch_size, tokens, cache=True)
     deep = len(sw.cna_layers(s.n_layers, cfg))
@@ -221,16 +223,15 @@ def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.Memo
     graph = train * tokens * (s.n_layers - layer) * mem.saved_per_token_layer(s, tokens, b, frozen=True)
     graph += train * tokens * mem.hooked_input_bytes(s, b)  # the adapted layer's MLP input, planned as a layer's
     lora = graph + 12 * train * s.d_vocab + mem.forward_temporary(s, train, tokens, b) if cfg.lora else 0
-    merged = s.mlp_matrices * s.d_model * s.d_mlp * b + unembed + building if cfg.lora else 0
-    temporary = max(importance.temporary, comparative, lora, merged)
-    return mem.MemoryPlan(
+    delta = 2 * s.d_model * s.d_mlp * 4  # peft's float32 B A and its scaled copy, merging or unmerging a matrix
+    merged = s.mlp_matrices * s.d_model * s.d_mlp * b + max(unembed + building, delta) if cfg.lora else 0
+    after = mem.MemoryPlan(
         weights=mem.weight_bytes(s, b),
-        activations_clean=importance.activations_clean,
-        temporary=temporary,
-        notes=("clean: a knockout pass's cache", "temporary: the largest of a knockout pass, comparative neurons' "
-               "END states with W_U in float32, the neuron directions and an LI block, a LoRA step's graph, and "
-               "the LoRA's merged MLP beside the readout"),
+        temporary=max(comparative, lora, merged),
+        notes=("temporary: the largest of comparative neurons' END states with W_U in float32, the neuron "
+               "directions and an LI block, a LoRA step's graph, and the LoRA's merged MLP",),
     )  # fmt: skip
+    return max(importance, after, key=lambda plan: plan.peak)  # one phase after another: the knockout's cache is gone
 
 
 DEFAULT_FAMILIES, DEFAULT_PCA = 19, 2

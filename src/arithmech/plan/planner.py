@@ -148,23 +148,29 @@ def _knockout(shape: ModelShape, cfg: Any, tokens: int) -> wk.Work:
 
 
 def _knockout_memory(shape: ModelShape, cfg: Any, batch: int, tokens: int, b: int) -> mem.MemoryPlan:
-    """knockout (knockout/ablation.py): the ablation values first, a chunk's counterfactual (mean) or reference
-    (resample) run with every layer's o_proj input and MLP output collected; then the passes with the prompts'
-    cache, beside the values: per layer, float32 [group + END row, pos, width] sums of the mean (one group
-    planned) or every prompt's values (resample)."""
-    s = shape
+    """knockout (stages/knockout.py, knockout/ablation.py, batched.py): every prompt set's ablation values are made
+    before any sweep, each from chunks of its counterfactual (mean) or reference (resample) runs with every layer's
+    o_proj input and MLP output collected; then the sweep's calls, beside all of them, of up to batch_size
+    (configuration, prompt) rows (max(1, batch_size // configurations) prompts a chunk, every configuration of
+    each), without a cache, each ending in the rows' END readout. Values per set and layer: float32 [group + END
+    row, pos, width] sums of the mean (one group planned) or every prompt's values (resample)."""
+    s, sets = shape, _knockout_sets(cfg)
     widths = s.n_heads * s.d_head + s.d_model  # an o_proj input and an MLP output
-    collected = s.n_layers * batch * tokens * widths * b
     values = {"zero": 0, "mean": s.n_layers * 2 * tokens * widths * 4}.get(cfg.ablation)
     values = s.n_layers * cfg.max_prompts * tokens * widths * b if values is None else values  # resample
-    passes = mem.forward_memory(s, b, batch, tokens, cache=True)
-    passes = dataclasses.replace(passes, activations_counterfactual=values,
-                                 notes=(*passes.notes, "counterfactual: the ablation values"))  # fmt: skip
+    configurations = len(_knockout_configurations(shape, cfg))
+    rows = min(batch, configurations * max(1, batch // configurations), configurations * cfg.max_prompts)
+    passes = mem.forward_memory(s, b, rows, tokens)
+    passes = dataclasses.replace(passes, activations_counterfactual=sets * values,
+                                 notes=(*passes.notes, "counterfactual: every prompt set's values"))  # fmt: skip
     if cfg.ablation == "zero":
         return passes
-    run = mem.MemoryPlan(weights=passes.weights, activations_counterfactual=values,
+    collected = s.n_layers * batch * tokens * widths * b
+    made = sets - 1 + (cfg.max_prompts > batch)  # a set's own sums exist from its first chunk's end
+    run = mem.MemoryPlan(weights=passes.weights, activations_counterfactual=made * values,
                          temporary=mem.forward_temporary(s, batch, tokens, b) + collected,
-                         notes=("temporary: the values' run with every layer's o_proj input and MLP output",))
+                         notes=("counterfactual: the earlier prompt sets' ablation values and the last set's sums",
+                                "temporary: a values run with every layer's o_proj input and MLP output"))  # fmt: skip
     return _larger(run, passes)
 
 
