@@ -184,13 +184,15 @@ def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str
     if variant == "total":  # decoding steps of max_rows (sender, prompt) rows on the reference cache
         slots = min(senders, max(1, TOTAL_MAX_ROWS // batch))  # senders per step (total.patched_end_logits)
         mlp_rows = min(slots, max((s.n_layers - 1) * (s.n_heads + 1), 1)) * batch  # the last layer's join after it
-        # each row's MLP and two residuals (b each); the step's attention, every prompt's slots over its prefix and
-        # the slots themselves, [batch, H, slots, T - 1 + slots] scores at 8 bytes an entry (module docstring);
+        # at the peak, a step whose rows all run an MLP (on 2 layers, the first layer's senders only): each row's
+        # MLP and two residuals (b each); the step's attention, every prompt's slots over its prefix and the slots
+        # themselves, [batch, H, slots, T - 1 + slots] scores at 8 bytes an entry (module docstring);
         # beside them every sender's END residual (stacked, then joined), the group's copy of the reference cache
         # (shared_prefix.prefix_cache) and the cache it grows into as the slots join; the counterfactual run's
         # cache is gone by then (allocator's records on LLaMA2-7B-wide skeletons of 2 and 4 layers)
-        step = mlp_rows * 3 * s.d_mlp * b + slots * batch * 2 * s.d_model * b
-        step += batch * s.n_heads * slots * (tokens - 1 + slots) * 8
+        joined = mlp_rows // batch  # that step's slots
+        step = mlp_rows * 3 * s.d_mlp * b + joined * batch * 2 * s.d_model * b
+        step += batch * s.n_heads * joined * (tokens - 1 + joined) * 8
         sweep = step + 2 * senders * batch * s.d_model * b + 2 * kv_cache_bytes(s, batch, tokens, b)
         counterfactual = end_states
     else:  # every sender's END residual, and the MLP on the earlier layers' senders at the last layer (the last
