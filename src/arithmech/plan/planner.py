@@ -196,7 +196,9 @@ def _mediation(shape: ModelShape, cfg: Any, tokens: int, b: int) -> tuple[wk.Wor
     cache = mem.kv_cache_bytes(shape, 2, tokens, b) + 2 * shape.n_layers * tokens * shape.d_model * b
     first = mem.forward_temporary(shape, 2, tokens, b)  # the [base; alternative] run that makes the cache
     prefix = mem.kv_cache_bytes(shape, 1, tokens, b)  # the base row's prefix copy
-    block = one.temporary + mem.joined_kv_bytes(shape, rows_at_once, tokens, b) + prefix
+    layer = mem.forward_temporary(shape, rows_at_once, QUERY_TOKENS, b)
+    joined = layer + mem.joined_kv_bytes(shape, rows_at_once, tokens, b)  # a layer with the rows' keys and values
+    block = prefix + max(one.temporary, joined)  # a layer's keys and values are gone by the readout
     if cfg.neuron_k:  # a block of neurons' rows runs the last position only, then its logits
         neuron_rows = min(cfg.max_rows, shape.d_mlp)
         grown = mem.joined_kv_bytes(shape, neuron_rows, tokens, b) + prefix
