@@ -14,7 +14,7 @@ Background
 Families, per operand set S (one column block per operand, each the helix basis of `number_fits.basis`)
     helix(S)  [row, |S| (1 + circle_dim(T))]: [B_T(x) for x in S], B_T(x) = [x, cos(2 pi x / t), sin(2 pi x / t)
               for t in T] (period 2: cos only), S one of (a+b), (a, b), (a, b, a+b);
-    pca-m     the equal-size baseline at m = the dimension of helix(a, b, a+b).
+    pca-m     the equal-size baseline of each helix: m = its dimension.
     A row is one prompt (a, b), not a value's mean: a + b is not a function of either operand alone. Each is
     fitted as `number_fits.fit_basis` fits a family (PCA of the activations, least squares from the basis,
     leave-one-out prediction of every train row, the shuffled control permuting the basis over the train rows).
@@ -57,10 +57,10 @@ HEAD_CLASSES = ("a,b", "a+b", "mixed", "unexplained")
 
 
 def clock_families(periods: Sequence[int]) -> list[Family]:
-    """helix(a+b), helix(a, b), helix(a, b, a+b) over `periods`, then the PCA of the largest one's size."""
+    """helix(a+b), helix(a, b), helix(a, b, a+b) over `periods`, then a PCA of each one's size."""
     one = 1 + circle_dim(periods)
     out = [Family("helix", tuple(periods), one * len(ops), ops) for ops in CLOCK_OPERANDS]
-    return [*out, Family("pca", (), out[-1].dim)]
+    return [*out, *(Family("pca", (), m) for m in sorted({f.dim for f in out}))]
 
 
 def operand_values(family: Family, a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:

@@ -51,10 +51,10 @@ Families (`families`), each at a stated dimension m
     integers: K&T's 9-dimensional helix has 8 columns that are not zero);  circles [cos, sin for every period, no
     linear term: K&T's "circle"];  helix-T1-T2.. [v and the circles of a subset of the periods]: every
     non-empty subset, up to 4 periods, of {2, 5, 10, 100} restricted to the periods the range can show (T <=
-    the number of values in the range: a whole period);  pca-m and poly-m (powers 1..m of the centred,
-    scaled v) at the full helix's dimension m = 1 + 2 x periods; and, when the tokenizer splits numbers
-    into digits, digit-circles [cos, sin of 2 pi d_p / 10 for every place p of v] and digit-linear [d_p per
-    place] (Levy & Geva's per-digit reading against a linear digit code), with pca-m and poly-m at their size.
+    the number of values in the range: a whole period);  when the tokenizer splits numbers into digits,
+    digit-circles [cos, sin of 2 pi d_p / 10 for every place p of v] and digit-linear [d_p per place] (Levy &
+    Geva's per-digit reading against a linear digit code); and at every dimension m those families have, the
+    rivals of equal size: pca-m and poly-m (powers 1..m of the centred, scaled v; poly-1 would be linear).
 
 Usage
     >>> fams = families(10, 100, digit_split=True)                        # [Family(...), ...]
@@ -133,13 +133,11 @@ def families(low: int, high: int, digit_split: bool, periods: Sequence[int] = PE
         out.append(Family("circles", shown, circle_dim(shown)))
     for size in range(1, min(4, len(shown)) + 1):
         out += [Family("helix", subset, 1 + circle_dim(subset)) for subset in itertools.combinations(shown, size)]
-    sizes = [1 + circle_dim(shown)] if shown else [1]
     if digit_split:
         places = n_places(high)
         out += [Family("digit-circles", (), 2 * places), Family("digit-linear", (), places)]
-        sizes.append(2 * places)
-    for size in sorted(set(sizes)):
-        out += [Family("pca", (), size), Family("poly", (), size)]
+    for size in sorted({f.dim for f in out}):  # a rival of equal size for every family (poly-1 is linear)
+        out += [Family("pca", (), size)] + ([Family("poly", (), size)] if size > 1 else [])
     return out
 
 
@@ -312,7 +310,7 @@ def fit_rows(acts: torch.Tensor, bases: dict[str, torch.Tensor | None], fams: Se
     pca = principal_directions(acts, train, pca_dim)
     out: dict[tuple[str, int], Fit] = {}
     for fam in fams:
-        perm_gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{site}:{fam.name}".encode()))
+        perm_gen = seeded(seed, site, fam.name)
         perms = [torch.randperm(int(train.sum()), generator=perm_gen) for _ in range(shuffles)]
         for k in range(1 + (shuffles if fam.kind != "pca" else 0)):
             out[(fam.name, k)] = fit_basis(acts, bases[fam.name], train, fam, pca_dim, perms[k - 1] if k else None,
@@ -325,6 +323,12 @@ def fit_patch(h: torch.Tensor, fit: Fit, value: torch.Tensor) -> torch.Tensor:
     values given to fit_family) in its subspace, h [prompt, d_model] (the corrupted run's) everywhere else."""
     assert fit.pred is not None, "a fit whose prediction was dropped patches nothing"
     return h + ((fit.pred[value] - h) @ fit.q) @ fit.q.T
+
+
+def seeded(seed: int, *labels: object) -> torch.Generator:
+    """A generator of its own for the draws of one part of a run (a site, a layer's family, the Clock's heads):
+    seeded by (seed, labels), so that no draw moves when another part draws more (more families, sites, shuffles)."""
+    return torch.Generator().manual_seed(zlib.crc32(":".join(str(x) for x in (seed, *labels)).encode()))
 
 
 def random_subspace(d_model: int, rank: int, generator: torch.Generator) -> torch.Tensor:

@@ -234,10 +234,10 @@ def neurons_memory(shape: ModelShape, cfg: Any, tokens: int, b: int) -> mem.Memo
     return max(importance, after, key=lambda plan: plan.peak)  # one phase after another: the knockout's cache is gone
 
 
-DEFAULT_FAMILIES, DEFAULT_PCA = 19, 2
+DEFAULT_FAMILIES, DEFAULT_PCA = 26, 6
 """Families fitted when --families is unset, PCAs among them (which have no shuffled control): those of two-digit
-operands on a tokenizer that splits digits (10..99), the default that fits the most."""
-FAMILY_KINDS = {"helix": 15, "circle": 5, "pca": 2, "poly": 2}
+operands on a tokenizer that splits digits (10..99, analysis/number_fits.families), the default that fits the most."""
+FAMILY_KINDS = {"helix": 15, "circle": 5, "pca": 8, "poly": 7}
 """The most families a kind named in --families selects (helices over every subset of 4 periods, ...)."""
 DEFAULT_SITES, CONTROL_FAMILIES = 5, 3
 """Sites read when --sites is unset (two places of each operand and the last token), beside the control (b's place

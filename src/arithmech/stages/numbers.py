@@ -50,7 +50,15 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.number_fits import Fit, families, fit_families, heldout_split, select_families, shown_periods
+from arithmech.analysis.number_fits import (
+    Fit,
+    families,
+    fit_families,
+    heldout_split,
+    seeded,
+    select_families,
+    shown_periods,
+)
 from arithmech.data.number_grid import NumberGrid, Partner, Site, default_range, number_grid
 from arithmech.data.templates import load_templates, select_templates
 from arithmech.errors import ConfigError, DataError
@@ -59,7 +67,7 @@ from arithmech.models.load import ModelHandle
 from arithmech.models.sites import parse_components
 from arithmech.runs import git_sha, package_versions
 from arithmech.stages.identify_run import IdentifyRun, read_identify_run
-from arithmech.stages.numbers_clock import clock_site, sum_indices
+from arithmech.stages.numbers_clock import CLOCK_SITE, clock_site, sum_indices
 from arithmech.stages.numbers_config import CLOCK, NumbersConfig, check_periods
 from arithmech.stages.numbers_grid import LastToken, TokenLayers, find_partners, grid_means
 from arithmech.stages.numbers_heads import classify_heads, order_sentence
@@ -173,7 +181,6 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     fits_kept: dict[tuple[str, int, str, int], Fit] = {}
     site_counts: dict[str, Any] = {}
     patched: dict[str, list[PatchedPair]] = {}
-    gen = torch.Generator().manual_seed(cfg.seed)
     for site in all_sites:
         seen = ~torch.isnan(means[site.name][:, 0, 0])
         n_train = int((seen & train_mask).sum())
@@ -200,7 +207,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
                 fits_kept[(site.name, layer, name, k)] = replace(fit, pred=None) if k else fit
         unseen = fits[layers[0]][(site_fams[0].name, 0)].pred[:, 0].isnan()
         ld = patch_site(view, grid, site.name, positions.get(site.name), pairs, layers, site_fams, fits, cfg, pad,
-                        gen, cost, quiet, tqdm, value_indices(grid, site, unseen, gen))  # fmt: skip
+                        cost, quiet, tqdm, value_indices(grid, site, unseen, seeded(cfg.seed, site.name)))  # fmt: skip
         is_held = torch.tensor([(grid.prompts[i].a if site.operand == "a" else grid.prompts[i].b) in held
                                 for i, _ in pairs])  # fmt: skip
         patched[site.name] = [
@@ -213,8 +220,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
                                   "train_values": n_train, "control": site is control}  # fmt: skip
         rows += site_rows(site, site is control, layers, site_fams, fits, ld, is_held, cfg.min_effect)
     periods = tuple(cfg.periods or shown_periods(low, high))
-    clock = (_clock(handle, cfg, run, grid, layers, last, held, periods, pad, gen, cost, quiet, tqdm) if clock_on
-             else None)  # fmt: skip
+    clock = _clock(handle, cfg, run, grid, layers, last, held, periods, pad, cost, quiet, tqdm) if clock_on else None
     elapsed = time.perf_counter() - start_time
     mean_len = sum(len(p.ids) + len(p.answer) for p in grid.prompts) / len(grid.prompts)
     unit = dims.n_layers * mean_len * len(grid.prompts)  # token-layers of one forward pass of the prompt set
@@ -290,11 +296,12 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
 
 
 def _clock(handle: ModelHandle, cfg: NumbersConfig, run: IdentifyRun | None, grid: NumberGrid, layers: list[int],
-           last: LastToken, held: set[int], periods: tuple[int, ...], pad: int, gen: torch.Generator,
-           cost: TokenLayers, quiet: bool, tqdm: Any) -> ClockResult:  # fmt: skip
+           last: LastToken, held: set[int], periods: tuple[int, ...], pad: int, cost: TokenLayers, quiet: bool,
+           tqdm: Any) -> ClockResult:  # fmt: skip
     """Step 6: the Clock at the last token and, with an identify run, its heads classified."""
     table, counts, clock_rows, pairs = clock_site(handle.view, handle.tokenizer, grid, cfg, layers, last, held,
-                                                  periods, pad, gen, cost, quiet, tqdm)  # fmt: skip
+                                                  periods, pad, seeded(cfg.seed, CLOCK_SITE.name), cost, quiet,
+                                                  tqdm)  # fmt: skip
     found = verdicts(table)
     heads: list[dict[str, Any]] = []
     record, metadata = None, {"counts": counts, "verdicts": [verdict_sentence(v) for v in found]}
@@ -303,7 +310,8 @@ def _clock(handle: ModelHandle, cfg: NumbersConfig, run: IdentifyRun | None, gri
         chosen = (parse_components(",".join(key), handle.dims) if key else run.ranked("head")[: cfg.head_top_k])
         chosen = sorted(chosen, key=lambda c: (c.layer, c.head))
         heads = classify_heads(handle.view, grid, cfg, clock_rows, pairs, chosen, run.effects, periods, pad,
-                               sum_indices(grid, clock_rows, gen), cost, quiet, tqdm)  # fmt: skip
+                               sum_indices(grid, clock_rows, seeded(cfg.seed, CLOCK_SITE.name, "heads")), cost, quiet,
+                               tqdm)  # fmt: skip
         record = run.record
         metadata |= {"heads_source": "key_heads" if key else f"top {cfg.head_top_k} heads by effect",
                      "heads": [h.name for h in chosen], "head_order": order_sentence(heads)}  # fmt: skip

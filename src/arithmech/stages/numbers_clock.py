@@ -101,7 +101,7 @@ def clock_site(view: ModelView, tokenizer: Any, grid: NumberGrid, cfg: NumbersCo
     if not pairs:
         raise ConfigError("the clock site has no correct prompt whose corrupted partner the model answers; use "
                           "--no-filter-correct, a wider range, or leave the clock site out")  # fmt: skip
-    ld = patch_site(view, grid, CLOCK_SITE.name, None, pairs, layers, fams, fits, cfg, pad, gen, cost, quiet, tqdm,
+    ld = patch_site(view, grid, CLOCK_SITE.name, None, pairs, layers, fams, fits, cfg, pad, cost, quiet, tqdm,
                     sum_indices(grid, rows, gen))  # fmt: skip
     is_held = torch.tensor([grid.prompts[i].a in held for i, _ in pairs], dtype=torch.bool)
     table = [{**r, "variable": "a,b"} for r in site_rows(CLOCK_SITE, False, layers, fams, fits, ld, is_held,

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from arithmech.analysis.number_fits import Family, Fit, fit_patch, random_subspace
+from arithmech.analysis.number_fits import Family, Fit, fit_patch, random_subspace, seeded
 from arithmech.data.number_grid import NumberGrid, Partner, Site
 from arithmech.errors import DataError
 from arithmech.models.view import ModelView
@@ -50,7 +50,7 @@ def value_indices(grid: NumberGrid, site: Site, unseen: torch.Tensor, gen: torch
 
 def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pairs: list[tuple[int, Partner]],
                layers: list[int], fams: list[Family], fits: dict[int, dict[tuple[str, int], Fit]],
-               cfg: NumbersConfig, pad: int, gen: torch.Generator, cost: TokenLayers, quiet: bool, tqdm: Any,
+               cfg: NumbersConfig, pad: int, cost: TokenLayers, quiet: bool, tqdm: Any,
                indices: Indices) -> dict[str, torch.Tensor]:  # fmt: skip
     """LD of every variant of the module docstring at the site `name`: "clean", "corrupted" [pair]; "layer"
     [layer, pair]; ("fit" | "shuffled<k>" | "other-..." | "ablate" | "random", family) [layer, pair] keyed
@@ -66,7 +66,8 @@ def patch_site(view: ModelView, grid: NumberGrid, name: str, pos: int | None, pa
             out[f"{kind}:{fam.name}"] = torch.full((len(layers), n), math.nan)
     # every draw before the passes, so that none depends on how the pairs are batched (--batch-size, --max-memory)
     values, others = indices(pairs)
-    randoms = {(layer, fam.name): random_subspace(view.dims.d_model, fits[layer][(fam.name, 0)].rank, gen)
+    randoms = {(layer, fam.name): random_subspace(view.dims.d_model, fits[layer][(fam.name, 0)].rank,
+                                                  seeded(cfg.seed, name, layer, fam.name))
                for layer in layers for fam in fams}  # fmt: skip
     with tqdm(total=n, desc=f"patch {name}", unit="prompt", disable=quiet) as bar:
         for part in pair_chunks(view, pairs, cfg.batch_size, pad, cost, "bases"):

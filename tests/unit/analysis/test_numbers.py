@@ -190,7 +190,7 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_planted_helix_is_found_and_beats_pca_and_the_shuffled_control(planted: Any) -> None:
     chosen = planted.periods["a"]["per_layer"]["0"]
     assert chosen["periods"] == [5, 10], chosen
-    helix, pca = _row(planted, "a", 0, "helix-5-10"), _row(planted, "a", 0, "pca-6")
+    helix, pca = _row(planted, "a", 0, "helix-5-10"), _row(planted, "a", 0, "pca-5")  # equal size
     assert _row(planted, "a", 0, "layer")["restored"] == pytest.approx(1.0)  # layer 0: the clean run itself
     assert helix["restored"] == pytest.approx(1.0, abs=1e-4), helix  # the planted helix is the whole cause
     assert helix["restored_heldout"] == pytest.approx(1.0, abs=1e-4), helix  # predicted for unseen values too
@@ -333,6 +333,20 @@ def test_random_model_puts_the_helix_at_chance_against_its_shuffled_control(tmp_
         full = _row(result, "a", 0, name)
         assert abs(full["restored"]) < 0.35 and abs(full["restored_shuffled"]) < 0.35, full
     assert not next(v for v in result.verdicts if v["site"] == "a")["ordered"]
+
+
+def test_a_familys_numbers_do_not_move_when_other_families_are_fitted(tmp_path: Any) -> None:
+    """Every draw (the other values patched, each family's random subspace and shuffles) has its own seed, so a
+    family's row is the same whichever other families run beside it (the Clock's heads likewise)."""
+    model, tok = _multidigit_model(seed=3)
+    rows = []
+    for name, fams in (("one", ("helix-5-10",)), ("more", ("linear", "circle-10", "helix-5-10", "pca"))):
+        cfg = NumbersConfig(high=40, max_pairs=60, max_prompts=12, filter_correct=False, layers=(0,), sites=("a",),
+                            families=fams, few_shot=1, batch_size=12, shuffles=2)  # fmt: skip
+        rows.append(_row(analyze_numbers(_handle(model, tok), cfg, tmp_path / name, quiet=True), "a", 0, "helix-5-10"))
+    one, more = rows
+    for key in ("restored", "restored_shuffled", "restored_heldout", "ablation_lost", "random_lost"):
+        assert one[key] == pytest.approx(more[key], abs=1e-12, nan_ok=True), key
 
 
 def test_one_chunk_of_pairs_runs_is_alive_at_a_time(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -133,7 +133,8 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_clock_families_and_the_head_rule() -> None:
     fams = clock_families((5, 10))
-    assert [f.name for f in fams] == ["helix-5-10(a+b)", "helix-5-10(a,b)", "helix-5-10(a,b,a+b)", "pca-15"]
+    assert [f.name for f in fams] == ["helix-5-10(a+b)", "helix-5-10(a,b)", "helix-5-10(a,b,a+b)", "pca-5",
+                                    "pca-10", "pca-15"]
     a, b = torch.tensor([3, 7]), torch.tensor([4, 9])
     basis = clock_basis(fams[2], a, b)
     assert basis.shape == (2, 15) and basis[:, 10].tolist() == [7.0, 16.0]  # a + b's linear column
@@ -180,7 +181,7 @@ def test_null_model_puts_every_head_at_chance(tmp_path: Path) -> None:
     model, tok = make_multidigit_model("llama", seed=3)
     run = _identify_folder(tmp_path / "identify", ["0.1", "1.2", "2.3"], 4)
     result = analyze_numbers(_handle(model.double(), tok), _cfg(run, layers=(0,)), tmp_path / "numbers", quiet=True)
-    # measured: every share from -0.11 to 0.33 (c_ab, c_sum, c_joint on train and held-out pairs), far from the
+    # measured: every share from -0.32 to 0.28 (c_ab, c_sum, c_joint on train and held-out pairs), far from the
     # 1 of the planted head and under the 0.5 that would call a helix the head's reading
     shares = [h[c] for h in result.clock.heads for c in ("c_ab", "c_sum", "c_joint", "c_ab_heldout", "c_sum_heldout",
                                                           "c_joint_heldout") if h[c] is not None]  # fmt: skip
