@@ -63,10 +63,10 @@ _SMALL_DEMO = (
 )
 """Every demo stage on a few prompts of a tiny model (its outputs have the real run's format, not its numbers)."""
 
-_NUMBERS = "--families linear,circle-10,helix-10,digit-linear,digit-circles,pca-4 --shuffles 2"
+_NUMBERS = "--families linear,circle-10,helix-10,digit-linear,digit-circles,pca-1,pca-2,pca-3,pca-4 --shuffles 2"
 """The numbers study's families: the rival readings of two-digit operands (a linear value, the circle and helix of
-period 10, a linear code and a circle mod 10 per digit) and the PCA of the per-digit circles' size, two
-shuffled-order controls each. At every fifth layer of the default model and 32 prompts per site it fits in well
+period 10, a linear code and a circle mod 10 per digit), the PCA of each one's size (1 to 4), two shuffled-order
+controls each reading. At every fifth layer of the default model and 32 prompts per site it fits in well
 under an hour on one CPU thread (every third layer with ten families, tried first, had patched one and a half of its
 seven sites when it was stopped after 17 minutes, under a concurrent test suite; every layer and family would take
 many hours; the measured time is in results/numbers/study.json)."""
@@ -155,7 +155,7 @@ SOURCES: dict[str, Source] = {
                 Kept("numbers", "numbers", "numbers",
                      ("numbers_ld.csv", "numbers_periods.json", "numbers_clock.csv", "numbers_clock_heads.csv")),
             ),  # fmt: skip
-            figures=(("numbers/numbers_ld.png", "numbers-ld.png"),),
+            figures=(("numbers/numbers_ld.png", "numbers-ld.png"), ("numbers/numbers_helix.png", "numbers-helix.png")),
         ),
         Source(
             name="circuits",
