@@ -10,7 +10,8 @@ Verdict (`verdicts`), per site (the control site too)
     is the one whose first reading restores the largest share (as `best_periods` picks a helix's layer). The
     winner is that reading, the runner-up the next at the same layer, and beside them the PCA of the winner's
     size (else the nearest) at that layer: the equal-size baseline, not a reading, since it patches the clean
-    value's own projection (no prediction, no order to shuffle). Every share is stated on both value sets. The
+    value's own projection (no prediction, no order to shuffle); beside an operand-a verdict, the other position's
+    control at that layer (`other_position`). Every share is stated on both value sets. The
     order margin is the winner's train share less its shuffled control's; it is "ordered" only where that margin
     exceeds both `ORDER_MARGIN` and `ORDER_SPREADS` times the shuffled control's spread between permutations,
     and (where held-out shares exist) its held-out share beats its shuffled control's held-out share by
@@ -121,8 +122,25 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "restored_heldout_pca": pca.get("restored_heldout") if pca else None,
             "pca_same_size": bool(pca and int(pca["dim"]) == int(win["dim"] or 0)),
             "ordered": ordered, "order_margin": order if math.isfinite(order) else None,
+            **(other_position(rows, win, layer, key) if top.get("variable") == "a" and not top["control"] else {}),
         })  # fmt: skip
     return out
+
+
+def other_position(rows: list[dict[str, Any]], win: dict[str, Any], layer: int, key: str) -> dict[str, Any]:
+    """The control beside an operand-a verdict: at the same layer, a's readings fitted and patched at b's token
+    (the control site, where a is not written): whether the whole layer's patch there moves LD enough for a
+    share, and the share (as ranked) of the winner's family, else of the control's best reading."""
+    mine = [r for r in rows if r["control"] and r["layer"] == layer]
+    whole = next((r for r in mine if r["kind"] == "layer"), None)
+    if whole is None:
+        return {}
+    readings = [r for r in mine if r["kind"] not in ("layer", "pca")]
+    same = [r for r in readings if r["family"] == win["family"]]
+    pick = same[0] if same else max(readings, key=lambda r: sort_key(r.get(key)), default=None)
+    return {"other_site": whole["site"], "other_estimable": bool(whole.get("estimable", 1)),
+            "other_family": pick["family"] if pick else None,
+            "restored_other": pick.get(key) if pick and whole.get("estimable", 1) else None}  # fmt: skip
 
 
 def verdict_sentence(v: dict[str, Any]) -> str:
@@ -160,6 +178,10 @@ def verdict_sentence(v: dict[str, Any]) -> str:
         shuffled += f", {pct(v.get('restored_shuffled_heldout'))} held out"
     controls = (f"; shuffled control {shuffled}, ablating its subspace loses {pct(v['ablation_lost'])} of the LD vs "
                 f"{pct(v['random_lost'])} for a random one")  # fmt: skip
+    if v.get("other_site") is not None:
+        controls += f"; at the other operand's position ({v['other_site']}) " + (
+            f"{v['other_family']} restores {pct(v.get('restored_other'))}" if v["other_estimable"] and v["other_family"]
+            else "the whole layer moves LD too little for a share")  # fmt: skip
     where = f" on train values, or not by {ORDER_MARGIN * 100:g} points on held-out values" if held else ""
     tail = "" if v["ordered"] else (f"; it does not beat its shuffled control beyond the control's spread{where}, so "
                                     "no ordered reading wins here")  # fmt: skip

@@ -43,6 +43,7 @@ from arithmech.patching.subspace import base_run, patch_rows
 from arithmech.stages import numbers_patching
 from arithmech.stages.numbers import analyze_numbers
 from arithmech.stages.numbers_config import NumbersConfig
+from arithmech.stages.numbers_verdict import verdict_sentence
 
 from tiny_models import make_multidigit_model, make_tiny_model, make_tiny_tokenizer
 
@@ -202,6 +203,10 @@ def test_planted_helix_is_found_and_beats_pca_and_the_shuffled_control(planted: 
     assert helix["ablation_lost"] > helix["random_lost"], helix
     verdict = next(v for v in planted.verdicts if v["site"] == "a")
     assert verdict["ordered"]
+    # the other position's control beside it: at layer 0 b's token holds b's embedding alone, which a's change
+    # cannot move, so the whole layer's patch there has no effect to share
+    assert (verdict["other_site"], verdict["other_estimable"]) == ("b|a", False), verdict
+    assert "at the other operand's position (b|a) the whole layer moves LD too little" in verdict_sentence(verdict)
 
 
 def test_planted_run_folder(planted: Any) -> None:
@@ -471,6 +476,13 @@ def test_verdict_ranks_held_out_shares_so_an_overfitting_family_does_not_win() -
     (v,) = verdicts(flat)
     assert v["ranked_by"] == "restored" and v["winner"] == "helix-2-5-10", v
     assert "no held-out values to rank by" in verdict_sentence(v)
+    # beside an operand-a verdict, the other position's control at its layer: the winner's family read at b's token
+    control = [{**r, "site": "b|a", "control": 1, "restored_heldout": 0.05 if r["family"] == "helix-5-10" else 0.01}
+               for r in rows if r["family"] in ("layer", "helix-5-10", "pca-6")]  # fmt: skip
+    v, c = verdicts([{**r, "variable": "a"} for r in rows] + [{**r, "variable": "a"} for r in control])
+    assert (v["other_site"], v["other_family"], v["restored_other"]) == ("b|a", "helix-5-10", 0.05), v
+    assert "at the other operand's position (b|a) helix-5-10 restores 5%" in verdict_sentence(v)
+    assert c["site"] == "b|a" and "other_site" not in c  # the control has no control of its own
 
 
 def test_guide_explains_every_column() -> None:
