@@ -65,12 +65,10 @@ def _circle_coords(fit: Any, means: torch.Tensor, values: torch.Tensor) -> list[
     directions the fit's first circle writes (its cos and sin columns of W)."""
     seen = ~torch.isnan(means[:, 0])
     x = means[seen] - fit.mean  # [seen, d_model]
-    start = 1 if fit.family.kind == "helix" else 0
-    for t in fit.family.periods:  # the first circle with a sin column (period 2 has cos only)
-        if t > 2:
-            break
-        start += 1
-    width = 2 if any(t > 2 for t in fit.family.periods) else 1
+    periods = list(fit.family.periods)
+    wide = [t for t in periods if t > 2]  # circles with a sin column (period 2 has cos only)
+    start = (1 if fit.family.kind == "helix" else 0) + (periods.index(wide[0]) if wide else 0)  # past period 2's cos
+    width = 2 if wide else 1
     circle = fit.w[:, start : start + width]  # [d_model, 1 or 2]
     coords = torch.linalg.lstsq(circle, x.T).solution.T  # [seen, 1 or 2]
     return [(int(v), float(c[0]), float(c[1]) if width == 2 else 0.0)

@@ -524,3 +524,22 @@ def test_report_section_reads_the_folder(planted: Any) -> None:
     body = numbers_body(StageFolder("numbers", planted.out_dir, "done"))
     assert "helix-5-10" in body.reading and "restores the most" in body.reading
     assert body.tables[0].rows and len(body.figures) == 2
+
+
+def test_helix_figure_reads_the_first_circle_of_any_helix() -> None:
+    """The helix figure's coordinates: the first circle with a sin column (helix-2-5: period 5's), or, for helix-2
+    alone (v and period 2's cos), that cos column (it indexed past W's last column before)."""
+    from types import SimpleNamespace
+
+    from arithmech.analysis.number_fits import Family
+    from arithmech.stages.numbers_outputs import _circle_coords
+
+    values = torch.arange(10, 20)
+    for family, column in ((Family("helix", (2,), 2), 1), (Family("helix", (2, 5), 4), 2)):
+        w = torch.linalg.qr(torch.randn(8, family.dim, dtype=torch.float64))[0]  # [d_model, m] orthonormal
+        means = torch.randn(10, family.dim, dtype=torch.float64) @ w.T  # [value, d_model] in the fit's span
+        coords = _circle_coords(SimpleNamespace(family=family, mean=torch.zeros(8, dtype=torch.float64), w=w),
+                                means, values)  # fmt: skip
+        assert [v for v, _, _ in coords] == values.tolist()
+        expected = means @ w[:, column]  # orthonormal columns: the least-squares coordinate is the projection
+        assert [x for _, x, _ in coords] == pytest.approx(expected.tolist())
