@@ -50,7 +50,9 @@ from typing import Any
 
 import torch
 
+from arithmech.analysis.clock_fits import clock_families
 from arithmech.analysis.number_fits import (
+    Family,
     Fit,
     families,
     fit_families,
@@ -168,6 +170,8 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     control_fams = [f for f in fams if f.kind in ("helix", "digit-circles", "pca")]
     control_fams = [f for f in control_fams if f.kind != "helix" or len(f.periods) == max(
         (len(g.periods) for g in control_fams if g.kind == "helix"), default=0)]  # fmt: skip
+    check_pca_dim(cfg.pca_dim, [*(fams if sites else []), *(clock_families(tuple(cfg.periods or shown_periods(
+        low, high))) if clock_on else [])])  # fmt: skip
     cost = TokenLayers(dims.n_layers)
 
     correct, means, last = grid_means(view, grid, layers, all_sites, positions, pad, cfg.batch_size, cost,
@@ -293,6 +297,14 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
                            means, fits_kept, patched, out, metadata, clock)  # fmt: skip
     write_numbers_outputs(result, handle.source.get("model", "?"), grid)
     return result
+
+
+def check_pca_dim(pca_dim: int | None, fams: list[Family]) -> None:
+    """A stated PCA smaller than a family would cut that family's fit (and a PCA family) to fewer dimensions."""
+    widest = max(fams, key=lambda f: f.dim, default=None)
+    if pca_dim is not None and widest is not None and pca_dim < widest.dim:
+        raise ConfigError(f"pca_dim {pca_dim} is below the {widest.dim} dimensions of {widest.name}, which it would "
+                          f"cut; choose at least {widest.dim} or leave pca_dim unset")  # fmt: skip
 
 
 def _clock(handle: ModelHandle, cfg: NumbersConfig, run: IdentifyRun | None, grid: NumberGrid, layers: list[int],

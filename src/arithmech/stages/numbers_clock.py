@@ -66,6 +66,9 @@ def clock_fits(rows: ClockRows, last: LastToken, layers: list[int], periods: tup
         )
     acts = torch.stack([last[i] for i in rows.prompts])  # [row, layer, d_model]
     dim = pca_dim if pca_dim is not None else int(train.sum()) - 1
+    if dim > int(train.sum()):
+        raise ConfigError(f"pca_dim {dim} is above the {int(train.sum())} prompts the Clock fits on; choose "
+                          f"{int(train.sum())} or less, or raise max_pairs")  # fmt: skip
     bases = {f.name: rows.basis(f) for f in fams}
     fits = {layer: fit_rows(acts[:, li].double(), bases, fams, train, dim, cfg.seed, CLOCK_SITE.name, cfg.shuffles)
             for li, layer in enumerate(layers)}  # fmt: skip

@@ -510,6 +510,11 @@ def test_bad_input_is_one_sentence(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="pca_dim 60 is above the"):
         analyze_numbers(handle, NumbersConfig(high=40, pca_dim=60, filter_correct=False, layers=(0,), sites=("a",),
                                               few_shot=1), tmp_path, quiet=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="pca_dim 3 is below the 6 dimensions of helix-2-5-10, which it would cut"):
+        analyze_numbers(handle, NumbersConfig(high=40, pca_dim=3, layers=(0,), sites=("a",)), tmp_path, quiet=True)
+    with pytest.raises(ConfigError, match="pca_dim 500 is above the .* prompts the Clock fits on"):
+        analyze_numbers(handle, NumbersConfig(high=40, pca_dim=500, filter_correct=False, layers=(0,),
+                                              sites=("clock",), few_shot=1), tmp_path, quiet=True)  # fmt: skip
     with pytest.raises(ConfigError, match="correct prompts to fit on"):
         analyze_numbers(handle, NumbersConfig(high=40, layers=(0,), sites=("a",), few_shot=1), tmp_path, quiet=True)
     with pytest.raises(ConfigError, match="different numbers of digits"):
