@@ -165,13 +165,12 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     all_sites = [*sites, control] if any(s.token == "a" for s in sites) else sites  # a's control, where a is read
     positions = {s.name: grid.prompts[0].positions[s.name] for s in grid.sites if s.token != "last"}
     positions[control.name] = positions[b_site.name]
-    fams = select_families(families(low, high, grid.digit_split, cfg.periods or shown_periods(low, high)),
-                           cfg.families)  # fmt: skip
+    periods = tuple(cfg.periods or shown_periods(low, high))
+    fams = select_families(families(low, high, grid.digit_split, periods), cfg.families)
     control_fams = [f for f in fams if f.kind in ("helix", "digit-circles", "pca")]
     control_fams = [f for f in control_fams if f.kind != "helix" or len(f.periods) == max(
         (len(g.periods) for g in control_fams if g.kind == "helix"), default=0)]  # fmt: skip
-    check_pca_dim(cfg.pca_dim, [*(fams if sites else []), *(clock_families(tuple(cfg.periods or shown_periods(
-        low, high))) if clock_on else [])])  # fmt: skip
+    check_pca_dim(cfg.pca_dim, [*(fams if sites else []), *(clock_families(periods) if clock_on else [])])
     cost = TokenLayers(dims.n_layers)
 
     correct, means, last = grid_means(view, grid, layers, all_sites, positions, pad, cfg.batch_size, cost,
@@ -223,7 +222,6 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         site_counts[site.name] = {"pairs": len(pairs), "heldout_pairs": int(is_held.sum()), "pca_dim": pca_dim,
                                   "train_values": n_train, "control": site is control}  # fmt: skip
         rows += site_rows(site, site is control, layers, site_fams, fits, ld, is_held, cfg.min_effect)
-    periods = tuple(cfg.periods or shown_periods(low, high))
     clock = _clock(handle, cfg, run, grid, layers, last, held, periods, pad, cost, quiet, tqdm) if clock_on else None
     elapsed = time.perf_counter() - start_time
     mean_len = sum(len(p.ids) + len(p.answer) for p in grid.prompts) / len(grid.prompts)
