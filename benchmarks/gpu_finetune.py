@@ -59,6 +59,8 @@ def run_one(args: argparse.Namespace) -> dict[str, object]:
     chosen = torch.randperm(args.layers * heads_per_layer, generator=gen)[: args.heads].tolist()
     heads = [Component(i // heads_per_layer, i % heads_per_layer) for i in sorted(chosen)]
     trainable = make_trainable(args.only, view, heads if args.only == "precise" else None)
+    made = {id(p): p for p in [*model.parameters(), *(p for _, p in trainable.trainable_named())]}
+    loaded = sum(p.numel() * p.element_size() for p in made.values())  # the weights and precise SFT's deltas
     n_examples = args.batch_size * (args.steps + 1)
     ids = torch.randint(100, args.vocab, (n_examples, args.tokens), generator=gen).tolist()
     data = [TokenizedExample(f"random-{i}", tuple(row), args.tokens // 2) for i, row in enumerate(ids)]
@@ -75,8 +77,10 @@ def run_one(args: argparse.Namespace) -> dict[str, object]:
     seconds = sum(row["seconds"] for row in timed)
     plan, profile = training_plan(config, heads, args)
     return {
-        "planned_bytes": planned_activations(plan), "measured_bytes": measured.tensor_bytes,
-        "estimated_s_per_step": plan.seconds["single"] / (args.steps + 1), "profile": profile,
+        "planned_bytes": planned_activations(plan, loaded),
+        "measured_bytes": measured.tensor_bytes,
+        "estimated_s_per_step": plan.seconds["single"] / (args.steps + 1),
+        "profile": profile,
         "method": args.only,
         "seconds_per_step": seconds / len(timed),
         "samples_per_second": len(timed) * args.batch_size / seconds,

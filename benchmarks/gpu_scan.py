@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"fast scan: {n_components} components x {args.prompts} prompts in {fast_s:.2f} s "
           f"({args.prompts / fast_s:.1f} prompts/s), peak memory {peak:.1f} GiB")
     plan, profile = scan_plan(config, args)
-    planned = planned_activations(plan)
+    planned = planned_activations(plan, weights)
     estimated = plan.seconds.get("single")
     print(f"plan of this scan: {side_by_side(planned, measured.tensor_bytes, estimated, fast_s, profile)}")
 

@@ -53,10 +53,11 @@ def profile_label(profile: str, device: str) -> str:
     return f"{known} profile"
 
 
-def planned_activations(stage_plan: Any, layout: str = "single") -> int:
-    """A stage plan's peak less its weights: what a measurement above the loaded weights is compared with."""
-    memory = stage_plan.memory[layout]
-    return int(memory.peak - memory.weights)
+def planned_activations(stage_plan: Any, loaded_bytes: int, layout: str = "single") -> int:
+    """A stage plan's peak less `loaded_bytes`, what was allocated before the measured call (the model's weights,
+    and a trainable delta made before it): what a measurement above that is compared with. Not the plan's own
+    weights part, which counts what the call makes beside them (precise SFT's deltas and anchors, LoRA's adapters)."""
+    return int(stage_plan.memory[layout].peak - loaded_bytes)
 
 
 def side_by_side(planned_bytes: int, measured_bytes: int, estimated_s: float | None, measured_s: float,

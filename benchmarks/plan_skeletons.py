@@ -5,7 +5,7 @@ MLP width and vocabulary, cut to 2 and 4 layers, in bfloat16 and float32. Every 
 `arithmech run` calls it (benchmarks/skeleton_stages.py: identify's path and total scans, knockout, circuit with EAP-IG,
 the faithfulness sweep and two oracle edges, mediate, neurons, evaluate's generations, two precise-SFT and two
 full-SFT steps) on a few prompts, and `plan_stage` plans the same call: the same shape, the same config, the
-widest prompt the model embedded during the call.
+widest prompt the model embedded during the call (fine-tuning: each step at its own, `planned`).
 
 Recorded per run: the planned peak less the weights, the allocator's measured peak of live tensors above what was
 live before the call (measured_peak.py: the same quantity on both sides), the process's resident peak beside it
@@ -30,6 +30,7 @@ so a fix of the plan is judged against hours of measurements without repeating t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import hashlib
 import importlib
@@ -44,16 +45,20 @@ from typing import Any
 
 import torch
 from measured_peak import measure
-from plan_check import planned_activations, profile_for, profile_label
+from plan_check import profile_for, profile_label
 from record import record
 from skeleton_stages import KEYS, RUNS, StageRun, stage_config
-from skeletons import SKELETON_PRESETS, build_skeleton, skeleton_handle, skeleton_shape
+from skeletons import MAX_POSITIONS, SKELETON_PRESETS, build_skeleton, skeleton_handle, skeleton_shape
 
+from arithmech.finetune.arithmetic_data import arithmetic_examples
+from arithmech.finetune.data import BatchPlan, rank_micro_batches
 from arithmech.plan.devices import device_profile
 from arithmech.plan.planner import PlanOptions, StagePlan, plan_stage
 from arithmech.plan.shape import DTYPE_BYTES, ModelShape
 from arithmech.plan.sizes import format_size, parse_size
 from arithmech.runs import git_sha
+
+from tiny_models import make_tiny_tokenizer
 
 TOLERANCE = 0.15
 """Planned within this fraction of measured, either way (issue 33)."""
@@ -95,6 +100,33 @@ def plan_of(
     return plan_stage(shape, run.stage, cfg, options)
 
 
+def finetune_widths(cfg: Any) -> list[int]:
+    """The width of every micro-batch of a skeleton's fine-tuning run, in order (stages/finetune.py's data and
+    finetune/train.py's batches): every skeleton reads the same test tokenizer, so these are every skeleton's."""
+    tokenizer = make_tiny_tokenizer()
+    tokenizer.model_max_length = MAX_POSITIONS  # as skeleton_handle's
+    data, _ = arithmetic_examples(tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed, cfg.seed,
+                                  min(cfg.max_length, MAX_POSITIONS))  # fmt: skip
+    batches = BatchPlan(len(data), cfg.batch_size, cfg.epochs, cfg.seed, cfg.max_steps)
+    return [max(len(data[i].input_ids) for i in micro) for step in range(batches.total_steps)
+            for micro in rank_micro_batches(batches.step_indices(step), 0, 1, cfg.micro_batch_size)]  # fmt: skip
+
+
+def planned(
+    shape: ModelShape, run: StageRun, cfg: Any, dtype: str, profile: Any, tokens: int | None, shared: int | None = None
+) -> tuple[StagePlan, int]:  # fmt: skip
+    """The plan of the call at its widest prompt, and its planned peak. For fine-tuning the peak is the larger of
+    the steady state's, which the plan describes (the widest micro-batch after the first step, beside AdamW's
+    moments), and the first step's: its own micro-batch, before any moment exists. The first step's micro-batch
+    is the widest of the skeletons' (192 tokens against 140) and binds for precise SFT, whose moments are small."""
+    plan = plan_of(shape, run, cfg, dtype, profile, tokens, shared)
+    peak = plan.memory["single"].peak
+    if run.stage == "finetune":
+        first = plan_of(shape, run, cfg, dtype, profile, finetune_widths(cfg)[0]).memory["single"]
+        peak = max(peak, dataclasses.replace(first, optimizer=0).peak)
+    return plan, peak
+
+
 def shared_tokens(run: StageRun, out: Path, tokenizer: Any) -> int | None:
     """circuit: the tokens every prompt of its run shares at the start, reference and counterfactual alike
     (prompts.jsonl, tokenized as the stage does); the skeletons' character-level tokenizer makes 15 of MIB's
@@ -111,9 +143,14 @@ def shared_tokens(run: StageRun, out: Path, tokenizer: Any) -> int | None:
     return shared
 
 
+def weights_bytes(shape: ModelShape, dtype: str) -> int:
+    """The skeleton's weights, live before every measured call."""
+    return shape.n_params * DTYPE_BYTES[dtype]
+
+
 def _row(shape: ModelShape, preset: str, dtype: str, run: StageRun, **fields: Any) -> dict[str, Any]:
     return {"preset": preset, "layers": shape.n_layers, "dtype": dtype, "stage": run.key,
-            "weights_bytes": shape.n_params * DTYPE_BYTES[dtype], **fields}  # fmt: skip
+            "weights_bytes": weights_bytes(shape, dtype), **fields}  # fmt: skip
 
 
 def skeleton_rows(
@@ -133,9 +170,9 @@ def skeleton_rows(
         return
     if args.plan_only:
         for run in todo:
-            plan = plan_of(shape, run, stage_config(run, "small"), dtype, profile, widest.get(run.key))
+            plan, peak = planned(shape, run, stage_config(run, "small"), dtype, profile, widest.get(run.key))
             yield _row(shape, preset, dtype, run, status="planned", tokens=plan.tokens,
-                       planned_bytes=planned_activations(plan), planned_peak_bytes=plan.memory["single"].peak,
+                       planned_bytes=peak - weights_bytes(shape, dtype), planned_peak_bytes=peak,
                        estimated_s=plan.seconds.get("single"))  # fmt: skip
         return
     model = build_skeleton(shape, dtype, args.seed, args.device)
@@ -160,12 +197,11 @@ def _measure_run(
 ) -> dict[str, Any]:  # fmt: skip
     """One stage run measured, or skipped before it starts when its plan is above `budget`."""
     cfg = stage_config(run, "small", folders)
-    before = plan_of(shape, run, cfg, dtype, profile, widest.get(run.key))
-    if before.memory["single"].peak > budget:
+    before, peak = planned(shape, run, cfg, dtype, profile, widest.get(run.key))
+    if peak > budget:
         return _row(shape, preset, dtype, run, status="skipped", tokens=before.tokens,
-                    planned_bytes=planned_activations(before), planned_peak_bytes=before.memory["single"].peak,
-                    note=f"planned peak {format_size(before.memory['single'].peak)} is above the "
-                         f"{format_size(budget)} at hand")  # fmt: skip
+                    planned_bytes=peak - weights_bytes(shape, dtype), planned_peak_bytes=peak,
+                    note=f"planned peak {format_size(peak)} is above the {format_size(budget)} at hand")  # fmt: skip
     if run.reads is not None and run.reads not in folders:
         return _row(shape, preset, dtype, run, status="failed", note=f"{run.reads} did not finish; it reads its folder")
     module, name = run.function.split(":")
@@ -178,17 +214,16 @@ def _measure_run(
     folders[run.key] = out
     widest[run.key] = planned_width(run, measured)
     shared = shared_tokens(run, out, handle.tokenizer)
-    plan = plan_of(shape, run, cfg, dtype, profile, widest[run.key], shared)
+    plan, peak = planned(shape, run, cfg, dtype, profile, widest[run.key], shared)
     return _row(shape, preset, dtype, run, status="measured", tokens=plan.tokens, shared_tokens=shared,
-                planned_bytes=planned_activations(plan), planned_peak_bytes=plan.memory["single"].peak,
+                planned_bytes=peak - weights_bytes(shape, dtype), planned_peak_bytes=peak,
                 measured_bytes=measured.tensor_bytes, rss_bytes=measured.rss_bytes, seconds=round(measured.seconds, 3),
                 estimated_s=plan.seconds.get("single"))  # fmt: skip
 
 
 def planned_width(run: StageRun, measured: Any) -> int:
     """The prompt width a plan of the call assumes: the widest input embedded; for fine-tuning the widest
-    micro-batch after the first step's (a plan is of the steady state, when AdamW's moments exist, and the first
-    step has none: its micro-batch, when the widest, would be judged against a peak it never reaches)."""
+    micro-batch after the first step's, the steady state's (`planned` plans the first step at its own width)."""
     widths = measured.widths
     if run.stage == "finetune" and len(widths) > 1:
         return max(widths[1:])
@@ -198,9 +233,9 @@ def planned_width(run: StageRun, measured: Any) -> int:
 def replanned(row: dict[str, Any], shape: ModelShape, run: StageRun, profile: Any) -> dict[str, Any]:
     """A kept measurement with the current planner's memory plan of the same call (the same widest prompt); its
     time estimate stays the one made beside the measured seconds (a measured device profile differs per probe)."""
-    plan = plan_of(shape, run, stage_config(run, "small"), row["dtype"], profile, row["tokens"],
-                   row.get("shared_tokens"))  # fmt: skip
-    return {**row, "planned_bytes": planned_activations(plan), "planned_peak_bytes": plan.memory["single"].peak}
+    plan, peak = planned(shape, run, stage_config(run, "small"), row["dtype"], profile, row["tokens"],
+                         row.get("shared_tokens"))  # fmt: skip
+    return {**row, "planned_bytes": peak - row["weights_bytes"], "planned_peak_bytes": peak}
 
 
 def layer_growth(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

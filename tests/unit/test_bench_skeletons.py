@@ -175,3 +175,28 @@ def test_a_kept_run_that_another_reads_is_run_again_for_its_folder(tmp_path: Pat
     plan_skeletons.main([*base, "--stages", "identify-path"])  # kept; its folder was a temporary one
     metrics = plan_skeletons.main([*base, "--stages", "finetune-precise"])
     assert metrics["runs_failed"] == 0 and metrics["runs_measured"] == 2  # identify-path again, then fine-tuning
+
+
+def test_the_first_fine_tuning_step_is_planned_at_its_own_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step's micro-batch is the skeletons' widest and runs before AdamW's moments and the anchors exist:
+    the widths the benchmark reads from the data are those the model embedded, and the row's planned peak is
+    that step's where it binds (precise SFT, whose optimizer state is small)."""
+    calls: list[tuple[int, ...]] = []
+    real = plan_skeletons.measure
+
+    def spy(fn: object, model: object, device: str = "cpu") -> object:
+        result, measured = real(fn, model, device)  # type: ignore[arg-type]
+        calls.append(measured.widths)
+        return result, measured
+
+    monkeypatch.setattr(plan_skeletons, "measure", spy)
+    metrics = plan_skeletons.main([*QUICK, "--layers", "2", "--stages", "finetune-precise"])
+    run = next(r for r in RUNS if r.key == "finetune-precise")
+    cfg = plan_skeletons.stage_config(run, "small")
+    widths = plan_skeletons.finetune_widths(cfg)
+    assert list(calls[-1]) == widths and widths[0] > max(widths[1:])
+    row = metrics["rows"][-1]
+    shape = skeleton_shape("llama3.1-8b", 2, quick=True)
+    profile = plan_skeletons.device_profile(plan_skeletons.profile_for("cpu"))
+    steady = plan_skeletons.plan_of(shape, run, cfg, "float32", profile, row["tokens"]).memory["single"].peak
+    assert row["tokens"] == max(widths[1:]) and row["planned_peak_bytes"] > steady

@@ -24,9 +24,10 @@ Training (autograd keeps, per token and layer; LlamaDecoderLayer under eager att
     GQA            2 b H d_head repeated keys and values (g > 1)
     attention      H T (4 + b [16-bit]) the float32 softmax and its cast; b H d_head the o_proj input
     MLP            4 b F (gate, act, up, product)
-Loss (finetune/train.py token_loss_sum): 12 V bytes a token: the logits (b), their shifted copy (b), the float32
-copy (4, 16-bit only) and log_softmax's output (4); in float32 the casts are no-ops and the copy and output 4 + 4.
-The backward of the loss adds 8 V a token of gradients (largest temporary).
+Loss (finetune/train.py token_loss_sum): the logits (b) and log_softmax's float32 output (4) are kept, (b + 4) V
+bytes a token; the shifted copy and its float32 cast are gone once the loss is made. The backward of the loss adds
+8 V a token, the gradients of the loss and of log_softmax (largest temporary): 14 V at the peak in 16-bit, 16 V in
+float32 (allocator's records on LLaMA2-7B- and Llama-3.1-8B-wide skeletons).
 
 Training's peak is weights + optimizer state + the larger of (graph + temporary) and (gradients + the step's
 temporaries): from the second step on the moments exist while the graph is built, and the backward frees the graph
@@ -34,9 +35,10 @@ as the gradients appear. torch's AdamW step makes a denominator (sqrt of the sec
 every trained tensor at once on a GPU (foreach: as large as the trained numbers), one tensor at a time on a CPU
 (about 3 copies of the largest; read from the allocator's records on a LLaMA2-7B-wide skeleton).
 Weights are n_params x b (plan/shape.py). Full SFT: gradients n_params x b, AdamW's two moments 2 n_params x b.
-Precise SFT: float32 deltas of the selected heads' slices (finetune/head_slices.py) with float32 gradients, two
-moments and the anchors AnchoredAdamW keeps: 16 bytes a trained number. LoRA: r (in + out) per adapted projection,
-in the model's dtype, with gradients and two moments.
+Precise SFT: float32 deltas of the selected heads' slices (finetune/head_slices.py) with float32 gradients, and as
+optimizer state two moments and the anchors AnchoredAdamW keeps (float32 copies of the base entries): 16 bytes a
+trained number; in 16-bit each forward casts the deltas to the model's dtype and keeps the casts for the backward,
+b more. LoRA: r (in + out) per adapted projection, in the model's dtype, with gradients and two moments.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ def loss_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> tuple[int,
     """(kept, backward temporary) of the logits and the token loss of a micro-batch; a soft-capped model's logits
     keep two more [token, vocabulary] tensors for the backward (logits / cap and its tanh, in the model's dtype)."""
     cap = 2 * b if shape.logit_softcap else 0
-    return (12 + cap) * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
+    return (b + 4 + cap) * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
 
 
 def scan_memory(shape: ModelShape, b: int, batch: int, tokens: int, variant: str) -> MemoryPlan:
@@ -356,9 +358,11 @@ def training_memory(
     elif method == "lora":
         gradients, optimizer = trained * b, 2 * trained * b
         weights += trained * b
-    else:  # precise: float32 deltas, gradients, two moments and anchors
-        gradients, optimizer = 4 * trained, 8 * trained
-        weights += 8 * trained
+    else:  # precise: float32 deltas, their gradients, two moments and AnchoredAdamW's anchors (the optimizer's
+        # state: made at the first step, as the moments are); in 16-bit the graph keeps the deltas' casts
+        gradients, optimizer = 4 * trained, 12 * trained
+        weights += 4 * trained
+        graph += trained * b if b < 4 else 0
     if fsdp:
         gathered = s.layer_params() * b
         weights, gradients, optimizer = weights // processes + gathered, gradients // processes, optimizer // processes
