@@ -134,13 +134,16 @@ def forward_temporary(shape: ModelShape, batch: int, tokens: int, b: int) -> int
 
 
 def readout_bytes(shape: ModelShape, b: int, rows: int) -> int:
-    """The full-vocabulary float32 logits of `rows` final residuals at their peak (module docstring)."""
+    """The full-vocabulary float32 logits of `rows` final residuals at their peak (module docstring); a soft-capped
+    model's cap makes two more, tanh(logits / cap) and its product with cap, beside the logits (and in 16-bit the
+    blocks they were joined from): 4 copies at the peak in bfloat16 (allocator's records, Gemma-2-9B-wide skeleton)."""
     s = shape
     logits = rows * s.d_vocab * 4
+    capped = 2 * logits if s.logit_softcap else 0
     if b >= 4:
-        return logits + rows * s.d_model * 4
+        return logits + capped + rows * s.d_model * 4
     step = min(s.d_vocab, max(1, READOUT_CAST_ELEMENTS // s.d_model))
-    return max(logits + step * (s.d_model + rows) * 4, 2 * logits) + rows * s.d_model * 4
+    return max(logits + step * (s.d_model + rows) * 4, 2 * logits + capped) + rows * s.d_model * 4
 
 
 def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool = False) -> int:
@@ -169,8 +172,9 @@ def hooked_input_bytes(shape: ModelShape, b: int) -> int:
 
 def loss_bytes(shape: ModelShape, batch: int, tokens: int, b: int) -> tuple[int, int]:
     """(kept, backward temporary) of the logits and the token loss of a micro-batch; a soft-capped model's logits
-    keep two more [token, vocabulary] tensors for the backward (logits / cap and its tanh, in the model's dtype)."""
-    cap = 2 * b if shape.logit_softcap else 0
+    keep one more [token, vocabulary] tensor for the backward, tanh's output in the model's dtype (the division and
+    product by the cap keep nothing; allocator's records, Gemma-2-9B-wide skeleton)."""
+    cap = b if shape.logit_softcap else 0
     return (b + 4 + cap) * shape.d_vocab * batch * tokens, 8 * shape.d_vocab * batch * tokens
 
 
