@@ -149,8 +149,7 @@ def arithmetic_records(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One record per scored prompt (a seeded subset stratified by operation and template when `limit` is set)."""
-    if limit is not None:
-        prompts = [prompts[i] for i in stratified_sample(prompts, limit, seed)]
+    prompts = scored_subset(prompts, limit, seed)
     scores = score_answers(view, tokenizer, [p.reference for p in prompts], [p.answer for p in prompts],
                            batch_size, progress)  # fmt: skip
     return [
@@ -161,6 +160,11 @@ def arithmetic_records(
          "part": p.extra.get("part"), "examples": p.extra.get("examples")}
         for i, (p, s) in enumerate(zip(prompts, scores, strict=True))
     ]  # fmt: skip
+
+
+def scored_subset(prompts: list[PromptPair], limit: int | None, seed: int) -> list[PromptPair]:
+    """The prompts an arithmetic benchmark scores: all, or `limit` of them stratified by operation and template."""
+    return prompts if limit is None else [prompts[i] for i in stratified_sample(prompts, limit, seed)]
 
 
 def cluster_labels(records: Sequence[dict[str, Any]]) -> tuple[list[str], list[Fact]]:

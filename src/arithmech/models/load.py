@@ -194,6 +194,19 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
             enable_progress_bars()
 
 
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    """The model's tokenizer alone, from where `load_model` reads it: a memory budget reads the widest prompt
+    with it before the weights load (a GGUF file is converted first, as `load_model` would next)."""
+    from transformers import AutoTokenizer
+
+    where, extra, _ = _locate(cfg)
+    kwargs: dict[str, Any] = {"revision": cfg.revision, **extra}
+    if not Path(where).is_dir() and hub.unreachable() is not None:
+        kwargs["local_files_only"] = True
+    with quiet_libraries(True):
+        return AutoTokenizer.from_pretrained(where, **kwargs)
+
+
 def load_model(cfg: ModelConfig | None = None, quiet: bool = False) -> ModelHandle:
     """Load model and tokenizer, check the architecture is supported before reading any weights.
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from arithmech import distributed, preflight
 from arithmech.errors import ConfigError
+from arithmech.plan import prompt_widths
 from arithmech.plan.devices import PROFILES
 from arithmech.plan.free_memory import free_memory, gpu_count
 from arithmech.plan.planner import PlanOptions, StagePlan, plan_stage
@@ -104,6 +105,11 @@ class MemoryBudget:
     launched: int = 1
     cpu: bool = False
     """The device is this machine's CPU: results the engines keep in host memory count against the budget too."""
+    tokenizer: Callable[[], Any] | None = None
+    """Gives the model's tokenizer, which reads the widest prompt of a stage whose prompts are data
+    (prompt_widths.py); None: those stages plan at the plan's assumed width."""
+    widths: dict[str, int | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """The widest prompts read so far, by stage and settings (reading MMLU's takes seconds)."""
 
     @property
     def label(self) -> str:
@@ -121,10 +127,33 @@ class MemoryBudget:
         return self.shape.n_params * DTYPE_BYTES[self.dtype] // share
 
     def plan(self, cfg: Any) -> StagePlan:
-        """The plan of `cfg`'s stage in its layout (the time estimate is not used)."""
+        """The plan of `cfg`'s stage in its layout, at its widest prompt where that is data (the time estimate is
+        not used)."""
         stage = stage_name(cfg)
         device = dataclasses.replace(PROFILES["h100"], kind="cpu") if self.cpu else PROFILES["h100"]  # time unused
-        return plan_stage(self.shape, stage, cfg, PlanOptions(self.dtype, device, self.layout(stage)[1]))
+        options = PlanOptions(self.dtype, device, self.layout(stage)[1], self.prompt_tokens(cfg))
+        return plan_stage(self.shape, stage, cfg, options)
+
+    def prompt_tokens(self, cfg: Any) -> int | None:
+        """The widest prompt of `cfg`'s stage, read with the tokenizer where its prompts are data; None (the plan's
+        assumed width) elsewhere, or where the tokenizer cannot be had (logged)."""
+        stage = stage_name(cfg)
+        if self.tokenizer is None or stage not in prompt_widths.STAGES:
+            return None
+        key = repr([(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in KNOBS[stage]])
+        if key not in self.widths:
+            logger.info("%s: reading its widest prompt with the tokenizer, to plan its memory", stage)
+            try:
+                widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer())
+            except (OSError, ValueError) as err:  # no tokenizer files here, or one transformers cannot read
+                logger.warning("%s: its widest prompt cannot be read before the model loads (%s); its memory is "
+                               "planned at the plan's assumed width", stage, str(err).splitlines()[0])  # fmt: skip
+                widest = None
+            if widest is not None:
+                logger.info("%s: its widest prompt has %d tokens", stage, widest)
+                widest = min(widest, self.shape.context or widest)  # the stage truncates or drops what is wider
+            self.widths[key] = widest
+        return self.widths[key]
 
     def peak(self, cfg: Any, copies: int = 0) -> int:
         """The planned peak of `cfg`'s stage in its layout, with `copies` of the model held beside it."""
@@ -163,6 +192,7 @@ class MemoryBudget:
                         self.label)  # fmt: skip
         return BudgetFit(cfg, {
             "max_memory": self.bytes, "from": self.source, "layout": layout, "planned_peak": need,
+            "prompt_tokens": self.plan(cfg).tokens,
             "model_copies": copies, "sizes": {k: getattr(cfg, k) for k in asked}, "lowered": lowered,
         })  # fmt: skip
 
@@ -256,7 +286,15 @@ def before_load(model: Any, option: str = "--max-memory") -> MemoryBudget | str:
         if given is not None:
             raise ConfigError(f"{option} needs the model's shape before it loads, and {err}") from None
         return f"the model's shape cannot be read before it loads ({err})"
-    return _budget(shape, plan_dtype(model.dtype, shape.dtype), model.device, given, False, option)
+    budget = _budget(shape, plan_dtype(model.dtype, shape.dtype), model.device, given, False, option)
+    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=functools.partial(
+        _tokenizer_of, model))  # fmt: skip
+
+
+def _tokenizer_of(model: Any) -> Any:
+    from arithmech.models.load import load_tokenizer
+
+    return load_tokenizer(model)
 
 
 def of_loaded(handle: Any, max_memory: str | int | None, option: str = "max_memory") -> MemoryBudget | str:
@@ -265,7 +303,8 @@ def of_loaded(handle: Any, max_memory: str | int | None, option: str = "max_memo
     config = handle.model.config.to_dict()
     shape = shape_from_config(config, str(handle.source.get("model")), "the loaded model's config")
     dtype = plan_dtype(str(handle.source.get("dtype", "float32")), None)
-    return _budget(shape, dtype, str(handle.source.get("device", "cpu")), given, True, option)
+    budget = _budget(shape, dtype, str(handle.source.get("device", "cpu")), given, True, option)
+    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=lambda: handle.tokenizer)
 
 
 def _budget(shape: ModelShape, dtype: str, device: str, given: int | None, loaded: bool,

@@ -59,6 +59,8 @@ class ModelShape:
     """The logits pass through cap * tanh(logits / cap) (Gemma 2's final_logit_softcapping)."""
     dtype: str | None = None
     """The checkpoint's own dtype (config.json torch_dtype), used for --dtype auto."""
+    context: int | None = None
+    """The longest sequence the model takes (max_position_embeddings): no stage runs a wider prompt."""
     source: str = ""
 
     @property

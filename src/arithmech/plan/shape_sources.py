@@ -62,6 +62,7 @@ def shape_from_config(config: dict[str, Any], name: str, source: str) -> ModelSh
         n_positions=int(config.get("n_positions") or 0) if gpt2 else 0,
         logit_softcap=bool(config.get("final_logit_softcapping")),
         dtype=config.get("torch_dtype") or config.get("dtype"),
+        context=int(config.get("max_position_embeddings") or config.get("n_positions") or 0) or None,
         source=source,
     )
 
@@ -92,6 +93,7 @@ def shape_from_gguf(path: Path, name: str | None = None) -> ModelShape:
         "tie_word_embeddings": "output.weight" not in tensors,
         "final_logit_softcapping": meta.get(key("final_logit_softcapping")),
         "torch_dtype": "float32",
+        "max_position_embeddings": meta.get(key("context_length")),
     }
     return shape_from_config(config, name or path.stem, f"GGUF header of {path}")
 

@@ -158,16 +158,23 @@ def _max_length(handle: ModelHandle, cfg: FinetuneConfig) -> int:
 def _training_data(handle: ModelHandle, cfg: FinetuneConfig) -> tuple[list[TokenizedExample], dict[str, Any]]:
     """The tokenized examples, and what metadata.json records of them (arithmetic: also its split); max_length is
     the limit applied: cfg.max_length, or the model's context where that is shorter."""
-    max_length = _max_length(handle, cfg)
+    return training_data(handle.tokenizer, cfg, _max_length(handle, cfg))
+
+
+def training_data(
+    tokenizer: Any, cfg: FinetuneConfig, max_length: int
+) -> tuple[list[TokenizedExample], dict[str, Any]]:
+    """`_training_data` with a tokenizer alone: the memory budget reads the widest example before the weights
+    load (plan/budget.py), at cfg.max_length, which no example the stage keeps exceeds."""
     if cfg.data == ARITHMETIC:
-        data, record = arithmetic_examples(handle.tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed,
-                                           cfg.seed, max_length)  # fmt: skip
+        data, record = arithmetic_examples(tokenizer, cfg.operations, cfg.max_samples, cfg.split_seed, cfg.seed,
+                                           max_length)  # fmt: skip
         return data, {**record, "max_length": max_length}
     path = resolve_sft_data(cfg.data, cfg.data_dir)
     examples, read_counts = read_sft_examples(path, cfg.target)
     if cfg.max_samples is not None and cfg.max_samples < len(examples):
         examples = random.Random(cfg.seed).sample(examples, cfg.max_samples)
-    data, tok_counts = tokenize_examples(handle.tokenizer, examples, max_length, cfg.chat_template)
+    data, tok_counts = tokenize_examples(tokenizer, examples, max_length, cfg.chat_template)
     return data, {"path": str(path), "sha256": data_sha256(path), **read_counts, **tok_counts, "max_length": max_length}
 
 

@@ -22,6 +22,7 @@ from arithmech.evaluate.general_texts import GeneralText, load_general_texts
 from arithmech.evaluate.generation import cut_at_stop, generate_greedy
 from arithmech.evaluate.loading import EvalItem, load_rows
 from arithmech.evaluate.runner import EvalOptions, evaluate, evaluate_benchmark, select_subset
+from arithmech.evaluate.widths import BOUNDARY_TOKENS, widest_row
 from arithmech.models.archs import spec_for_model_type
 from arithmech.models.load import ModelHandle
 from arithmech.models.view import ModelView
@@ -160,6 +161,28 @@ def test_truncated_prompts_are_flagged(handle: ModelHandle, data_root: Path) -> 
     result = evaluate_benchmark(handle, "gsm8k", EvalOptions(limit=2, max_new_tokens=2, data_dir=str(data_root)))
     assert result.info["n_shot"] == len(COT_EXEMPLARS) and result.info["truncated_prompts"] == 2
     assert all(r["truncated"] for r in result.records)
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "mmlu", "csqa", "general", "arithmetic"])
+def test_the_widest_row_is_what_the_benchmark_embeds(handle: ModelHandle, data_root: Path, name: str) -> None:
+    """The memory budget plans evaluate at `widest_row`, read before the weights load: for generation, text and
+    arithmetic it is the widest row the model embeds; for choices at most BOUNDARY_TOKENS + 1 more (the longest
+    option beside its context, where one-token options share one pass of the context), never less."""
+    options = EvalOptions(limit=4, n_shot=0, max_new_tokens=2, data_dir=str(data_root),
+                          general_max_tokens=24)  # fmt: skip
+    widths: list[int] = []
+    hook = handle.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: widths.append(args[0].shape[-1]))  # fmt: skip
+    try:
+        evaluate_benchmark(handle, name, options)
+    finally:
+        hook.remove()
+    widest = widest_row(name, options, handle.tokenizer)
+    assert max(widths) < 128  # the tiny model's context: nothing was truncated
+    if name in ("mmlu", "csqa"):
+        assert max(widths) <= widest <= max(widths) + BOUNDARY_TOKENS + 1
+    else:
+        assert widest == max(widths)
 
 
 # -- bad input --------------------------------------------------------------------------------------------

