@@ -94,10 +94,13 @@ def test_finetune_lowers_its_micro_batches_to_a_divisor_of_the_batch() -> None:
 
 
 def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytest.LogCaptureFixture) -> None:
-    """Fine-tuning's examples and evaluate's benchmarks are data: the budget reads their widest prompt with the
-    tokenizer (here one token a byte: the arithmetic examples run to 192 tokens, far above the 48 the plan assumes)
-    and fits at it, so a budget that the assumed width fits lowers the micro-batches. A stage of templates keeps
-    the plan's width; a tokenizer that cannot be had leaves the assumed width, with a warning."""
+    """Identify's reference set, fine-tuning's examples and evaluate's benchmarks: the budget reads their widest
+    prompt with the tokenizer (here one token a byte: the arithmetic examples run to 192 tokens, far above the 48
+    the plan assumes) and fits at it, so a budget that the assumed width fits lowers the micro-batches. A stage that
+    reads an identify run's prompts keeps the plan's width; a tokenizer that cannot be had leaves the assumed
+    width, with a warning."""
+    from arithmech.data import tokenize_pairs
+    from arithmech.data.reference_set import reference_pairs
     from arithmech.plan.planner import DEFAULT_TOKENS
     from arithmech.stages.evaluate_config import EvaluateConfig
     from arithmech.stages.finetune import training_data
@@ -114,7 +117,10 @@ def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytes
     assert fit.cfg.micro_batch_size < 16 and fit.details["prompt_tokens"] == widest
     evaluate = EvaluateConfig(benchmarks=("arithmetic",), limit=8)
     assert read.plan(evaluate).tokens != assumed.plan(evaluate).tokens
-    assert read.plan(IdentifyConfig()).tokens == assumed.plan(IdentifyConfig()).tokens
+    identify = IdentifyConfig(few_shot=0)
+    pairs, _ = tokenize_pairs(make_tiny_tokenizer(), reference_pairs(identify))
+    assert read.plan(identify).tokens == pairs.ref_ids.shape[1] != assumed.plan(identify).tokens
+    assert read.plan(AttentionConfig()).tokens == assumed.plan(AttentionConfig()).tokens  # an identify run's prompts
 
     def unreadable() -> Any:
         raise OSError("no tokenizer files\nmore")
@@ -268,7 +274,8 @@ def test_a_command_lowers_its_batch_and_records_it(
     model = str(tiny_model_dir("llama"))
     shape = before_load(ModelConfig(model=model, max_memory="1TB"))
     assert isinstance(shape, MemoryBudget)
-    two = shape.peak(IdentifyConfig(batch_size=2))
+    tiny = IdentifyConfig(max_prompts=8, n_per_template=2, filter_correct=False, formations=("equation",))
+    two = shape.peak(dataclasses.replace(tiny, batch_size=2))  # at TINY_IDENTIFY's widest prompt
     with caplog.at_level(logging.INFO, logger="arithmech"):
         assert main(["identify", "--model", model, *TINY_IDENTIFY, "--max-memory", str(two),
                      "--out", str(tmp_path / "identify"), "--quiet"]) == 0  # fmt: skip
