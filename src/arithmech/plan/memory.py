@@ -33,7 +33,8 @@ Training's peak is weights + optimizer state + the larger of (graph + temporary)
 temporaries): from the second step on the moments exist while the graph is built, and the backward frees the graph
 as the gradients appear. torch's AdamW step makes a denominator (sqrt of the second moment) and its quotient: for
 every trained tensor at once on a GPU (foreach: as large as the trained numbers), one tensor at a time on a CPU
-(about 3 copies of the largest; read from the allocator's records on a LLaMA2-7B-wide skeleton).
+(the sqrt and the quotient, 2 copies of the largest, and more: the full-SFT skeletons of all five presets measured
+2.1 to 2.5 copies, the same in bfloat16 and float32 and at 2 and 4 layers; planned as CPU_STEP_COPIES).
 Weights are n_params x b (plan/shape.py). Full SFT: gradients n_params x b, AdamW's two moments 2 n_params x b.
 Precise SFT: float32 deltas of the selected heads' slices (finetune/head_slices.py) with float32 gradients, and as
 optimizer state two moments and the anchors AnchoredAdamW keeps (float32 copies of the base entries): 16 bytes a
@@ -43,6 +44,7 @@ b more. LoRA: r (in + out) per adapted projection, in the model's dtype, with gr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,10 @@ ASSEMBLY_FLOAT32_COPIES = 3
 one layer's head inputs (circuits/gradients.head_input_gradients), beside three tensors of the same size in the
 model's dtype: the cotangents per role, their concatenation and the product's result. Read from the allocator's
 records on 2-layer skeletons: 18 bytes an element in bfloat16 (LLaMA2-7B), 24 in float32 (LLaMA2-7B, Gemma-2-9B)."""
+CPU_STEP_COPIES = 2.6
+"""Copies of the largest trained tensor that AdamW's step on a CPU holds beside the weights, gradients and moments:
+the most the allocator's records showed on the five presets' full-SFT skeletons (2.1 Gemma-2-9B, 2.2 Llama-3.1-8B
+and Qwen2.5-7B, 2.4 LLaMA2-7B, 2.5 Mistral-7B), rounded up."""
 READOUT_CAST_ELEMENTS = 2**24
 """models/view.py's _CAST_ELEMENTS (the plan imports no torch; a test holds the two equal)."""
 FINGERPRINT_CHUNK = 2**20
@@ -388,11 +394,11 @@ def training_memory(
 
 
 def optimizer_step_bytes(shape: ModelShape, trained_bytes: int, number_bytes: int, method: str, gpu: bool) -> int:
-    """AdamW's step temporaries (module docstring): the trained bytes on a GPU; on a CPU 3 copies of the largest
-    trained tensor (full SFT: the embedding or an MLP matrix; precise SFT and LoRA: a slice or an adapter, planned
-    as an MLP matrix, an upper bound)."""
+    """AdamW's step temporaries (module docstring): the trained bytes on a GPU; on a CPU CPU_STEP_COPIES of the
+    largest trained tensor (full SFT: the embedding or an MLP matrix; precise SFT and LoRA: a slice or an adapter,
+    planned as an MLP matrix or all the trained numbers, whichever is smaller: an upper bound)."""
     if gpu:
         return trained_bytes
     s = shape
     largest = max(s.d_vocab, s.d_mlp) * s.d_model if method == "full" else s.d_mlp * s.d_model
-    return min(trained_bytes, 3 * largest * number_bytes)
+    return math.ceil(CPU_STEP_COPIES * min(trained_bytes, largest * number_bytes))
