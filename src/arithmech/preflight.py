@@ -187,21 +187,24 @@ def stage_paths(cfg: Any, prefix: str | None = None, skip: frozenset[str] = froz
             changes[name] = items[0] if name == "data" else tuple(items)
     cfg = dataclasses.replace(cfg, **changes) if changes else cfg
     if hasattr(cfg, "check_files"):
-        with _logs_held_back():
+        with logs_held_back():
             cfg.check_files()
     return cfg
 
 
 @contextmanager
-def _logs_held_back() -> Iterator[None]:
-    """arithmech's info and warning lines dropped: a file read now is read (and logged) again by its stage."""
-    log = logging.getLogger("arithmech")
-    level = log.level
-    log.setLevel(logging.ERROR)
+def logs_held_back(*names: str) -> Iterator[None]:
+    """The info and warning lines of the loggers `names` (default arithmech's) dropped: a file read now is read (and
+    logged) again by its stage."""
+    logs = [logging.getLogger(name) for name in names or ("arithmech",)]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
 
 
 def check(cfg: Any, out: str | os.PathLike[str], stage: str) -> tuple[Any, Path]:

@@ -144,7 +144,8 @@ class MemoryBudget:
         if key not in self.widths:
             logger.info("%s: reading its widest prompt with the tokenizer, to plan its memory", stage)
             try:
-                widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer())
+                with preflight.logs_held_back("arithmech", "transformers"):  # the stage reads and warns next
+                    widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer())
             except (OSError, ValueError) as err:  # no tokenizer files here, or one transformers cannot read
                 logger.warning("%s: its widest prompt cannot be read before the model loads (%s); its memory is "
                                "planned at the plan's assumed width", stage, str(err).splitlines()[0])  # fmt: skip
