@@ -136,9 +136,11 @@ class MemoryBudget:
 
     def prompt_tokens(self, cfg: Any) -> int | None:
         """The widest prompt of `cfg`'s stage, read with the tokenizer where its prompts are data; None (the plan's
-        assumed width) elsewhere, or where the tokenizer cannot be had (logged)."""
+        assumed width) elsewhere, where the tokenizer cannot be had (logged), or under a budget below the weights,
+        which is refused without reading anything."""
         stage = stage_name(cfg)
-        if self.tokenizer is None or stage not in prompt_widths.STAGES:
+        if self.tokenizer is None or stage not in prompt_widths.STAGES or self.bytes < self.weights(
+                self.layout(stage)[1]):  # fmt: skip
             return None
         key = repr([(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in KNOBS[stage]])
         if key not in self.widths:

@@ -110,7 +110,7 @@ def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytes
     cfg = FinetuneConfig(components=("3.1",), data="arithmetic", batch_size=16, micro_batch_size=16)
     data, _ = training_data(make_tiny_tokenizer(), cfg, cfg.max_length)
     widest = max(len(example.input_ids) for example in data)
-    assumed, read = budget(1), budget(1, tokenizer=make_tiny_tokenizer)
+    assumed, read = budget(10**15), budget(10**15, tokenizer=make_tiny_tokenizer)
     assert assumed.plan(cfg).tokens == DEFAULT_TOKENS < widest == read.plan(cfg).tokens
     assert read.peak(cfg) > assumed.peak(cfg)
     fit = budget(assumed.peak(cfg), tokenizer=make_tiny_tokenizer).fit(cfg)
@@ -126,8 +126,13 @@ def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytes
         raise OSError("no tokenizer files\nmore")
 
     with caplog.at_level("WARNING"):
-        assert budget(1, tokenizer=unreadable).plan(cfg).tokens == DEFAULT_TOKENS
+        assert budget(10**15, tokenizer=unreadable).plan(cfg).tokens == DEFAULT_TOKENS
     assert "widest prompt cannot be read before the model loads (no tokenizer files)" in caplog.text
+
+    def forbidden() -> Any:
+        raise AssertionError("a budget below the weights is refused without reading prompts")
+
+    assert budget(1, tokenizer=forbidden).plan(cfg).tokens == DEFAULT_TOKENS
 
 
 def test_nothing_fits_is_one_sentence_naming_what_would() -> None:
