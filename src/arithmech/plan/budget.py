@@ -290,8 +290,8 @@ def before_load(model: Any, option: str = "--max-memory") -> MemoryBudget | str:
             raise ConfigError(f"{option} needs the model's shape before it loads, and {err}") from None
         return f"the model's shape cannot be read before it loads ({err})"
     budget = _budget(shape, plan_dtype(model.dtype, shape.dtype), model.device, given, False, option)
-    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=functools.partial(
-        _tokenizer_of, model))  # fmt: skip
+    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=functools.cache(
+        functools.partial(_tokenizer_of, model)))  # loaded once for all the stages of a run  # fmt: skip
 
 
 def _tokenizer_of(model: Any) -> Any:

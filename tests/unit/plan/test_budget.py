@@ -56,6 +56,7 @@ def test_every_stage_plans_on_a_model_smaller_than_its_defaults(tiny_model_dir: 
     for stage in STAGES:
         assert fit_or_keep(found, build_stage_config(stage, {}, 0)).details["max_memory"] == found.bytes, stage.name
     assert found.tokenizer is not None and found.tokenizer()("12 + 3")["input_ids"] == list(b"12 + 3")
+    assert found.tokenizer() is found.tokenizer()  # loaded once for every stage of a run
     from arithmech.stages.evaluate_config import EvaluateConfig
 
     assert found.shape.context == 128 == found.prompt_tokens(EvaluateConfig())  # MMLU's prompts, cut at the context
