@@ -98,15 +98,16 @@ def _config(config: str, stage: str, settings: dict[str, Any], **injected: Any) 
 
 
 def _call(target: str, out_dir: Path, model: ModelHandle, cfg: Any, *args: Any, max_memory: Any = None,
-          **kwargs: Any) -> Any:  # fmt: skip
+          identify_run: Path | None = None, **kwargs: Any) -> Any:  # fmt: skip
     """The stage function `target` on `cfg` with its sizes fitted to `max_memory` (plan/budget.py), writing into
     `out_dir`, which `preflight.check` locked: released however the stage ends (an exception, Ctrl-C), so a failed
-    call leaves neither a lock file nor a folder made only for it."""
+    call leaves neither a lock file nor a folder made only for it. `identify_run`: the run an analysis reads, where
+    its config does not name it (its prompts set the widest batch the budget plans)."""
     from arithmech.plan.budget import fit_or_keep, of_loaded
 
     module, name = target.split(":")
     try:
-        fit = fit_or_keep(of_loaded(model, arguments.size(max_memory, "max_memory")), cfg)
+        fit = fit_or_keep(of_loaded(model, arguments.size(max_memory, "max_memory")), cfg, identify=identify_run)
         result = getattr(importlib.import_module(f"arithmech.stages.{module}"), name)(model, fit.cfg, *args, **kwargs)
         fit.record(out_dir)
         return result
@@ -192,7 +193,8 @@ def _analysis(
     command = next(name for name, sub in preflight.SUBFOLDERS.items() if sub == stage)  # "analyze-mlp"
     run_dir, out_dir = preflight.check_reading(folder, out or Path(folder) / stage, command,
                                                one_answer_token=one_answer_token)  # fmt: skip
-    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet, max_memory=max_memory)
+    return _call(target, out_dir, model, cfg, run_dir, out_dir, quiet=quiet, max_memory=max_memory,
+                 identify_run=run_dir)
 
 
 def analyze_attention(

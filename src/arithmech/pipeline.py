@@ -405,22 +405,55 @@ def _check_needs(cfg: RunConfig, settings: dict[str, Any], run_dir: Path) -> Non
                 raise ConfigError(f"stage {stage.name!r} reads the {missing[0]!r} stage's results; add it to stages")
 
 
-def _within_budget(cfg: RunConfig, settings: dict[str, Any], run_dir: Path, handle: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Fits:
+    """Every chosen stage's config fitted to the run's memory budget, and how to fit a stage again."""
+
+    budget: Any
+    """The `plan.budget.MemoryBudget`, or why there is none."""
+    configs: dict[str, Any]
+    """Stage name -> its config as given."""
+    fits: dict[str, Any]
+    """Stage name -> its `BudgetFit`."""
+    copies: dict[str, int]
+    """Stage name -> the copies of the model held beside it."""
+    estimated: frozenset[str]
+    """Stages fitted at a bound on an identify run not made yet (its settings), fitted again once it is."""
+
+    def fit(self, name: str, run_dir: Path) -> Any:
+        """The stage's fit; where it was fitted at a bound, fitted again at the identify run's prompts, which are
+        on disk now (the bound still counts every prompt identify keeps, but knockout's held-out ones are drawn
+        afresh)."""
+        if name not in self.estimated:
+            return self.fits[name]
+        from arithmech.plan.budget import fit_or_keep
+
+        return fit_or_keep(self.budget, self.configs[name], self.copies[name], name, run_dir / "identify")
+
+
+def _within_budget(cfg: RunConfig, settings: dict[str, Any], run_dir: Path, handle: Any) -> _Fits:
     """Every chosen stage's sizes fitted to model.max_memory (or the device's free memory) before the model loads
     (plan/budget.py), so a stage that cannot fit stops the run before any runs; finetune trains a copy of the
-    model, and evaluate scores a tuned copy beside the base model when there is a finetune."""
+    model, and evaluate scores a tuned copy beside the base model when there is a finetune. A stage that reads
+    identify's prompts is planned at them: at the folder's, or at identify's settings when it runs first."""
     from arithmech.models.model_config import ModelConfig
     from arithmech.plan.budget import before_load, fit_or_keep, of_loaded
+    from arithmech.plan.prompt_widths import READS_IDENTIFY
 
     given = cfg.model.get("max_memory")
     budget = before_load(ModelConfig(**cfg.model)) if handle is None else of_loaded(handle, given, "--max-memory")
     tuned = "finetune" in cfg.stages or (run_dir / "finetune" / "metadata.json").is_file()
-    return {name: fit_or_keep(budget, c, int(name == "finetune" or name == "evaluate" and tuned), name)
+    copies = {name: int(name == "finetune" or name == "evaluate" and tuned) for name in settings}
+    identify = settings["identify"] if "identify" in cfg.stages else run_dir / "identify"
+    readers = {name for name in settings if name in READS_IDENTIFY}
+    fits = {name: fit_or_keep(budget, c, copies[name], name, identify if name in readers else None)
             for name, c in settings.items()}  # fmt: skip
+    estimated = frozenset(readers if "identify" in cfg.stages else ())
+    return _Fits(budget, settings, fits, copies, estimated)
 
 
 def _run_stages(
-    cfg: RunConfig, run_dir: Path, settings: dict[str, Any], fits: dict[str, Any], quiet: bool, handle: Any
+    cfg: RunConfig, run_dir: Path, settings: dict[str, Any], fits: _Fits, quiet: bool, handle: Any
 ) -> dict[str, Any]:
     """The loop of `run_pipeline`, in a run folder checked and locked; each stage runs with its sizes in `fits`."""
     record_path = run_dir / "pipeline.json"
@@ -453,7 +486,7 @@ def _run_stages(
         logger.info("%s: running into %s", stage.name, out)
         start = time.perf_counter()
         if stage.sharded or distributed.is_main():
-            fit = fits[stage.name]
+            fit = fits.fit(stage.name, run_dir)
             results[stage.name] = stage.run(handle, fit.cfg, out, run_dir, quiet or not distributed.is_main())
             fit.record(out)
         distributed.barrier()  # under a launch, every process waits until the stage's folder is complete

@@ -26,6 +26,8 @@ import arithmech as am
 from arithmech.models.load import ModelConfig, ModelHandle, load_model
 from arithmech.pipeline import build_stage_config, stage_by_name
 from arithmech.plan.budget import of_loaded
+from arithmech.plan.planner import DEFAULT_TOKENS
+from arithmech.plan.prompt_widths import READS_IDENTIFY
 
 from run_folders import assert_close_results
 
@@ -110,10 +112,12 @@ def identify_run(handle: ModelHandle, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-def budget_for(handle: ModelHandle, stage: str, settings: dict[str, Any], knob: str, target: int) -> int:
-    """The planned peak of the stage's sizes with `knob` at `target`: the budget that lowers it there."""
+def budget_for(handle: ModelHandle, stage: str, settings: dict[str, Any], knob: str, target: int,
+               identify_run: Path | None = None) -> int:  # fmt: skip
+    """The planned peak of the stage's sizes with `knob` at `target`, at the widest prompt of the identify run it
+    reads: the budget that lowers it there."""
     cfg = build_stage_config(stage_by_name(stage), settings, 0)
-    return of_loaded(handle, None).peak(dataclasses.replace(cfg, **{knob: target}))
+    return of_loaded(handle, None).reading(identify_run).peak(dataclasses.replace(cfg, **{knob: target}))
 
 
 def check_split(out: Path, knob: str, asked: int, target: int) -> None:
@@ -139,13 +143,62 @@ def test_every_stage_under_a_budget_gives_the_same_numbers(
 ) -> None:
     def run(out: Path, **budget: Any) -> None:
         model = load_model(ModelConfig(model=str(model_dir))) if case.stage == "finetune" else handle  # trains it
-        source = (identify_run,) if case.reads_run else ()
         case.run(model, *source, out=out, quiet=True, **case.settings, **budget)
 
+    source = (identify_run,) if case.reads_run else ()
     asked = getattr(build_stage_config(stage_by_name(case.stage), case.settings, 0), case.knob)
     assert case.target < asked
     run(tmp_path / "plain")
-    run(tmp_path / "split", max_memory=budget_for(handle, case.stage, case.settings, case.knob, case.target))
+    budget = budget_for(handle, case.stage, case.settings, case.knob, case.target, source[0] if source else None)
+    run(tmp_path / "split", max_memory=budget)
     check_split(tmp_path / "split", case.knob, asked, case.target)
     assert json.loads((tmp_path / "plain" / "metadata.json").read_text())["memory_budget"]["lowered"] == {}
     assert_close_results(tmp_path / "split", tmp_path / "plain", TOLERANCE, looser=RATIOS_OF_DROPS)
+
+
+READERS = {"identify": (am.identify, IDENTIFY),
+           "knockout": (am.knockout, {"max_k": 1, "n_random": 1, "max_prompts": 8}),
+           "transfer": (am.transfer, {"targets": ["addition", "subtraction"], "n_random": 1, "max_prompts": 8,
+                                      "n_per_template": 2, "filter_correct": False}),
+           "attention": (am.analyze_attention, {"max_prompts": 8, "n_examples": 1}),
+           "mlp": (am.analyze_mlp, {"max_prompts": 8}),
+           "fourier": (am.analyze_fourier, {"max_prompts": 8, "cutoffs": [1]}),
+           "agreement": (am.analyze_agreement, {"max_prompts": 8, "methods": ["path", "attribution"]}),
+           **{case.stage: (case.run, case.settings) for case in CASES
+              if case.stage in ("mediation", "neurons", "heuristics", "numbers", "circuit")}}  # fmt: skip
+"""Identify, the stages that read an identify run's prompts (with every one of its 8 prompts scored), and those that
+make their own."""
+SHARE_A_PREFIX = ("knockout", "transfer", "mediation", "neurons", "heuristics", "numbers", "circuit")
+"""Stages that embed a sample of what was read, or run the tokens their prompts share once and the rest apart (the
+plan counts those tokens in every row's keys and values: `models/shared_prefix.py`)."""
+
+
+@pytest.mark.parametrize("stage", list(READERS))
+def test_a_stage_plans_at_the_widest_prompt_it_embeds(
+    stage: str, handle: ModelHandle, identify_run: Path, tmp_path: Path
+) -> None:
+    """The budget plans these stages at the widest prompt they will embed, read from the run folder before the
+    weights load (plan/prompt_widths.py) or made by the stage's own code: identify's answer check runs each of its
+    prompts with its answer, and the analyses score all of the run's prompts, so exactly that; where a stage embeds
+    a sample or a prompt's last tokens apart (SHARE_A_PREFIX), never less. Without the folder the analyses' plan
+    keeps the assumed width."""
+    run, settings = READERS[stage]
+    widths: list[int] = []
+    hook = handle.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: widths.append(args[0].shape[-1]))  # fmt: skip
+    try:
+        source = [identify_run] if stage in READS_IDENTIFY else []
+        run(handle, *source, out=tmp_path / stage, quiet=True, **settings)
+    finally:
+        hook.remove()
+    cfg = build_stage_config(stage_by_name(stage), settings, 0)
+    budget = of_loaded(handle, None)
+    read = budget.reading(identify_run).plan(cfg).tokens
+    recorded = json.loads((tmp_path / stage / "metadata.json").read_text())["memory_budget"]["prompt_tokens"]
+    assert recorded == read
+    if stage in SHARE_A_PREFIX:
+        assert max(widths) <= read
+    else:
+        assert max(widths) == read
+    if stage in READS_IDENTIFY and stage not in ("knockout", "transfer"):  # the others name their run in their config
+        assert budget.plan(cfg).tokens == DEFAULT_TOKENS

@@ -55,7 +55,7 @@ def analyze_attention(
     run_dir, out_dir = preflight.check_reading(
         from_run, out or default_out("attention", from_run), "analyze_attention", one_answer_token=False
     )
-    fit = within_budget(load, cfg)
+    fit = within_budget(load, cfg, run_dir)
     from arithmech.stages.analyze_attention import analyze_attention as run_attention
 
     handle = load()
@@ -97,7 +97,7 @@ def analyze_mlp(
         seed=seed,
     )
     run_dir, out_dir = preflight.check_reading(from_run, out or default_out("mlp", from_run), "analyze-mlp")
-    fit = within_budget(load, cfg)
+    fit = within_budget(load, cfg, run_dir)
     from arithmech.stages.analyze_mlp import analyze_mlp as run_mlp
 
     handle = load()
@@ -129,7 +129,7 @@ def analyze_fourier(
     from arithmech.stages.fourier import analyze_fourier as run_fourier
 
     run_dir, out_dir = preflight.check_reading(from_run, out or default_out("fourier", from_run), "analyze-fourier")
-    fit = within_budget(load, cfg)
+    fit = within_budget(load, cfg, run_dir)
     handle = load()
     result = run_fourier(handle, fit.cfg, run_dir, out_dir, quiet=quiet)
     fit.record(out_dir)

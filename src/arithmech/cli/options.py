@@ -126,13 +126,14 @@ def model_config(
                        max_memory=max_memory)  # fmt: skip
 
 
-def within_budget(load: Any, cfg: Any) -> Any:
+def within_budget(load: Any, cfg: Any, identify_run: Any = None) -> Any:
     """`cfg` with its sizes fitted to --max-memory (a `plan.budget.BudgetFit`: `.cfg`, `.record(out)`), from the
-    model's shape before `load` loads it; a stage that cannot fit is one ConfigError sentence now."""
+    model's shape before `load` loads it; a stage that cannot fit is one ConfigError sentence now. `identify_run`:
+    the run folder an analysis reads, where its config does not name it (its prompts set the widest batch)."""
     from arithmech.plan.budget import before_load, fit_or_keep
 
     options = {k: v for k, v in load.keywords.items() if k not in ("threads", "quiet")}
-    return fit_or_keep(before_load(model_config(**options)), cfg)
+    return fit_or_keep(before_load(model_config(**options)), cfg, identify=identify_run)
 
 
 def split(text: str) -> tuple[str, ...]:

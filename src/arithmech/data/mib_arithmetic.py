@@ -98,6 +98,16 @@ def mib_prompt_stream(
             yield MibPrompt(text=scored[0], answer=str(c), a=a, b=b, answer_id=scored[1], length=scored[2])
 
 
+def widest_prompt_tokens(tokenizer: Any, operation: str, max_operand: int = 99) -> int:
+    """Tokens of the widest prompt `mib_prompt_stream` draws: both operands the number of 0..max_operand written in
+    the most tokens (the largest of those), as the usual tokenizers split a number apart from its neighbours."""
+    check_operation(operation)
+    widest = max(range(max_operand + 1), key=lambda n: (len(tokenizer(f" {n}")["input_ids"]), n))
+    answer = 2 * widest if operation == "addition" else 0
+    scored = scored_prompt(tokenizer, _render(operation, widest, widest), str(answer))
+    return len(tokenizer(_render(operation, widest, widest) if scored is None else scored[0])["input_ids"])
+
+
 class PromptPairer:
     """Pairs prompts as they come: a prompt is the counterfactual of the earliest unpaired one before it of equal
     token length and another scored token (pairs whose scored tokens are equal carry no signal)."""

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech import distributed, preflight
-from arithmech.errors import ConfigError
+from arithmech.errors import ArithmechError, ConfigError
 from arithmech.plan import prompt_widths
 from arithmech.plan.devices import PROFILES
 from arithmech.plan.free_memory import free_memory, gpu_count
@@ -110,12 +110,19 @@ class MemoryBudget:
     (prompt_widths.py); None: those stages plan at the plan's assumed width."""
     widths: dict[str, int | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
     """The widest prompts read so far, by stage and settings (reading MMLU's takes seconds)."""
+    identify: prompt_widths.IdentifySource | None = None
+    """The identify run a stage reads where its config does not name it (`reading`)."""
 
     @property
     def label(self) -> str:
         if self.given:
             return f"{self.source} {format_size(self.bytes)}"
         return f"{self.source} ({format_size(self.bytes)})"
+
+    def reading(self, identify: prompt_widths.IdentifySource | None) -> MemoryBudget:
+        """This budget for a stage that reads the identify run `identify` (a folder, or the settings that will make
+        it: prompt_widths.py), where its config does not name it; the read widths are shared."""
+        return self if identify is None else dataclasses.replace(self, identify=identify)
 
     def layout(self, stage: str) -> tuple[str, int]:
         """(the plan's process layout, the devices the weights are split over) of `stage`."""
@@ -142,13 +149,14 @@ class MemoryBudget:
         if self.tokenizer is None or stage not in prompt_widths.STAGES or self.bytes < self.weights(
                 self.layout(stage)[1]):  # fmt: skip
             return None
-        key = repr([(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in KNOBS[stage]])
+        key = repr([(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in KNOBS[stage]]
+                   + [self.identify])  # fmt: skip
         if key not in self.widths:
             logger.info("%s: reading its widest prompt with the tokenizer, to plan its memory", stage)
             try:
                 with preflight.logs_held_back("arithmech", "transformers"):  # the stage reads and warns next
-                    widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer())
-            except (OSError, ValueError) as err:  # no tokenizer files here, or one transformers cannot read
+                    widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer(), self.identify)
+            except (OSError, ValueError, ArithmechError) as err:  # no tokenizer here, or prompts the stage refuses
                 logger.warning("%s: its widest prompt cannot be read before the model loads (%s); its memory is "
                                "planned at the plan's assumed width", stage, str(err).splitlines()[0])  # fmt: skip
                 widest = None
@@ -326,12 +334,15 @@ def _budget(shape: ModelShape, dtype: str, device: str, given: int | None, loade
     return MemoryBudget(shape, dtype, free[0] + held, free[1], False, gpus, fsdp, launched, cpu)
 
 
-def fit_or_keep(budget: MemoryBudget | str, cfg: Any, copies: int = 0, option_prefix: str | None = None) -> BudgetFit:
+def fit_or_keep(budget: MemoryBudget | str, cfg: Any, copies: int = 0, option_prefix: str | None = None,
+                identify: prompt_widths.IdentifySource | None = None) -> BudgetFit:  # fmt: skip
     """`budget.fit(cfg)`, or `cfg` as it is when there is no budget or the plan cannot model the settings (the
     stage may still run them: the budget never stops what the plan does not know); the reason is logged, as a
-    warning when the budget was given."""
+    warning when the budget was given. `identify`: the identify run the stage reads, where its config does not
+    name it (`MemoryBudget.reading`)."""
     given = isinstance(budget, MemoryBudget) and budget.given
     if isinstance(budget, MemoryBudget):
+        budget = budget.reading(identify)
         try:
             budget.peak(cfg, copies)
         except ConfigError as err:

@@ -89,6 +89,26 @@ def prompt_split(handle: ModelHandle, cfg: CircuitConfig, quiet: bool = True) ->
     return _split(parts, cfg, 0, described)
 
 
+def widest_prompt(tokenizer: Any, cfg: CircuitConfig) -> int:
+    """The widest prompt the stage will score, in tokens, read before the model loads (plan/prompt_widths.py): a
+    --from folder's stored pairs, a dataset's rows of its operations, or the widest built-in prompt of each."""
+    from arithmech.circuits.prompts import circuit_batch
+    from arithmech.data.mib_arithmetic import widest_prompt_tokens
+
+    edges = cfg.edges_file()
+    if cfg.circuit_file is None and edges is not None:
+        split = stored_split(edges.parent, cfg, {})
+        pairs = [*split.find, *(split.test or [])]
+    elif cfg.mib_dataset is not None:
+        rows = read_mib_rows(cfg.mib_dataset, cfg.mib_split)
+        if not cfg.in_sample:
+            rows += read_mib_rows(cfg.mib_eval_dataset or cfg.mib_dataset, cfg.mib_eval_split)
+        pairs = [pair for op in cfg.operations for pair in mib_dataset_pairs(tokenizer, rows, op)[0]]
+    else:
+        return max(widest_prompt_tokens(tokenizer, op, cfg.max_operand) for op in cfg.operations)
+    return int(circuit_batch(tokenizer, pairs).clean_ids.shape[1])
+
+
 def stored_split(folder: Path, cfg: CircuitConfig, recorded: dict[str, Any]) -> PromptSplit:
     """The pairs a circuit folder stored: prompts.jsonl (find) and test_prompts.jsonl (test, when there); where each
     set came from as the folder recorded it (`recorded`, its metadata.json's "evaluation")."""

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-from arithmech.data.number_tokens import single_token_numbers
+from arithmech.data.number_tokens import NumberTokens, single_token_numbers
 from arithmech.data.operand_grid import OperandGrid, operand_grid
 from arithmech.data.templates import load_templates, select_templates
-from arithmech.data.tokens import tokenize_pairs
+from arithmech.data.tokens import TokenizedPairs, tokenize_pairs
 from arithmech.errors import ConfigError, DataError
 from arithmech.models.context import check_fits_context
 from arithmech.models.load import ModelHandle
@@ -112,6 +112,29 @@ def default_layers(n_layers: int) -> tuple[int, ...]:
     return tuple(range(n_layers // 2, n_layers))
 
 
+def grid_numbers(tokenizer: Any, cfg: HeuristicsConfig) -> tuple[NumberTokens, int]:
+    """The tokenizer's single-token numbers, and the operands of the grid (0..size-1)."""
+    numbers = single_token_numbers(tokenizer, "1 + 1 = ")
+    size = cfg.grid_size or numbers.count
+    if size > numbers.count:
+        raise ConfigError(
+            f"grid_size {size} is larger than the tokenizer's single-token numbers (0..{numbers.count - 1}); "
+            f"use --grid-size {numbers.count} or less"
+        )
+    return numbers, size
+
+
+def operation_grid(tokenizer: Any, cfg: HeuristicsConfig, operation: str) -> tuple[OperandGrid, TokenizedPairs]:
+    """Step 1 for `operation`: its operand grid, and its prompts tokenized (what the memory budget reads too)."""
+    numbers, size = grid_numbers(tokenizer, cfg)
+    chosen = select_templates(load_templates(), (operation,), (cfg.formation,))
+    if not chosen:
+        raise DataError(f"no {cfg.formation} template for {operation}; choose another formation")
+    grid = operand_grid(chosen[0], size, numbers.count, cfg.few_shot, cfg.max_pairs, cfg.seed)
+    tokenized, _ = tokenize_pairs(tokenizer, grid.pairs, counterfactual_required=False)
+    return grid, tokenized
+
+
 @torch.no_grad()
 def heuristics(
     handle: ModelHandle, cfg: HeuristicsConfig, out_dir: str | Path, quiet: bool = False
@@ -125,26 +148,15 @@ def heuristics(
         raise ConfigError(f"layer {max(layers)} does not exist: the model has layers 0..{dims.n_layers - 1}")
     layers = tuple(sorted(layers))
     width = check_width(view, layers)
-    numbers = single_token_numbers(handle.tokenizer, "1 + 1 = ")
-    size = cfg.grid_size or numbers.count
-    if size > numbers.count:
-        raise ConfigError(
-            f"grid_size {size} is larger than the tokenizer's single-token numbers (0..{numbers.count - 1}); "
-            f"use --grid-size {numbers.count} or less"
-        )
+    numbers, size = grid_numbers(handle.tokenizer, cfg)
     ks = tuple(sorted(set(cfg.ks))) if cfg.ks else default_ks(width)
     if max(ks) > width:
         raise ConfigError(f"k {max(ks)} is more than the {width} neurons of a layer; choose ks up to {width}")
-    templates = load_templates()
     start = time.perf_counter()
     results: dict[str, OperationResult] = {}
     skipped: dict[str, str] = {}
     for operation in cfg.operations:
-        chosen = select_templates(templates, (operation,), (cfg.formation,))
-        if not chosen:
-            raise DataError(f"no {cfg.formation} template for {operation}; choose another formation")
-        grid = operand_grid(chosen[0], size, numbers.count, cfg.few_shot, cfg.max_pairs, cfg.seed)
-        tokenized, _ = tokenize_pairs(handle.tokenizer, grid.pairs, counterfactual_required=False)
+        grid, tokenized = operation_grid(handle.tokenizer, cfg, operation)
         check_fits_context(handle.model, tokenized.ref_ids.shape[1])
         if len(tokenized.pairs) != len(grid.pairs):
             raise DataError(f"{len(grid.pairs) - len(tokenized.pairs)} {operation} grid prompts could not be tokenized")

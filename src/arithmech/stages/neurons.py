@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.errors import ConfigError
 from arithmech.models.load import ModelHandle
 from arithmech.models.sites import Component, parse_component
@@ -123,8 +122,7 @@ def neurons(handle: ModelHandle, cfg: NeuronsConfig, out_dir: str | Path, quiet:
     timings: dict[str, float] = {}
     start = time.perf_counter()
 
-    reference_cfg = ReferenceSetConfig(formations=cfg.formations, few_shot=cfg.few_shot, max_prompts=cfg.max_prompts,
-                                  filter_correct=cfg.filter_correct, seed=cfg.seed)  # fmt: skip
+    reference_cfg = cfg.reference_settings()
     sets, counts = operation_sets(handle, reference_cfg, cfg.operations)
     heads = [c for c in _components(dims) if cfg.importance_layers is None or c.layer in cfg.importance_layers]
     rows = sum(len(b) for b in sets.values()) * (len(heads) + 1)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from arithmech.data.reference_config import ReferenceSetConfig
 from arithmech.data.templates import OPERATIONS
 from arithmech.errors import ConfigError, DataError
 
@@ -78,6 +79,13 @@ class NeuronsConfig:
                 raise ConfigError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if self.n_random < 0 or self.few_shot < 0 or not self.keep_sizes or min(self.keep_sizes) < 0:
             raise ConfigError("n_random and few_shot must be 0 or more, and keep_sizes non-negative numbers")
+
+    def reference_settings(self, operation: str | None = None) -> ReferenceSetConfig:
+        """The settings its prompt sets are generated and filtered with, as identify's reference set is: one set
+        per operation (`operation`), else all of them."""
+        operations = self.operations if operation is None else (operation,)
+        return ReferenceSetConfig(operations=operations, formations=self.formations, few_shot=self.few_shot,
+                                  max_prompts=self.max_prompts, filter_correct=self.filter_correct, seed=self.seed)
 
     def check_files(self) -> None:
         """A given --adapter folder holds a LoRA adapter peft can read: its adapter_config.json is a JSON object of

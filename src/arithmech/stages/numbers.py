@@ -137,6 +137,21 @@ def analyze_numbers(handle: ModelHandle, cfg: NumbersConfig, out_dir: str | Path
         return _analyze(handle, cfg, Path(out_dir), quiet)
 
 
+def value_grid(tokenizer: Any, cfg: NumbersConfig) -> tuple[int, int, NumberGrid]:
+    """The values low..high-1 and their grid of prompts (what the memory budget reads too)."""
+    chosen = select_templates(load_templates(), (cfg.operation,), (cfg.formation,))
+    if not chosen:
+        raise DataError(f"no {cfg.formation} template for {cfg.operation}; choose another formation")
+    low, high = default_range(tokenizer, chosen[0], cfg.low, cfg.high)
+    check_periods(cfg.periods, low, high)
+    return low, high, number_grid(tokenizer, chosen[0], low, high, cfg.few_shot, cfg.max_pairs, cfg.seed)
+
+
+def grid_width(grid: NumberGrid) -> int:
+    """The widest of the grid's prompts followed by its answer, in tokens."""
+    return max(len(p.ids) + len(p.answer) for p in grid.prompts)
+
+
 def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) -> NumbersResult:
     from tqdm.auto import tqdm
 
@@ -144,16 +159,10 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
     layers = sorted(cfg.layers) if cfg.layers is not None else list(range(dims.n_layers))
     if max(layers) >= dims.n_layers:
         raise ConfigError(f"layer {max(layers)} does not exist: the model has layers 0..{dims.n_layers - 1}")
-    chosen = select_templates(load_templates(), (cfg.operation,), (cfg.formation,))
-    if not chosen:
-        raise DataError(f"no {cfg.formation} template for {cfg.operation}; choose another formation")
-    template = chosen[0]
-    low, high = default_range(tokenizer, template, cfg.low, cfg.high)
-    check_periods(cfg.periods, low, high)
+    low, high, grid = value_grid(tokenizer, cfg)
     run = read_identify_run(cfg.identify_run, handle) if cfg.identify_run is not None else None  # refused early
     start_time = time.perf_counter()
-    grid = number_grid(tokenizer, template, low, high, cfg.few_shot, cfg.max_pairs, cfg.seed)
-    check_fits_context(handle.model, max(len(p.ids) + len(p.answer) for p in grid.prompts))
+    check_fits_context(handle.model, grid_width(grid))
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
     sites = [s for s in grid.sites if cfg.sites is None or s.name in cfg.sites]
     known = [*(s.name for s in grid.sites), CLOCK]
@@ -232,7 +241,7 @@ def _analyze(handle: ModelHandle, cfg: NumbersConfig, out: Path, quiet: bool) ->
         "dims": asdict(dims),
         "config": asdict(cfg),
         "seed": cfg.seed,
-        "template": template.id,
+        "template": grid.template.id,
         "range": {"low": low, "high": high, "digit_split": grid.digit_split, "periods": list(periods)},
         "layers": layers,
         "sites": [s.name for s in all_sites],

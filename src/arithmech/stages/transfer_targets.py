@@ -131,14 +131,32 @@ def prepare_target(
     return target
 
 
+def target_width(tokenizer: Any, name: str, cfg: TransferConfig, excluded: Sequence[Exclusion] = ()) -> int:
+    """The widest prompt of target `name` (step 1), in tokens, before the context drops any: what the memory budget
+    plans the stage at (plan/prompt_widths.py); 0 where it has none."""
+    spec = target_set(name)
+    pairs, _, _ = held_out_pairs(spec, cfg, excluded)
+    try:
+        return int(_tokenized(tokenizer, spec, pairs).ref_ids.shape[1]) if pairs else 0
+    except DataError:  # the stage notes it and scores no prompt of this target
+        return 0
+
+
+def _tokenized(tokenizer: Any, spec: TargetSpec, pairs: list[PromptPair]) -> TokenizedPairs:
+    """Step 1's prompts tokenized: word problems' answers by their first token, arithmetic's token by token."""
+    word = spec.kind == "word"  # word problems: no counterfactual, and their answer's first token at END
+    t, _ = tokenize_pairs(tokenizer, pairs, first_token_answers=word, counterfactual_required=not word,
+                          answer_digits=not word, one_digit_tokens=False)  # fmt: skip
+    return t
+
+
 def _prepare(
     handle: ModelHandle, name: str, spec: TargetSpec, pairs: list[PromptPair], cfg: TransferConfig
 ) -> PreparedTarget:
     """Steps 1-3 above once the prompts are chosen."""
     word = spec.kind == "word"  # word problems: no counterfactual, and their answer's first token at END
     try:
-        t, _ = tokenize_pairs(handle.tokenizer, pairs, first_token_answers=word, counterfactual_required=not word,
-                              answer_digits=not word, one_digit_tokens=False)  # fmt: skip
+        t = _tokenized(handle.tokenizer, spec, pairs)
     except DataError as exc:
         return PreparedTarget(name, spec, len(pairs), 0, math.nan, note=str(exc))
     limit = context_length(handle.model)

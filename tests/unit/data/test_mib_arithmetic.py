@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from arithmech.data.mib_arithmetic import mib_pairs, mib_prompt_stream
+from arithmech.data.mib_arithmetic import mib_pairs, mib_prompt_stream, widest_prompt_tokens
 from arithmech.data.mib_facts import distinct_prompts, fact, fact_part
 from arithmech.errors import ConfigError
 
@@ -35,6 +35,18 @@ def test_number_tokens_are_scored_whole() -> None:
     tok = make_multidigit_tokenizer()  # 0..99 are single tokens
     for p in mib_pairs(tok, "addition", 10, max_operand=40):
         assert tok.decode([p.extra["answer_id"]]) == p.answer[:2]
+
+
+@pytest.mark.parametrize("make", [make_tiny_tokenizer, make_multidigit_tokenizer])
+@pytest.mark.parametrize("operation", ["addition", "subtraction"])
+def test_the_widest_prompt_bounds_every_prompt_drawn(make: object, operation: str) -> None:
+    """The memory budget plans the circuit stage at `widest_prompt_tokens`: no prompt the stream draws is wider, and
+    with enough drawn one is as wide (a digit tokenizer: 2-digit operands; one whose numbers are single tokens)."""
+    tok = make()  # type: ignore[operator]
+    drawn = [len(tok(p.text)["input_ids"]) for p in itertools.islice(mib_prompt_stream(tok, operation), 2000)]
+    assert max(drawn) == widest_prompt_tokens(tok, operation)
+    assert widest_prompt_tokens(tok, operation, max_operand=9) < widest_prompt_tokens(tok, operation) or (
+        make is make_multidigit_tokenizer)  # fmt: skip
 
 
 def test_seeded_and_refuses_unknown_operations() -> None:

@@ -97,11 +97,11 @@ def test_finetune_lowers_its_micro_batches_to_a_divisor_of_the_batch() -> None:
 def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytest.LogCaptureFixture) -> None:
     """Identify's reference set, fine-tuning's examples and evaluate's benchmarks: the budget reads their widest
     prompt with the tokenizer (here one token a byte: the arithmetic examples run to 192 tokens, far above the 48
-    the plan assumes) and fits at it, so a budget that the assumed width fits lowers the micro-batches. A stage that
-    reads an identify run's prompts keeps the plan's width; a tokenizer that cannot be had leaves the assumed
-    width, with a warning."""
+    the plan assumes) and fits at it, so a budget that the assumed width fits lowers the micro-batches. An analysis
+    given no identify run keeps the plan's width (tests/integration/test_memory_budget.py reads one); a tokenizer
+    that cannot be had leaves the assumed width, with a warning."""
     from arithmech.data import tokenize_pairs
-    from arithmech.data.reference_set import reference_pairs
+    from arithmech.data.reference_set import answer_sequences, reference_pairs
     from arithmech.plan.planner import DEFAULT_TOKENS
     from arithmech.stages.evaluate_config import EvaluateConfig
     from arithmech.stages.finetune import training_data
@@ -120,7 +120,9 @@ def test_stages_whose_prompts_are_data_plan_at_their_widest_prompt(caplog: pytes
     assert read.plan(evaluate).tokens != assumed.plan(evaluate).tokens
     identify = IdentifyConfig(few_shot=0)
     pairs, _ = tokenize_pairs(make_tiny_tokenizer(), reference_pairs(identify))
-    assert read.plan(identify).tokens == pairs.ref_ids.shape[1] != assumed.plan(identify).tokens
+    checked = max(len(sequence) for sequence in answer_sequences(pairs)[0])  # a prompt and its answer
+    assert read.plan(identify).tokens == checked > pairs.ref_ids.shape[1]
+    assert checked != assumed.plan(identify).tokens
     assert read.plan(AttentionConfig()).tokens == assumed.plan(AttentionConfig()).tokens  # an identify run's prompts
 
     def unreadable() -> Any:
@@ -298,3 +300,32 @@ def test_a_command_lowers_its_batch_and_records_it(
     with caplog.at_level(logging.INFO, logger="arithmech"):
         assert main([*run, "--max-memory", "1TB"]) == 0
     assert "identify: unchanged since the last run" in caplog.text
+
+
+def test_run_plans_the_stages_reading_identify_at_its_prompts(
+    tiny_model_dir: Callable[[str], Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In `run`, the stages that read identify's prompts are fitted first at identify's settings (its prompts before
+    the answer check: a bound), then again once identify has written them: attention at their widest, knockout at
+    least there (its held-out prompts are read too)."""
+    import logging
+
+    from arithmech.data import read_prompt_file, tokenize_pairs
+    from arithmech.models.load import load_tokenizer
+
+    model = str(tiny_model_dir("llama"))
+    settings = [f"identify.{s}" for s in ("max_prompts=8", "n_per_template=2", "filter_correct=false",
+                                          "formations=[equation]")] + ["knockout.max_k=1", "knockout.n_random=1"]
+    run = ["run", "--model", model, "--stages", "identify,attention,knockout", "--out", str(tmp_path), "--quiet",
+           "--max-memory", "1TB", *[arg for s in settings for arg in ("--set", s)]]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="arithmech"):
+        assert main(run) == 0
+    assert caplog.text.count("attention: reading its widest prompt") == 2  # the bound, then the folder
+    tokenized, _ = tokenize_pairs(load_tokenizer(ModelConfig(model=model)),
+                                  read_prompt_file(tmp_path / "identify" / "prompts.jsonl"))  # fmt: skip
+    width = int(tokenized.ref_ids.shape[1])
+
+    def planned(stage: str) -> int:
+        return json.loads((tmp_path / stage / "metadata.json").read_text())["memory_budget"]["prompt_tokens"]
+
+    assert planned("attention") == width and planned("knockout") >= width
