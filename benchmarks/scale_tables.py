@@ -36,7 +36,7 @@ from speed_claims import NOT_MEASURED
 from arithmech.errors import ConfigError
 from arithmech.plan.budget import MemoryBudget
 from arithmech.plan.devices import BANDWIDTH_EFFICIENCY, MATMUL_EFFICIENCY, PROFILES
-from arithmech.plan.planner import PAPER_SFT_ROWS, PlanOptions, StagePlan, plan_stage
+from arithmech.plan.planner import DEFAULT_TOKENS, PAPER_SFT_ROWS, PROMPT_TOKENS, PlanOptions, StagePlan, plan_stage
 from arithmech.plan.presets import PRESETS
 from arithmech.plan.record import _duration
 from arithmech.plan.shape import DTYPE_BYTES
@@ -107,7 +107,9 @@ def plan_section() -> str:
     lines = [
         f"Planned by `plan_stage` for each preset at full depth in {DTYPE}, at the paper's sizes: {PAPER_PROMPTS:,} "
         f"prompts a stage (spread over its tasks or operations), k = {PAPER_HEADS} heads, {PAPER_SFT_ROWS:,} SFT "
-        "rows; every other setting the stage's default (skeleton_stages.py `paper`). Memory is planned, per process; "
+        "rows; every other setting the stage's default (skeleton_stages.py `paper`). Prompts have the plan's assumed "
+        f"widths (the presets ship no tokenizer): {DEFAULT_TOKENS} tokens, circuit {PROMPT_TOKENS['circuit']}, "
+        f"evaluate (zero-shot arithmetic here) {PROMPT_TOKENS['evaluate']}. Memory is planned, per process; "
         f"time is estimated (a roofline: {MATMUL_EFFICIENCY:.0%} of the data-sheet FLOP/s, "
         f"{BANDWIDTH_EFFICIENCY:.0%} of its bandwidth), never measured. A time alone means one device "
         "holds the run, at the sizes the stage chooses under that device's memory (`--max-memory`'s fit; "

@@ -92,7 +92,9 @@ def plan(
         int, typer.Option(min=1, help="Processes (GPUs) of a launch: adds DDP, FSDP2 and --device auto layouts.")
     ] = 1,
     prompt_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Tokens of a prompt (default per stage: 48, circuit 16, evaluate 256).")
+        int | None,
+        typer.Option(min=1, help="Tokens of a prompt (default: each stage's widest, read with the model's tokenizer "
+                                 "where one is on this machine, else 48, circuit 16, evaluate 256)."),
     ] = None,
     max_memory: Annotated[
         str | None, typer.Option(help="Memory budget per device, e.g. 24GB or 80GiB; stages over it are marked.")
@@ -104,7 +106,8 @@ def plan(
     """Plan a stage's peak memory (weights, cached activations, gradients, optimizer state, largest temporary)
     per process, its work in forward passes, batch and chunk sizes, and an estimated time on a device.
 
-    Reads only the model's shape: no weights load and nothing is downloaded. Memory is planned and time estimated
+    Reads the model's shape, and its tokenizer where one is on this machine (the stages' widest prompts): no weights
+    load and nothing is downloaded. Memory is planned and time estimated
     (roofline at 50 % of peak FLOP/s, 80 % of bandwidth), never measured.
     """
     setup_logging(quiet)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from arithmech import distributed, preflight
-from arithmech.errors import ArithmechError, ConfigError
+from arithmech.errors import ConfigError
 from arithmech.plan import prompt_widths
 from arithmech.plan.devices import PROFILES
 from arithmech.plan.free_memory import free_memory, gpu_count
@@ -105,11 +105,9 @@ class MemoryBudget:
     launched: int = 1
     cpu: bool = False
     """The device is this machine's CPU: results the engines keep in host memory count against the budget too."""
-    tokenizer: Callable[[], Any] | None = None
-    """Gives the model's tokenizer, which reads the widest prompt of a stage whose prompts are data
-    (prompt_widths.py); None: those stages plan at the plan's assumed width."""
-    widths: dict[str, int | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    """The widest prompts read so far, by stage and settings (reading MMLU's takes seconds)."""
+    reader: prompt_widths.WidthReader | None = None
+    """Reads a stage's widest prompt with the model's tokenizer; None: every stage plans at the plan's assumed
+    width."""
     identify: prompt_widths.IdentifySource | None = None
     """The identify run a stage reads where its config does not name it (`reading`)."""
 
@@ -142,29 +140,13 @@ class MemoryBudget:
         return plan_stage(self.shape, stage, cfg, options)
 
     def prompt_tokens(self, cfg: Any) -> int | None:
-        """The widest prompt of `cfg`'s stage, read with the tokenizer where its prompts are data; None (the plan's
-        assumed width) elsewhere, where the tokenizer cannot be had (logged), or under a budget below the weights,
-        which is refused without reading anything."""
+        """The widest prompt of `cfg`'s stage, read with the tokenizer (prompt_widths.py); None (the plan's assumed
+        width) without a reader, where it cannot read (logged), or under a budget below the weights, which is
+        refused without reading anything."""
         stage = stage_name(cfg)
-        if self.tokenizer is None or stage not in prompt_widths.STAGES or self.bytes < self.weights(
-                self.layout(stage)[1]):  # fmt: skip
+        if self.reader is None or self.bytes < self.weights(self.layout(stage)[1]):
             return None
-        key = repr([(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in KNOBS[stage]]
-                   + [self.identify])  # fmt: skip
-        if key not in self.widths:
-            logger.info("%s: reading its widest prompt with the tokenizer, to plan its memory", stage)
-            try:
-                with preflight.logs_held_back("arithmech", "transformers"):  # the stage reads and warns next
-                    widest = prompt_widths.widest_prompt(stage, cfg, self.tokenizer(), self.identify)
-            except (OSError, ValueError, ArithmechError) as err:  # no tokenizer here, or prompts the stage refuses
-                logger.warning("%s: its widest prompt cannot be read before the model loads (%s); its memory is "
-                               "planned at the plan's assumed width", stage, str(err).splitlines()[0])  # fmt: skip
-                widest = None
-            if widest is not None:
-                logger.info("%s: its widest prompt has %d tokens", stage, widest)
-                widest = min(widest, self.shape.context or widest)  # the stage truncates or drops what is wider
-            self.widths[key] = widest
-        return self.widths[key]
+        return self.reader.widest(stage, cfg, self.identify, KNOBS[stage])
 
     def peak(self, cfg: Any, copies: int = 0) -> int:
         """The planned peak of `cfg`'s stage in its layout, with `copies` of the model held beside it."""
@@ -298,8 +280,12 @@ def before_load(model: Any, option: str = "--max-memory") -> MemoryBudget | str:
             raise ConfigError(f"{option} needs the model's shape before it loads, and {err}") from None
         return f"the model's shape cannot be read before it loads ({err})"
     budget = _budget(shape, plan_dtype(model.dtype, shape.dtype), model.device, given, False, option)
-    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=functools.cache(
-        functools.partial(_tokenizer_of, model)))  # loaded once for all the stages of a run  # fmt: skip
+    return budget if isinstance(budget, str) else dataclasses.replace(budget, reader=tokenizer_reader(model, shape))
+
+
+def tokenizer_reader(model: Any, shape: ModelShape) -> prompt_widths.WidthReader:
+    """Reads widths with `model`'s (a `ModelConfig`) tokenizer, loaded once for all the stages of a run."""
+    return prompt_widths.WidthReader(functools.cache(functools.partial(_tokenizer_of, model)), shape.context)
 
 
 def _tokenizer_of(model: Any) -> Any:
@@ -315,7 +301,8 @@ def of_loaded(handle: Any, max_memory: str | int | None, option: str = "max_memo
     shape = shape_from_config(config, str(handle.source.get("model")), "the loaded model's config")
     dtype = plan_dtype(str(handle.source.get("dtype", "float32")), None)
     budget = _budget(shape, dtype, str(handle.source.get("device", "cpu")), given, True, option)
-    return budget if isinstance(budget, str) else dataclasses.replace(budget, tokenizer=lambda: handle.tokenizer)
+    reader = prompt_widths.WidthReader(lambda: handle.tokenizer, shape.context)
+    return budget if isinstance(budget, str) else dataclasses.replace(budget, reader=reader)
 
 
 def _budget(shape: ModelShape, dtype: str, device: str, given: int | None, loaded: bool,

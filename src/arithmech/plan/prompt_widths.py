@@ -30,10 +30,17 @@ no tokenizer, and to a budget whose tokenizer cannot be had.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from arithmech.data.reference_config import ReferenceSetConfig
+from arithmech.errors import ArithmechError
+
+logger = logging.getLogger(__name__)
 
 STAGES = ("identify", "knockout", "attention", "mlp", "fourier", "agreement", "transfer", "mediation", "neurons",
           "heuristics", "numbers", "circuit", "finetune", "evaluate")
@@ -44,6 +51,43 @@ READS_IDENTIFY = ("knockout", "attention", "mlp", "fourier", "agreement", "trans
 
 IdentifySource = str | Path | ReferenceSetConfig
 """An identify run's folder, or the settings of the identify stage that will make it."""
+
+
+@dataclass(frozen=True)
+class WidthReader:
+    """Reads the widest prompt of stages with a model's tokenizer, capped at its context, and remembers each (reading
+    MMLU's takes seconds); what the memory budget and `arithmech plan` plan at."""
+
+    tokenizer: Callable[[], Any]
+    """Gives the tokenizer (loaded on first use: it is not needed where nothing is read)."""
+    context: int | None = None
+    """The model's positions: a stage truncates or drops a wider prompt."""
+    widths: dict[str, int | None] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def widest(self, stage: str, cfg: Any, identify: IdentifySource | None = None,
+               ignored: Collection[str] = ()) -> int | None:  # fmt: skip
+        """`widest_prompt`, logged, or None (the plan's assumed width) where the prompts cannot be read before the
+        model loads (a warning says why); `ignored`: settings that do not change the prompts (batch sizes)."""
+        if stage not in STAGES:
+            return None
+        fields = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in ignored]
+        key = repr([stage, fields, identify])
+        if key not in self.widths:
+            logger.info("%s: reading its widest prompt with the tokenizer, to plan its memory", stage)
+            from arithmech import preflight
+
+            try:
+                with preflight.logs_held_back("arithmech", "transformers"):  # the stage reads and warns next
+                    widest = widest_prompt(stage, cfg, self.tokenizer(), identify)
+            except (OSError, ValueError, ArithmechError) as err:  # no tokenizer here, or prompts the stage refuses
+                logger.warning("%s: its widest prompt cannot be read before the model loads (%s); its memory is "
+                               "planned at the plan's assumed width", stage, str(err).splitlines()[0])  # fmt: skip
+                widest = None
+            if widest is not None:
+                logger.info("%s: its widest prompt has %d tokens", stage, widest)
+                widest = min(widest, self.context or widest)
+            self.widths[key] = widest
+        return self.widths[key]
 
 
 def widest_prompt(stage: str, cfg: Any, tokenizer: Any, identify: IdentifySource | None = None) -> int | None:

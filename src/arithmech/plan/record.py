@@ -27,6 +27,21 @@ class Plan:
     processes: int
     stages: list[StagePlan]
     max_memory: int | None = None
+    widths_from: str = "assumed"
+    """Where the stages' prompt widths come from: "read" with the model's tokenizer, "given" (--prompt-tokens) or
+    "assumed"."""
+
+    @property
+    def widths(self) -> str:
+        """Where the prompt widths the stages are planned at come from, in words."""
+        tokens = ", ".join(f"{s.stage} {s.tokens}" for s in self.stages)
+        if self.widths_from == "read":
+            return (f"prompt widths read with the model's tokenizer, each stage's widest prompt ({tokens} tokens); "
+                    "time is estimated at it too, an upper bound")  # fmt: skip
+        if self.widths_from == "given":
+            return f"prompt widths as given by --prompt-tokens ({tokens} tokens)"
+        return (f"prompt widths assumed ({tokens} tokens): this model has no tokenizer on this machine; "
+                "--prompt-tokens sets one, and a stage's memory budget reads the real ones before it runs")
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +53,7 @@ class Plan:
                                "bandwidth_efficiency": BANDWIDTH_EFFICIENCY},  # fmt: skip
             "processes": self.processes,
             "max_memory": self.max_memory,
+            "prompt_widths": self.widths,
             "stages": [
                 {**s.as_dict(), "fits_max_memory": None if self.max_memory is None else
                  {k: m.peak <= self.max_memory for k, m in s.memory.items()}}
@@ -63,6 +79,7 @@ class Plan:
                              "n/a" if seconds is None else _duration(seconds)])  # fmt: skip
         widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines.append(self.widths[:1].upper() + self.widths[1:])
         for plan in self.stages:
             if plan.sizes.get("host_bytes") and self.device.kind != "cpu":
                 lines.append(f"{plan.stage} also keeps {format_size(plan.sizes['host_bytes'])} in host memory (its "

@@ -19,6 +19,7 @@ from arithmech.pipeline import STAGES, build_stage_config
 from arithmech.plan import free_memory as fm
 from arithmech.plan.budget import KNOBS, MemoryBudget, before_load, fit_or_keep, of_loaded
 from arithmech.plan.presets import preset
+from arithmech.plan.prompt_widths import WidthReader
 from arithmech.plan.sizes import format_size
 from arithmech.stages.analyze_attention_config import AttentionConfig
 from arithmech.stages.finetune_config import FinetuneConfig
@@ -28,8 +29,9 @@ LLAMA = preset("llama3.1-8b")
 TINY_IDENTIFY = ["--max-prompts", "8", "--n-per-template", "2", "--keep-incorrect", "--formations", "equation"]
 
 
-def budget(n_bytes: int, **layout: Any) -> MemoryBudget:
-    return MemoryBudget(LLAMA, "bfloat16", n_bytes, "--max-memory", **layout)
+def budget(n_bytes: int, tokenizer: Callable[[], Any] | None = None, **layout: Any) -> MemoryBudget:
+    reader = None if tokenizer is None else WidthReader(tokenizer, LLAMA.context)
+    return MemoryBudget(LLAMA, "bfloat16", n_bytes, "--max-memory", reader=reader, **layout)
 
 
 def peak(cfg: Any, **changes: Any) -> int:
@@ -55,8 +57,8 @@ def test_every_stage_plans_on_a_model_smaller_than_its_defaults(tiny_model_dir: 
     assert isinstance(found, MemoryBudget)
     for stage in STAGES:
         assert fit_or_keep(found, build_stage_config(stage, {}, 0)).details["max_memory"] == found.bytes, stage.name
-    assert found.tokenizer is not None and found.tokenizer()("12 + 3")["input_ids"] == list(b"12 + 3")
-    assert found.tokenizer() is found.tokenizer()  # loaded once for every stage of a run
+    assert found.reader is not None and found.reader.tokenizer()("12 + 3")["input_ids"] == list(b"12 + 3")
+    assert found.reader.tokenizer() is found.reader.tokenizer()  # loaded once for every stage of a run
     from arithmech.stages.evaluate_config import EvaluateConfig
 
     assert found.shape.context == 128 == found.prompt_tokens(EvaluateConfig())  # MMLU's prompts, cut at the context

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,3 +197,35 @@ def test_a_gemma2_gguf_header_carries_its_logit_soft_cap(tmp_path: Path, monkeyp
     assert shape_sources.shape_from_gguf(tmp_path / "m.gguf").logit_softcap
     meta.pop("gemma2.final_logit_softcapping")
     assert not shape_sources.shape_from_gguf(tmp_path / "m.gguf").logit_softcap
+
+
+def test_a_model_with_a_tokenizer_here_is_planned_at_its_widest_prompts(
+    tiny_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A folder with a tokenizer is planned at each stage's widest prompt, read as the stage's memory budget will
+    read it (the tiny tokenizer writes a byte a token, far wider than the assumed 48); a preset, which has no
+    tokenizer, at the assumed widths; --prompt-tokens at the width given. Every table says which."""
+    from arithmech.models.model_config import ModelConfig
+    from arithmech.plan.budget import MemoryBudget, before_load
+    from arithmech.plan.planner import DEFAULT_TOKENS
+    from arithmech.stages.identify_config import IdentifyConfig
+
+    model = str(tiny_model_dir("llama"))
+
+    def planned(*argv: str) -> dict[str, Any]:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        assert main(["plan", *argv, "--out", str(out)]) == 0
+        return json.loads((out / "plan.json").read_text())
+
+    read = planned("identify", "--model", model, "--few-shot", "1")  # within the tiny model's 128 positions
+    budget = before_load(ModelConfig(model=model, max_memory="1TB"))
+    assert isinstance(budget, MemoryBudget)
+    widest = budget.prompt_tokens(IdentifyConfig(few_shot=1))
+    assert read["stages"][0]["tokens_per_prompt"] == widest > DEFAULT_TOKENS and widest < budget.shape.context
+    assert read["prompt_widths"].startswith("prompt widths read with the model's tokenizer")
+    assert f"(identify {widest} tokens)" in read["prompt_widths"]
+    assumed = planned("identify", "--model", "llama2-7b")
+    assert assumed["stages"][0]["tokens_per_prompt"] == DEFAULT_TOKENS
+    assert assumed["prompt_widths"].startswith("prompt widths assumed")
+    given = planned("identify", "--model", model, "--prompt-tokens", "20")
+    assert given["stages"][0]["tokens_per_prompt"] == 20 and "as given by --prompt-tokens" in given["prompt_widths"]
