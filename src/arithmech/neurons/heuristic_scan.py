@@ -46,7 +46,7 @@ import torch
 from arithmech.data.tokens import TokenizedPairs
 from arithmech.models.end_value import input_at_end
 from arithmech.models.hooks import hooks
-from arithmech.models.readout import final_norm, unembed_weight
+from arithmech.models.readout import final_norm
 from arithmech.models.shared_prefix import SharedPrefix, common_prefix_length
 from arithmech.models.view import ModelView
 from arithmech.neurons.coefficients import d_mlp
@@ -76,14 +76,14 @@ def scan_neurons(
     """m and DE of every neuron of `layers` on every prompt of `batch`; one forward pass per batch_size prompts."""
     layers = tuple(int(layer) for layer in layers)
     norm = final_norm(view)
-    w_u, _ = unembed_weight(view, norm.gain.dtype)
+    w_u = view.unembed.weight.detach()  # [d_vocab, d_model]: only the answers' rows are cast, a chunk's at a time
     directions = [neuron_directions(view, layer, norm) for layer in layers]  # each [d_mlp, d_model]
     acts, effects, tops = [], [], []
     for start in range(0, len(batch.end), batch_size):
         chunk = batch.take(list(range(start, min(start + batch_size, len(batch.end)))))
         states = end_states(view, chunk, layers)
         scales = run_scales(view, states)
-        u = w_u[chunk.answer_ids.to(w_u.device)]  # [row, d_model]
+        u = w_u[chunk.answer_ids.to(w_u.device)].to(norm.gain.dtype)  # [row, d_model]
         per_layer = []
         for i, direction in enumerate(directions):
             logit = u @ direction.to(u.device).T  # [row, d_mlp]: W_U[c] . g c(q W_down[:, k])

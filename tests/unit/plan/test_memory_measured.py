@@ -248,9 +248,11 @@ def test_numbers_peak_is_planned(settings: dict[str, Any], tmp_path: Path) -> No
     _check(plan.memory["single"].peak - plan.memory["single"].weights, measured)
 
 
-def test_heuristics_peak_is_planned() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_heuristics_peak_is_planned(dtype: torch.dtype) -> None:
     """heuristics on one operation's grid of 40 prompts (3 solved examples, 38 tokens), two layers: the neuron scan
-    and the ablation sweep at the default ks, as the stage runs them (plan/analysis_plans.heuristics_plan)."""
+    and the ablation sweep at the default ks, as the stage runs them (plan/analysis_plans.heuristics_plan). In
+    bfloat16 the scan casts only the answers' rows of W_U to float32, never the whole of it."""
     from arithmech.data import tokenize_pairs
     from arithmech.data.operand_grid import operand_grid
     from arithmech.data.templates import load_templates, select_templates
@@ -259,6 +261,7 @@ def test_heuristics_peak_is_planned() -> None:
     from arithmech.stages.heuristics_config import HeuristicsConfig, default_ks
 
     view = _view()
+    view.model.to(dtype)
     cfg = HeuristicsConfig(operations=("addition",), grid_size=10, max_pairs=40, layers=(2, 3), batch_size=32)
     template = select_templates(load_templates(), cfg.operations, (cfg.formation,))[0]
     grid = operand_grid(template, 10, 10, cfg.few_shot, cfg.max_pairs, cfg.seed)
@@ -272,7 +275,7 @@ def test_heuristics_peak_is_planned() -> None:
 
     measured = peak_allocated(stage)
     shape = shape_from_config(_config().to_dict(), "test", "test")
-    _, plan, _, _ = heuristics_plan(shape, cfg, int(batch.end.max()) + 1, 5, 4)
+    _, plan, _, _ = heuristics_plan(shape, cfg, int(batch.end.max()) + 1, 5, dtype.itemsize)
     _check(plan.peak - plan.weights, measured)
 
 
