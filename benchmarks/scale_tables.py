@@ -166,20 +166,42 @@ def skeleton_tables(entry: Mapping[str, Any]) -> list[str]:
     if growth:
         pairs = list(dict.fromkeys((g["preset"], g["dtype"]) for g in growth))
         per = {(g["preset"], g["dtype"], g["stage"]): g for g in growth}
-        lines += ["", "Planned over measured growth per added layer (from the shallower skeleton to the deeper):", "",
+        lines += ["", "Planned over measured growth per added layer, from the shallower skeleton to the deeper "
+                  "(planned / measured bytes a layer: a ratio of two small growths is noise).", "",
                   "| skeleton | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]  # fmt: skip
         for preset, dtype in pairs:
             cells = [_growth_cell(per.get((preset, dtype, k))) for k in keys]
             lines.append("| " + " | ".join([f"{preset}, {dtype}", *cells]) + " |")
+        lines += ["", _full_depth(growth, by)]
     return lines
+
+
+def _full_depth(growth: Sequence[Mapping[str, Any]], by: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+    """One sentence: planned over measured at each preset's full depth, extrapolated from the deeper skeleton by the
+    growth per layer on both sides (an estimate from the measurements, not one)."""
+    ratios = []
+    for g in growth:
+        deeper = by[(f"{g['preset']} x {g['layers'][1]}, {g['dtype']}", g["stage"])]
+        more = PRESETS[g["preset"]].n_layers - g["layers"][1]
+        planned = deeper["planned_bytes"] + more * g["planned_per_layer"]
+        measured = deeper["measured_bytes"] + more * g["measured_per_layer"]
+        ratios.append((planned / measured, f"{g['preset']} {g['dtype']} {g['stage']}"))
+    ratios.sort()
+    under = [f"{name} ({ratio:.2f})" for ratio, name in ratios if ratio < 1 - TOLERANCE]
+    return (f"Extrapolated to each preset's full depth (the deeper skeleton's peak plus the growth per layer, on both "
+            f"sides: an estimate from the measurements), planned over measured runs from {ratios[0][0]:.2f} "
+            f"({ratios[0][1]}) to {ratios[-1][0]:.2f} ({ratios[-1][1]}); "
+            + (f"below {1 - TOLERANCE:.2f}: {', '.join(under)}." if under else
+               f"none below {1 - TOLERANCE:.2f}, so no stage is planned short by more than {TOLERANCE:.0%} there."))
 
 
 def _growth_cell(g: Mapping[str, Any] | None) -> str:
     if g is None:
         return "-"
+    sizes = f"{format_size(g['planned_per_layer'])} / {format_size(g['measured_per_layer'])}"
     if g["measured_per_layer"] <= 0:
-        return f"{format_size(g['planned_per_layer'])} planned, none measured"
-    return f"{g['planned_per_layer'] / g['measured_per_layer']:.2f}"
+        return f"none measured ({sizes})"
+    return f"{g['planned_per_layer'] / g['measured_per_layer']:.2f} ({sizes})"
 
 
 def numerics_table(entry: Mapping[str, Any]) -> list[str]:

@@ -60,8 +60,13 @@ def test_measured_tables_show_ratios_bold_outside_the_tolerance_and_growth() -> 
     assert "| skeleton | knockout | finetune-full |" in lines
     assert "| mistral-7b x 2, bfloat16 | 1.05 (105 B / 100 B) | skipped |" in lines
     assert "| mistral-7b x 4, bfloat16 | **1.37** (205 B / 150 B) | - |" in lines
-    assert "| mistral-7b, bfloat16 | 2.00 | - |" in lines
+    assert "| mistral-7b, bfloat16 | 2.00 (50 B / 25 B) | - |" in lines
     assert "1 of 2 runs within 15%" in lines[0] and "measured 2026-01-01" in lines[0]
+    # at Mistral's 32 layers: (205 + 28 x 50) / (150 + 28 x 25) planned over measured, an over-plan
+    assert "from 1.89 (mistral-7b bfloat16 knockout) to 1.89" in lines[-1] and "none below 0.85" in lines[-1]
+    short = {**metrics, "growth": [{**growth[0], "planned_per_layer": 10.0}]}  # (205 + 280) / (150 + 700)
+    assert "below 0.85: mistral-7b bfloat16 knockout (0.57)." in scale_tables.skeleton_tables(
+        {**STAMP, "metrics": short})[-1]  # fmt: skip
 
 
 def test_without_results_both_measured_tables_say_not_measured_yet() -> None:
