@@ -162,8 +162,8 @@ def saved_per_token_layer(shape: ModelShape, tokens: int, b: int, frozen: bool =
     if frozen:
         keys = 2 * (q if s.group_size > 1 else kv)  # the matmuls' repeated keys and values
         probs = s.n_heads * tokens * (4 + (b if b < 4 else 0))
-        return 8 * s.d_model + b * (q + keys) + probs + 3 * b * s.d_mlp
-    norms = 2 * (4 * s.d_model + b * s.d_model)
+        return 4 * s.norms_per_layer * s.d_model + b * (q + keys) + probs + 3 * b * s.d_mlp  # a norm's float32 input
+    norms = s.norms_per_layer * (4 * s.d_model + b * s.d_model)
     projections = b * (q + 2 * kv) + b * (2 * q + (1 if s.group_size > 1 else 2) * kv)
     repeated = 2 * b * q if s.group_size > 1 else 0
     probs = s.n_heads * tokens * (4 + (b if b < 4 else 0)) + b * q
