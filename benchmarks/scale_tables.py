@@ -181,7 +181,7 @@ def _full_depth(growth: Sequence[Mapping[str, Any]], by: Mapping[tuple[str, str]
     growth per layer on both sides (an estimate from the measurements, not one)."""
     ratios = []
     for g in growth:
-        deeper = by[(f"{g['preset']} x {g['layers'][1]}, {g['dtype']}", g["stage"])]
+        deeper = by[(_skeleton({**g, "layers": g["layers"][1]}), g["stage"])]
         more = PRESETS[g["preset"]].n_layers - g["layers"][1]
         planned = deeper["planned_bytes"] + more * g["planned_per_layer"]
         measured = deeper["measured_bytes"] + more * g["measured_per_layer"]

@@ -103,9 +103,9 @@ def widest_prompt_tokens(tokenizer: Any, operation: str, max_operand: int = 99) 
     the most tokens (the largest of those), as the usual tokenizers split a number apart from its neighbours."""
     check_operation(operation)
     widest = max(range(max_operand + 1), key=lambda n: (len(tokenizer(f" {n}")["input_ids"]), n))
-    answer = 2 * widest if operation == "addition" else 0
-    scored = scored_prompt(tokenizer, _render(operation, widest, widest), str(answer))
-    return len(tokenizer(_render(operation, widest, widest) if scored is None else scored[0])["input_ids"])
+    text = _render(operation, widest, widest)
+    scored = scored_prompt(tokenizer, text, str(2 * widest if operation == "addition" else 0))
+    return len(tokenizer(text if scored is None else scored[0])["input_ids"])
 
 
 class PromptPairer:

@@ -24,8 +24,9 @@ prompts to about 3,150 (planned 256). A budget fitted at the assumption lets the
 An identify run is read from its folder, or, in `arithmech run` before identify has made it, bounded by the
 settings that will (`IdentifySource`): its reference set before the answer check holds every prompt it will keep;
 the held-out candidates are then those of no ranked fact, generated alike (`run` fits again once the folder is
-there). Every stage now plans at its prompts; the plan's assumed widths are left to `arithmech plan`, which reads
-no tokenizer, and to a budget whose tokenizer cannot be had.
+there). `arithmech plan` reads with the same `WidthReader` where the model's tokenizer is on this machine; the
+plan's assumed widths are left to a model with none here (a preset, a config.json) and to a tokenizer that cannot
+be read.
 """
 
 from __future__ import annotations
@@ -125,9 +126,10 @@ def _own_prompts(stage: str, cfg: Any, tokenizer: Any) -> int:
     if stage == "neurons":
         return max(_reference_width(cfg.reference_settings(op), tokenizer) for op in cfg.operations)
     if stage == "heuristics":
-        from arithmech.stages.heuristics import operation_grid
+        from arithmech.stages.heuristics import grid_numbers, operation_grid
 
-        return max(int(operation_grid(tokenizer, cfg, op)[1].ref_ids.shape[1]) for op in cfg.operations)
+        numbers = grid_numbers(tokenizer, cfg)
+        return max(int(operation_grid(tokenizer, cfg, op, numbers)[1].ref_ids.shape[1]) for op in cfg.operations)
     from arithmech.stages.numbers import grid_width, value_grid
 
     return grid_width(value_grid(tokenizer, cfg)[2])

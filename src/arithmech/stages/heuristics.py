@@ -124,9 +124,12 @@ def grid_numbers(tokenizer: Any, cfg: HeuristicsConfig) -> tuple[NumberTokens, i
     return numbers, size
 
 
-def operation_grid(tokenizer: Any, cfg: HeuristicsConfig, operation: str) -> tuple[OperandGrid, TokenizedPairs]:
-    """Step 1 for `operation`: its operand grid, and its prompts tokenized (what the memory budget reads too)."""
-    numbers, size = grid_numbers(tokenizer, cfg)
+def operation_grid(
+    tokenizer: Any, cfg: HeuristicsConfig, operation: str, grid_range: tuple[NumberTokens, int]
+) -> tuple[OperandGrid, TokenizedPairs]:
+    """Step 1 for `operation`: its operand grid over `grid_numbers`, and its prompts tokenized (what the memory
+    budget reads too)."""
+    numbers, size = grid_range
     chosen = select_templates(load_templates(), (operation,), (cfg.formation,))
     if not chosen:
         raise DataError(f"no {cfg.formation} template for {operation}; choose another formation")
@@ -156,7 +159,7 @@ def heuristics(
     results: dict[str, OperationResult] = {}
     skipped: dict[str, str] = {}
     for operation in cfg.operations:
-        grid, tokenized = operation_grid(handle.tokenizer, cfg, operation)
+        grid, tokenized = operation_grid(handle.tokenizer, cfg, operation, (numbers, size))
         check_fits_context(handle.model, tokenized.ref_ids.shape[1])
         if len(tokenized.pairs) != len(grid.pairs):
             raise DataError(f"{len(grid.pairs) - len(tokenized.pairs)} {operation} grid prompts could not be tokenized")
